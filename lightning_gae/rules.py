@@ -1,0 +1,134 @@
+"""The paper's maths on plain batched tensors (Chefer, Gur & Wolf, ICCV 2021; GAE_SPEC.md).
+
+Shapes: ``attn`` and ``grad`` are ``[B, H, Nq, Nk]`` (post-softmax probabilities and
+``∂y_t/∂attn``); an aggregated map ``Ā`` is ``[B, Nq, Nk]``; a relevance matrix ``R`` is
+``[B, N, N]`` and a relevance row ``r`` is ``[B, N]``. Everything is computed in float32 (or wider)
+whatever the dtype it arrives in. Lists of layers are in call order, first layer first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "avg_heads",
+    "apply_self_attention_rules",
+    "apply_self_attention_rules_row",
+    "gae_relevance",
+    "gae_relevance_row",
+    "handle_residual",
+    "row_normalize",
+    "rollout_map",
+    "rollout_row",
+    "raw_attention_row",
+    "attn_gradcam_row",
+    "one_hot_rows",
+]
+
+
+def _f32(t: Tensor) -> Tensor:
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def avg_heads(attn: Tensor, grad: Tensor) -> Tensor:
+    """Eq. 5: ``Ā = E_h[(∇A ⊙ A)⁺]``, negatives removed before the mean over heads. ``[B, Nq, Nk]``."""
+    return (_f32(grad) * _f32(attn)).clamp_(min=0).mean(dim=1)
+
+
+def apply_self_attention_rules(relevance: Tensor, abar: Tensor) -> Tensor:
+    """Eq. 6-7: ``R^{ss} ← R^{ss} + Ā · R^{ss}`` (and ``R^{sq} ← R^{sq} + Ā · R^{sq}``).
+
+    ``relevance`` is ``[B, Ns, M]`` (``M`` = ``Ns`` for ``R^{ss}``, the other set's size for ``R^{sq}``).
+    """
+    return relevance + torch.bmm(abar, relevance)
+
+
+def apply_self_attention_rules_row(row: Tensor, abar: Tensor) -> Tensor:
+    """Row form of Eq. 6 for one relevance row, applied from the last layer to the first: ``r ← r + r · Ā``."""
+    return row + torch.bmm(row.unsqueeze(1), abar).squeeze(1)
+
+
+def one_hot_rows(query: Tensor, num_tokens: int) -> Tensor:
+    """``e_q^T`` for every sample: ``[B, N]`` float32 with a 1 at each sample's query index."""
+    return torch.nn.functional.one_hot(query, num_tokens).to(torch.float32)
+
+
+def gae_relevance(abars: Sequence[Tensor]) -> Tensor:
+    """Matrix form: ``R = (I + Ā_L) ⋯ (I + Ā_1)``, Eq. 6 applied layer after layer from ``R = I`` (section 3)."""
+    batch, n, _ = abars[0].shape
+    relevance = torch.eye(n, dtype=torch.float32, device=abars[0].device).expand(batch, n, n).clone()
+    for abar in abars:
+        relevance = apply_self_attention_rules(relevance, _f32(abar))
+    return relevance
+
+
+def gae_relevance_row(abars: Sequence[Tensor], query: Tensor) -> Tensor:
+    """Row form: ``e_q^T (I + Ā_L) ⋯ (I + Ā_1)`` in ``O(L·N²)``, the last layer first. ``[B, N]``."""
+    row = one_hot_rows(query, abars[0].shape[-1])
+    for abar in reversed(abars):
+        row = apply_self_attention_rules_row(row, _f32(abar))
+    return row
+
+
+def row_normalize(x: Tensor) -> Tensor:
+    """Each row divided by its sum; an all-zero row stays zero (0/0 gives 0, never NaN)."""
+    total = x.sum(dim=-1, keepdim=True)
+    return torch.where(total == 0, torch.zeros_like(x), x / torch.where(total == 0, torch.ones_like(total), total))
+
+
+def handle_residual(self_relevance: Tensor) -> Tensor:
+    """Eq. 8-9: ``R̄^{xx} = rownorm(R^{xx} − I) + I``, the normalisation used inside the bi-modal rules."""
+    eye = torch.eye(self_relevance.shape[-1], dtype=self_relevance.dtype, device=self_relevance.device)
+    return row_normalize(self_relevance - eye) + eye
+
+
+def _rollout_step(attn: Tensor) -> Tensor:
+    mean = _f32(attn).mean(dim=1)
+    eye = torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device)
+    return row_normalize(mean + eye)
+
+
+def rollout_map(attns: Sequence[Tensor]) -> Tensor:
+    """Rollout (Abnar & Zuidema 2020), matrix form: ``Â_L ⋯ Â_1`` with ``Â_l = rownorm(I + E_h A_l)``."""
+    result = _rollout_step(attns[0])
+    for attn in attns[1:]:
+        result = torch.bmm(_rollout_step(attn), result)
+    return result
+
+
+def rollout_row(attns: Sequence[Tensor], query: Tensor) -> Tensor:
+    """Row form of rollout: ``e_q^T Â_L ⋯ Â_1``, the last layer first. ``[B, N]``."""
+    row = one_hot_rows(query, attns[0].shape[-1])
+    for attn in reversed(attns):
+        row = torch.bmm(row.unsqueeze(1), _rollout_step(attn)).squeeze(1)
+    return row
+
+
+def _select_rows(x: Tensor, query: Tensor) -> Tensor:
+    return x[torch.arange(x.shape[0], device=x.device), query]
+
+
+def raw_attention_row(attn: Tensor, query: Tensor) -> Tensor:
+    """Raw attention: the last layer's ``E_h A``, the query's row. ``[B, Nk]``."""
+    return _select_rows(_f32(attn).mean(dim=1), query)
+
+
+def attn_gradcam_row(attn: Tensor, grad: Tensor, query: Tensor, keep: Tensor | None = None) -> Tensor:
+    """Attention Grad-CAM: last layer, head ``h`` weighted by the mean of its gradient, mean over
+    heads, negatives removed: ``(E_h[mean(∇A_h) · A_h])⁺``, the query's row. ``[B, Nk]``.
+
+    ``keep`` (``[B, N]`` bool, True for real tokens) restricts the gradient mean to pairs of real
+    tokens: ``∂y/∂A`` is not zero at padded keys, and a padded batch must explain each sample as it
+    would be explained alone.
+    """
+    grad = _f32(grad)
+    if keep is None:
+        weights = grad.mean(dim=(-2, -1), keepdim=True)
+    else:
+        pairs = (keep[:, :, None] & keep[:, None, :])[:, None].to(grad.dtype)
+        weights = (grad * pairs).sum(dim=(-2, -1), keepdim=True) / pairs.sum(dim=(-2, -1), keepdim=True)
+    cam = (weights * _f32(attn)).mean(dim=1).clamp_(min=0)
+    return _select_rows(cam, query)

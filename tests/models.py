@@ -1,0 +1,166 @@
+"""Small models for the tests, each with an independent way to read its attention for the oracle.
+
+The oracle paths never go through lightning_gae: they run one sample at a time in float64 and take
+the probabilities either from the model's own explicit code path (``impl="manual"``), from a
+hand-written dense forward (``nn.TransformerEncoder``) or from Hugging Face's own
+``output_attentions`` in eager mode.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class TinyAttention(nn.Module):
+    """Multi-head self-attention with three interchangeable inner products.
+
+    ``sdpa``: the fused ``F.scaled_dot_product_attention``; ``manual``: softmax then ``@`` with the
+    probabilities kept in ``self.probs`` (the oracle path); ``einsum``: softmax, then ``attn_drop``,
+    then ``torch.einsum`` (a hand-written model the automatic capture does not see).
+    """
+
+    def __init__(self, dim: int, heads: int, impl: str = "sdpa") -> None:
+        super().__init__()
+        self.heads, self.impl = heads, impl
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.attn_drop = nn.Dropout(0.1)
+        self.probs: Tensor | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        if self.impl == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1 if self.training else 0.0)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.heads)
+            if self.impl == "manual":
+                self.probs = scores.softmax(dim=-1)
+                out = self.probs @ v
+            else:
+                probs = self.attn_drop(scores.softmax(dim=-1))
+                out = torch.einsum("bhqk,bhkd->bhqd", probs, v)
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+class TinyBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, impl: str) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = TinyAttention(dim, heads, impl)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyViT(nn.Module):
+    """A ViT: patch embedding, CLS token at 0, pre-norm blocks, head on CLS."""
+
+    def __init__(self, image_size: int = 8, patch: int = 2, chans: int = 1, dim: int = 32, depth: int = 3,
+                 heads: int = 4, classes: int = 5, impl: str = "sdpa") -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(chans, dim, patch, patch)
+        n = (image_size // patch) ** 2 + 1
+        self.cls = nn.Parameter(torch.randn(1, 1, dim) * 0.5)
+        self.pos = nn.Parameter(torch.randn(1, n, dim) * 0.5)
+        self.blocks = nn.ModuleList(TinyBlock(dim, heads, impl) for _ in range(depth))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)[:, 0])
+
+    def set_impl(self, impl: str) -> TinyViT:
+        for block in self.blocks:
+            block.attn.impl = impl
+        return self
+
+
+def vit_reference(model: TinyViT, x: Tensor, score: Callable[[Tensor, int], Tensor]):
+    """Per sample, float64, through the explicit path: ``[(attns, grads)]`` with ``[H, N, N]`` entries."""
+    ref = copy.deepcopy(model).double().eval().set_impl("manual")
+    out = []
+    for b in range(x.shape[0]):
+        logits = ref(x[b : b + 1].double())
+        probs = [blk.attn.probs for blk in ref.blocks]
+        grads = torch.autograd.grad(score(logits, b), probs)
+        out.append(([p[0].detach() for p in probs], [g[0] for g in grads]))
+    return out
+
+
+class EncoderClassifier(nn.Module):
+    """``nn.TransformerEncoder`` (post-norm, ReLU) over projected features with a CLS token."""
+
+    def __init__(self, features: int = 6, dim: int = 16, heads: int = 2, depth: int = 3, classes: int = 4) -> None:
+        super().__init__()
+        self.inp = nn.Linear(features, dim)
+        self.cls = nn.Parameter(torch.randn(1, 1, dim))
+        layer = nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: Tensor, src_key_padding_mask: Tensor | None = None) -> Tensor:
+        h = torch.cat([self.cls.expand(x.shape[0], -1, -1), self.inp(x)], dim=1)
+        if src_key_padding_mask is not None:
+            src_key_padding_mask = F.pad(src_key_padding_mask, (1, 0), value=False)
+        return self.head(self.encoder(h, src_key_padding_mask=src_key_padding_mask)[:, 0])
+
+
+def encoder_reference(model: EncoderClassifier, x: Tensor, lengths: list[int], score: Callable[[Tensor, int], Tensor]):
+    """A hand-written dense forward of the encoder from its weights, one unpadded sample at a time."""
+    m = copy.deepcopy(model).double().eval()
+    out = []
+    for b, length in enumerate(lengths):
+        h = torch.cat([m.cls[0], m.inp(x[b, :length].double())], dim=0)
+        probs = []
+        for layer in m.encoder.layers:
+            sa = layer.self_attn
+            heads, dim = sa.num_heads, h.shape[-1]
+            hd = dim // heads
+            w_q, w_k, w_v = sa.in_proj_weight.chunk(3)
+            b_q, b_k, b_v = sa.in_proj_bias.chunk(3)
+            q, k, v = h @ w_q.T + b_q, h @ w_k.T + b_k, h @ w_v.T + b_v
+            head_out, layer_probs = [], []
+            for i in range(heads):
+                s = slice(i * hd, (i + 1) * hd)
+                p = torch.softmax(q[:, s] @ k[:, s].T / math.sqrt(hd), dim=-1)
+                layer_probs.append(p)
+                head_out.append(p @ v[:, s])
+            probs.append(layer_probs)
+            attn_out = torch.cat(head_out, dim=-1) @ sa.out_proj.weight.T + sa.out_proj.bias
+            h = layer.norm1(h + attn_out)
+            h = layer.norm2(h + layer.linear2(torch.relu(layer.linear1(h))))
+        logits = m.head(h[0])[None]
+        flat = [p for layer_probs in probs for p in layer_probs]
+        grads = torch.autograd.grad(score(logits, b), flat)
+        heads = len(probs[0])
+        out.append((
+            [torch.stack([p.detach() for p in lp]) for lp in probs],
+            [torch.stack(grads[i * heads : (i + 1) * heads]) for i in range(len(probs))],
+        ))
+    return out
+
+
+def hf_reference(eager_model: nn.Module, samples: list[dict], score: Callable[[object, int], Tensor]):
+    """Hugging Face eager attention in float64 via ``output_attentions=True``, one sample at a time."""
+    m = copy.deepcopy(eager_model).double().eval()
+    out = []
+    for b, kwargs in enumerate(samples):
+        kwargs = {k: (v.double() if v.is_floating_point() else v) for k, v in kwargs.items()}
+        output = m(**kwargs, output_attentions=True)
+        attns = list(output.attentions)
+        grads = torch.autograd.grad(score(output, b), attns)
+        out.append(([a[0].detach() for a in attns], [g[0] for g in grads]))
+    return out
