@@ -1,0 +1,38 @@
+"""The ``lightning-gae`` command.
+
+``lightning-gae fit|validate|test|predict ...`` is Lightning's own ``LightningCLI`` (models and data
+modules chosen by ``class_path`` in a YAML config); ``lightning-gae bench`` times ``explain``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+
+def _lightning_cli(args: Sequence[str]) -> None:
+    from lightning.pytorch import LightningDataModule, LightningModule
+    from lightning.pytorch.cli import LightningCLI
+
+    LightningCLI(
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        save_config_kwargs={"overwrite": True},
+        args=list(args),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "bench":
+        from lightning_gae.bench import main as bench_main
+
+        bench_main(args[1:])
+        return
+    _lightning_cli(args)
+
+
+if __name__ == "__main__":
+    main()
