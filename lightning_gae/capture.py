@@ -93,7 +93,7 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, scale: float, bias: Tenso
         probs = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
     else:
         probs = torch.softmax(scores, dim=-1)
-    if not probs.requires_grad:
+    if not probs.requires_grad and torch.is_grad_enabled():
         # A frozen model fed integer ids builds no graph; the probabilities become the leaves of one.
         probs.requires_grad_(True)
     out = probs.to(value.dtype) @ value
@@ -272,7 +272,7 @@ class _CaptureMode(TorchFunctionMode):
             lhs = args[0] if args else kwargs.get("input")
             rhs = args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("mat2"))
             if self._is_probs(lhs) and isinstance(rhs, Tensor) and rhs.dim() >= 2 and rhs.shape[-2] == lhs.shape[-1]:
-                if not lhs.requires_grad:
+                if not lhs.requires_grad and torch.is_grad_enabled():
                     lhs.requires_grad_(True)
                 self.recorder._add(lhs, "softmax")
             return func(*args, **kwargs)
@@ -363,7 +363,7 @@ class AttentionRecorder:
                     "attention_modules must name modules whose output is the probability tensor itself "
                     "(e.g. the dropout applied to the softmax)."
                 )
-            if not output.requires_grad:
+            if not output.requires_grad and torch.is_grad_enabled():
                 output.requires_grad_(True)
             self._add(output, "hook", path=name)
 

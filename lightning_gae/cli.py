@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 
-def _lightning_cli(args: Sequence[str]) -> None:
+def _lightning_cli(args: Sequence[str] | None) -> None:
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
 
@@ -20,7 +20,8 @@ def _lightning_cli(args: Sequence[str]) -> None:
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
-        args=list(args),
+        # None lets LightningCLI read sys.argv itself; explicit args are for calls from Python.
+        args=None if args is None else list(args),
     )
 
 
@@ -31,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         bench_main(args[1:])
         return
-    _lightning_cli(args)
+    _lightning_cli(None if argv is None else args)
 
 
 if __name__ == "__main__":

@@ -207,7 +207,9 @@ def explain(
     modes = {m: m.training for m in model.modules()}
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     try:
-        with torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
+        # Rollout and raw attention need no gradient, so their forward builds no graph.
+        grad_mode = torch.enable_grad() if method in _NEEDS_GRAD else torch.no_grad()
+        with torch.random.fork_rng(devices=cuda), torch.inference_mode(False), grad_mode:
             model.eval()
             args, kwargs = _call_args(_clone(inputs))
             with AttentionRecorder(model, attention_modules) as recorder:

@@ -1,0 +1,1 @@
+"""Training recipes (models, data modules) used with ``lightning-gae fit --config configs/...``."""
