@@ -125,14 +125,15 @@ def test_hf_bert_frozen_gives_the_same_explanation():
 # --- Hugging Face ViT --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
 @pytest.mark.parametrize("method", METHODS)
-def test_hf_vit(method):
+def test_hf_vit(impl, method):
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(4)
     config = ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32, num_hidden_layers=2,
                        num_attention_heads=4, intermediate_size=64, num_labels=5, initializer_range=0.2)
-    model = ViTForImageClassification._from_config(config, attn_implementation="sdpa").eval()
+    model = ViTForImageClassification._from_config(config, attn_implementation=impl).eval()
     eager = ViTForImageClassification._from_config(config, attn_implementation="eager").eval()
     eager.load_state_dict(model.state_dict())
     x = torch.randn(3, 3, 16, 16)
@@ -146,13 +147,14 @@ def test_hf_vit(method):
 # --- a GPT-2-style causal model, explained at its last token ----------------------------------
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
 @pytest.mark.parametrize("method", METHODS)
-def test_gpt2_last_token(method):
+def test_gpt2_last_token(impl, method):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(5)
     config = GPT2Config(vocab_size=50, n_positions=32, n_embd=32, n_layer=3, n_head=4)
-    model = GPT2LMHeadModel._from_config(config, attn_implementation="sdpa").eval()
+    model = GPT2LMHeadModel._from_config(config, attn_implementation=impl).eval()
     eager = GPT2LMHeadModel._from_config(config, attn_implementation="eager").eval()
     eager.load_state_dict(model.state_dict())
     lengths = [6, 4, 5]
