@@ -14,7 +14,14 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
 
-    LightningCLI(
+    class GAECLI(LightningCLI):
+        def after_fit(self) -> None:
+            # Where to look: TensorBoard finds every run and version below the save_dir.
+            roots = {getattr(lg, "save_dir", None) for lg in self.trainer.loggers}
+            for root in sorted(r for r in roots if r):
+                print(f"tensorboard --logdir {root}")
+
+    GAECLI(
         LightningModule,
         LightningDataModule,
         subclass_mode_model=True,
