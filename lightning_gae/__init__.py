@@ -2,6 +2,17 @@
 
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.explain import METHODS, Explanation, explain
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 
-__all__ = ["AttentionRecord", "AttentionRecorder", "Explanation", "METHODS", "explain"]
+__all__ = [
+    "AttentionRecord",
+    "AttentionRecorder",
+    "Explanation",
+    "ImageTokens",
+    "METHODS",
+    "Modality",
+    "TabularTokens",
+    "TextTokens",
+    "explain",
+]
 __version__ = "0.1.0"

@@ -1,0 +1,399 @@
+"""GAECallback: explain a fixed set of validation samples while the model trains, log to TensorBoard."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+from torchmetrics.functional import spearman_corrcoef
+
+from lightning_gae.explain import METHODS, Explanation, explain
+from lightning_gae.modalities import ImageTokens, Modality
+from lightning_gae.visualize import grid, side_by_side
+
+__all__ = ["GAECallback"]
+
+_LABEL_KEYS = ("labels", "label")
+
+
+def default_batch_inputs(batch: Any) -> Any:
+    """Model inputs of a batch: ``x`` of ``(x, y, ...)``, or every key of a mapping but the labels."""
+    if isinstance(batch, Mapping):
+        return {k: v for k, v in batch.items() if k not in _LABEL_KEYS}
+    if isinstance(batch, (tuple, list)):
+        return batch[0]
+    return batch
+
+
+def default_batch_labels(batch: Any) -> Tensor | None:
+    """Labels of a batch: ``y`` of ``(x, y, ...)``, or a mapping's ``labels``/``label``; else None."""
+    if isinstance(batch, Mapping):
+        return next((batch[k] for k in _LABEL_KEYS if k in batch), None)
+    if isinstance(batch, (tuple, list)) and len(batch) > 1 and isinstance(batch[1], Tensor):
+        return batch[1]
+    return None
+
+
+def _map(x: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    if isinstance(x, Tensor):
+        return fn(x)
+    if isinstance(x, Mapping):
+        return {k: _map(v, fn) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_map(v, fn) for v in x)
+    return x
+
+
+def _concat(parts: list[Any]) -> Any:
+    """Concatenate per-batch structures along dim 0, right-padding sequences of unequal length with 0."""
+    first = parts[0]
+    if isinstance(first, Tensor):
+        if first.dim() >= 2 and len({p.shape[1:] for p in parts}) > 1:
+            length = max(p.shape[1] for p in parts)
+            parts = [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, length - p.shape[1])) for p in parts]
+        return torch.cat(parts)
+    if isinstance(first, Mapping):
+        return {k: _concat([p[k] for p in parts]) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(_concat(list(group)) for group in zip(*parts))
+    return first
+
+
+def _display_input(inputs: Any) -> Tensor:
+    """The tensor a person looks at: images, token ids or features."""
+    if isinstance(inputs, Mapping):
+        for key in ("pixel_values", "input_ids", "x"):
+            if key in inputs:
+                return inputs[key]
+        return next(v for v in inputs.values() if isinstance(v, Tensor))
+    if isinstance(inputs, (tuple, list)):
+        return inputs[0]
+    return inputs
+
+
+def _balanced_choice(labels: Tensor | None, total: int, count: int, seed: int) -> list[int]:
+    """``count`` indices out of ``total``, seeded; round-robin over classes when labels exist."""
+    rng = np.random.default_rng(seed)
+    if labels is None or labels.dim() != 1:
+        return sorted(rng.choice(total, size=min(count, total), replace=False).tolist())
+    by_class = {int(c): rng.permutation(torch.nonzero(labels == c).flatten().numpy()).tolist()
+                for c in torch.unique(labels)}
+    chosen: list[int] = []
+    while len(chosen) < min(count, total):
+        for members in by_class.values():
+            if members and len(chosen) < count:
+                chosen.append(members.pop())
+    return chosen
+
+
+class GAECallback(Callback):
+    r"""Explains a fixed set of validation samples every N epochs/steps and logs to TensorBoard.
+
+    The samples are chosen once (seeded, class-balanced when labels exist, or ``sample_indices``)
+    and tracked for the whole run, also across a resume. At every explanation step it logs, under
+    tags that stay the same so TensorBoard's step slider shows the evolution:
+
+    * ``gae/<method>/heatmap/sample_<i>``: one heatmap per tracked sample (image overlay, token
+      strip or feature bars), titled with label, prediction, target and its probability;
+    * ``gae/grid``: tracked samples x (input | each method);
+    * ``gae/<method>/evolution/sample_<i>``: the sample's last ``evolution_length`` heatmaps;
+    * scalars ``gae/<method>/stability_spearman`` and ``gae/<method>/stability_topk_overlap``
+      (versus the previous step) and ``gae/<method>/concentration`` (share of relevance in the
+      top ``top_fraction`` of tokens); a histogram ``gae/<method>/relevance``.
+
+    Explanations never change training: they run in eval mode on copies of the samples with
+    ``autograd.grad`` (no ``.grad`` is touched) and a forked RNG. A failing explanation warns once
+    with its reason and is skipped.
+
+    Args:
+        num_samples: how many validation samples to track.
+        every_n_epochs: explain after every N-th validation epoch of ``fit`` (None: never by epoch).
+        every_n_train_steps: also explain every N optimizer steps (None: never by step).
+        methods: any of ``"gae"``, ``"rollout"``, ``"raw_attention"``, ``"attn_gradcam"``.
+        modality: ``ImageTokens``, ``TextTokens`` or ``TabularTokens``; None infers ``ImageTokens``
+            for image batches whose token count fits a square patch grid plus prefix tokens.
+        target: ``"pred"`` explains the predicted class, ``"label"`` the true one.
+        sample_indices: explicit positions in the validation set instead of a seeded choice.
+        seed: seed of the sample choice.
+        attention_modules: passed to :func:`~lightning_gae.explain`.
+        query: passed to :func:`~lightning_gae.explain` (0: CLS; ``"last"`` for decoders).
+        evolution_length: how many past heatmaps an evolution strip shows.
+        top_fraction: the share of tokens counted as "top" by the overlap and concentration scalars.
+        log_sanity_check: also explain during Lightning's sanity check.
+        dataloader_idx: which validation dataloader the samples come from.
+        batch_inputs: ``batch -> model inputs``; default: ``x`` of ``(x, y)``, a mapping minus labels.
+        batch_labels: ``batch -> labels``; default: ``y`` of ``(x, y)``, a mapping's ``labels``.
+        max_scan_batches: at most this many validation batches are read to choose the samples.
+
+    Raises:
+        ValueError: in ``setup``, for an unknown method, a bad schedule or target; at the first
+            validation, when the modality cannot be inferred (pass ``modality=``).
+
+    Example::
+
+        from lightning.pytorch import Trainer
+        from lightning.pytorch.loggers import TensorBoardLogger
+        from lightning_gae.callbacks import GAECallback
+
+        trainer = Trainer(logger=TensorBoardLogger("runs"), callbacks=[GAECallback(num_samples=8)])
+        trainer.fit(model, datamodule)      # then: tensorboard --logdir runs
+    """
+
+    def __init__(
+        self,
+        num_samples: int = 8,
+        every_n_epochs: int | None = 1,
+        every_n_train_steps: int | None = None,
+        methods: Sequence[str] = ("gae",),
+        modality: Modality | None = None,
+        target: Literal["pred", "label"] = "pred",
+        sample_indices: Sequence[int] | None = None,
+        seed: int = 0,
+        attention_modules: Sequence[str] | None = None,
+        query: int | str = 0,
+        evolution_length: int = 5,
+        top_fraction: float = 0.1,
+        log_sanity_check: bool = False,
+        dataloader_idx: int = 0,
+        batch_inputs: Callable[[Any], Any] | None = None,
+        batch_labels: Callable[[Any], Tensor | None] | None = None,
+        max_scan_batches: int = 64,
+    ) -> None:
+        self.num_samples = num_samples
+        self.every_n_epochs = every_n_epochs
+        self.every_n_train_steps = every_n_train_steps
+        self.methods = tuple(methods)
+        self.modality = modality
+        self.target = target
+        self.sample_indices = None if sample_indices is None else [int(i) for i in sample_indices]
+        self.seed = seed
+        self.attention_modules = attention_modules
+        self.query = query
+        self.evolution_length = evolution_length
+        self.top_fraction = top_fraction
+        self.log_sanity_check = log_sanity_check
+        self.dataloader_idx = dataloader_idx
+        self.batch_inputs = batch_inputs or default_batch_inputs
+        self.batch_labels = batch_labels or default_batch_labels
+        self.max_scan_batches = max_scan_batches
+
+        self._inputs: Any = None
+        self._labels: Tensor | None = None
+        self._previous: dict[str, Tensor] = {}
+        self._history: dict[tuple[str, int], deque] = defaultdict(lambda: deque(maxlen=self.evolution_length))
+        self._last_step: int | None = None
+        self._warned: set[str] = set()
+
+    @property
+    def state_key(self) -> str:
+        # Not the seed: a resumed run keeps the samples it tracked, whatever seed it was given.
+        return self._generate_state_key(num_samples=self.num_samples, methods=self.methods)
+
+    # --- configuration ----------------------------------------------------------------------
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown or not self.methods:
+            raise ValueError(f"GAECallback(methods={list(self.methods)}): choose from {list(METHODS)}")
+        if self.target not in ("pred", "label"):
+            raise ValueError(f"GAECallback(target={self.target!r}): use 'pred' (predicted class) or 'label'")
+        for name in ("every_n_epochs", "every_n_train_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"GAECallback({name}={value}): use a positive integer, or None to switch it off")
+        if self.every_n_epochs is None and self.every_n_train_steps is None:
+            raise ValueError("GAECallback: every_n_epochs and every_n_train_steps are both None; set one of them")
+        if self.num_samples < 1 and not self.sample_indices:
+            raise ValueError(f"GAECallback(num_samples={self.num_samples}): track at least one sample")
+        if not 0 < self.top_fraction <= 1:
+            raise ValueError(f"GAECallback(top_fraction={self.top_fraction}): use a fraction in (0, 1]")
+        if not trainer.loggers:
+            rank_zero_warn(
+                "GAECallback: the Trainer has no logger, so nothing will be shown. Add one, e.g. "
+                "Trainer(logger=lightning.pytorch.loggers.TensorBoardLogger('runs'))."
+            )
+
+    # --- choosing and keeping the samples ---------------------------------------------------------
+
+    def _loader(self, trainer: Trainer) -> Any:
+        loaders = trainer.val_dataloaders
+        if isinstance(loaders, (list, tuple)):
+            return loaders[self.dataloader_idx]
+        return loaders
+
+    def _collect(self, trainer: Trainer) -> None:
+        """Read validation batches once and keep the tracked samples (on the CPU)."""
+        loader = self._loader(trainer)
+        if loader is None:
+            raise ValueError("GAECallback: the Trainer has no validation dataloader to take samples from")
+        # Iterating a DataLoader draws from the global RNG; training must not notice.
+        state = random.getstate()
+        with torch.random.fork_rng(devices=[]):
+            inputs, labels = [], []
+            for i, batch in enumerate(loader):
+                if i >= self.max_scan_batches:
+                    break
+                inputs.append(_map(self.batch_inputs(batch), lambda t: t.detach().cpu().clone()))
+                batch_labels = self.batch_labels(batch)
+                labels.append(None if batch_labels is None else batch_labels.detach().cpu().clone())
+        random.setstate(state)
+        if not inputs:
+            raise ValueError("GAECallback: the validation dataloader is empty")
+        all_inputs = _concat(inputs)
+        all_labels = None if any(lbl is None for lbl in labels) else torch.cat(labels)
+        total = _display_input(all_inputs).shape[0]
+        if self.sample_indices is None:
+            self.sample_indices = _balanced_choice(all_labels, total, self.num_samples, self.seed)
+        bad = [i for i in self.sample_indices if not 0 <= i < total]
+        if bad:
+            raise ValueError(f"GAECallback(sample_indices=...): {bad} are outside the {total} samples read "
+                             f"(max_scan_batches={self.max_scan_batches})")
+        index = torch.tensor(self.sample_indices)
+        self._inputs = _map(all_inputs, lambda t: t[index] if t.dim() and t.shape[0] == total else t)
+        self._labels = None if all_labels is None else all_labels[index]
+        if self.target == "label" and self._labels is None:
+            raise ValueError("GAECallback(target='label'): the batches carry no labels; pass batch_labels=... or use target='pred'")
+
+    def _ensure_modality(self, exp: Explanation) -> None:
+        if self.modality is not None:
+            return
+        self.modality = ImageTokens.infer(_display_input(self._inputs), exp.tokens.shape[1])
+        if self.modality is None:
+            raise ValueError(
+                "GAECallback: cannot infer the modality of these inputs; pass modality=ImageTokens(patch_size=...), "
+                "TextTokens(tokenizer=...) or TabularTokens(feature_names=[...])"
+            )
+
+    # --- when -----------------------------------------------------------------------------------
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._inputs is None and self._wanted_now(trainer):
+            self._collect(trainer)
+            device_inputs = _map(self._inputs, lambda t: t.to(pl_module.device))
+            self._ensure_modality(explain(pl_module, device_inputs, method=self.methods[0], query=self.query,
+                                          attention_modules=self.attention_modules))
+
+    def _wanted_now(self, trainer: Trainer) -> bool:
+        if trainer.sanity_checking:
+            return self.log_sanity_check
+        if trainer.state.fn != "fit":
+            return True
+        return self.every_n_epochs is not None and (trainer.current_epoch + 1) % self.every_n_epochs == 0
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._wanted_now(trainer):
+            self._explain_and_log(trainer, pl_module)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        n = self.every_n_train_steps
+        if n is not None and trainer.global_step > 0 and trainer.global_step % n == 0:
+            if self._inputs is None:
+                self._safely(trainer, lambda: self._collect(trainer))
+            self._explain_and_log(trainer, pl_module)
+
+    # --- what -----------------------------------------------------------------------------------
+
+    def _safely(self, trainer: Trainer, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as err:  # noqa: BLE001 - an explanation must never take training down
+            reason = f"{type(err).__name__}: {err}"
+            if reason not in self._warned:
+                self._warned.add(reason)
+                rank_zero_warn(f"GAECallback: explanation at step {trainer.global_step} failed and was skipped ({reason})")
+
+    def _explain_and_log(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        step = trainer.global_step
+        if self._inputs is None or self._last_step == step or not trainer.is_global_zero:
+            return
+        self._last_step = step
+        self._safely(trainer, lambda: self._run(trainer, pl_module, step))
+
+    def _run(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
+        inputs = _map(self._inputs, lambda t: t.to(pl_module.device))
+        target = None if self.target == "pred" else self._labels.to(pl_module.device)
+        explanations = {
+            m: explain(pl_module, inputs, target=target, method=m, query=self.query,
+                       attention_modules=self.attention_modules)
+            for m in self.methods
+        }
+        self._ensure_modality(next(iter(explanations.values())))
+        scalars: dict[str, float] = {}
+        for method, exp in explanations.items():
+            scalars.update(self._scalars(method, exp.tokens))
+        self._log(trainer, step, inputs, explanations, scalars)
+        self._previous = {m: e.tokens.detach().cpu() for m, e in explanations.items()}
+
+    def _scalars(self, method: str, tokens: Tensor) -> dict[str, float]:
+        tokens = tokens.detach().cpu()
+        k = max(1, round(self.top_fraction * tokens.shape[1]))
+        top = tokens.topk(k, dim=1)
+        total = tokens.sum(dim=1).clamp(min=1e-12)
+        out = {f"gae/{method}/concentration": (top.values.sum(dim=1) / total).mean().item()}
+        previous = self._previous.get(method)
+        if previous is not None and previous.shape == tokens.shape:
+            # One column per sample: torchmetrics returns one correlation per sample.
+            out[f"gae/{method}/stability_spearman"] = spearman_corrcoef(tokens.T, previous.T).nanmean().item()
+            before = previous.topk(k, dim=1).indices
+            overlap = [len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(top.indices, before)]
+            out[f"gae/{method}/stability_topk_overlap"] = float(np.mean(overlap))
+        return out
+
+    def _title(self, exp: Explanation, i: int) -> str:
+        probs = exp.logits.float().softmax(dim=-1) if exp.logits is not None and exp.logits.dim() == 2 else None
+        parts = []
+        if self._labels is not None:
+            parts.append(f"label {int(self._labels[i])}")
+        if probs is not None:
+            parts.append(f"pred {int(probs[i].argmax())}")
+        if exp.target is not None:
+            t = int(exp.target[i])
+            parts.append(f"target {t}" + (f" (p={probs[i, t]:.2f})" if probs is not None else ""))
+        return " | ".join(parts)
+
+    def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation], scalars: dict[str, float]) -> None:
+        writers = [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
+        for logger in trainer.loggers:
+            logger.log_metrics(scalars, step=step)
+        if not writers:
+            return
+        shown = _display_input(inputs).detach().cpu()
+        rows: list[list[np.ndarray]] = []
+        for i, sample in enumerate(self.sample_indices):
+            row = [self.modality.render(shown[i], None, f"sample {sample}")]
+            for method, exp in explanations.items():
+                relevance = self.modality.to_input(exp.tokens.detach().cpu(), shown)[i]
+                image = self.modality.render(shown[i], relevance, f"{method}: {self._title(exp, i)}")
+                row.append(image)
+                history = self._history[(method, sample)]
+                history.append((step, image))
+                for w in writers:
+                    w.add_image(f"gae/{method}/heatmap/sample_{sample}", image, step, dataformats="HWC")
+                    w.add_image(f"gae/{method}/evolution/sample_{sample}",
+                                side_by_side([im for _, im in history], [f"step {s}" for s, _ in history]),
+                                step, dataformats="HWC")
+            rows.append(row)
+        picture = grid(rows, [f"sample {s}" for s in self.sample_indices], ["input", *explanations])
+        for w in writers:
+            w.add_image("gae/grid", picture, step, dataformats="HWC")
+            for method, exp in explanations.items():
+                w.add_histogram(f"gae/{method}/relevance", exp.tokens.detach().cpu(), step)
+            w.flush()
+
+    # --- checkpointing --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sample_indices": self.sample_indices, "previous": self._previous}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        indices = state_dict.get("sample_indices")
+        if indices is not None:
+            self.sample_indices = list(indices)
+        self._previous = dict(state_dict.get("previous", {}))
