@@ -276,9 +276,12 @@ class GAECallback(Callback):
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._inputs is None and self._wanted_now(trainer):
             self._collect(trainer)
-            device_inputs = _map(self._inputs, lambda t: t.to(pl_module.device))
-            self._ensure_modality(explain(pl_module, device_inputs, method=self.methods[0], query=self.query,
-                                          attention_modules=self.attention_modules))
+            if self.modality is None:
+                # Inferring needs the token count, so one explanation runs now: a model that cannot be
+                # explained, or inputs no modality fits, fail here with the fix rather than warn later.
+                device_inputs = _map(self._inputs, lambda t: t.to(pl_module.device))
+                self._ensure_modality(explain(pl_module, device_inputs, method=self.methods[0], query=self.query,
+                                              attention_modules=self.attention_modules))
 
     def _wanted_now(self, trainer: Trainer) -> bool:
         if trainer.sanity_checking:
