@@ -13,7 +13,7 @@ from lightning_gae import rules
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.streams import single_stream
 
-__all__ = ["Explanation", "explain", "METHODS", "model_logits"]
+__all__ = ["Explanation", "explain", "METHODS", "map_tensors", "model_logits"]
 
 Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam"]
 METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam")
@@ -64,14 +64,15 @@ def model_logits(output: Any) -> Tensor | None:
     return None
 
 
-def _clone(x: Any) -> Any:
-    """Fresh copies of every tensor: inference-mode tensors cannot enter an autograd graph."""
+def map_tensors(x: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """``fn`` applied to every tensor of a nested tuple/list/namedtuple/mapping, the structure kept."""
     if isinstance(x, Tensor):
-        return x.detach().clone()
+        return fn(x)
     if isinstance(x, Mapping):
-        return {k: _clone(v) for k, v in x.items()}
+        return {k: map_tensors(v, fn) for k, v in x.items()}
     if isinstance(x, (tuple, list)):
-        return type(x)(_clone(v) for v in x) if not hasattr(x, "_fields") else type(x)(*(_clone(v) for v in x))
+        items = [map_tensors(v, fn) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
     return x
 
 
@@ -211,7 +212,8 @@ def explain(
         grad_mode = torch.enable_grad() if method in _NEEDS_GRAD else torch.no_grad()
         with torch.random.fork_rng(devices=cuda), torch.inference_mode(False), grad_mode:
             model.eval()
-            args, kwargs = _call_args(_clone(inputs))
+            # Fresh copies: inference-mode tensors cannot enter an autograd graph.
+            args, kwargs = _call_args(map_tensors(inputs, lambda t: t.detach().clone()))
             with AttentionRecorder(model, attention_modules) as recorder:
                 output = model(*args, **kwargs)
             if not recorder.records:

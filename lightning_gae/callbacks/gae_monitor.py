@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics.functional import spearman_corrcoef
 
-from lightning_gae.explain import METHODS, Explanation, explain
+from lightning_gae.explain import METHODS, Explanation, explain, map_tensors
 from lightning_gae.modalities import ImageTokens, Modality
 from lightning_gae.visualize import grid, side_by_side
 
@@ -39,16 +39,6 @@ def default_batch_labels(batch: Any) -> Tensor | None:
     if isinstance(batch, (tuple, list)) and len(batch) > 1 and isinstance(batch[1], Tensor):
         return batch[1]
     return None
-
-
-def _map(x: Any, fn: Callable[[Tensor], Tensor]) -> Any:
-    if isinstance(x, Tensor):
-        return fn(x)
-    if isinstance(x, Mapping):
-        return {k: _map(v, fn) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        return type(x)(_map(v, fn) for v in x)
-    return x
 
 
 def _concat(parts: list[Any]) -> Any:
@@ -240,7 +230,7 @@ class GAECallback(Callback):
             for i, batch in enumerate(loader):
                 if i >= self.max_scan_batches:
                     break
-                inputs.append(_map(self.batch_inputs(batch), lambda t: t.detach().cpu().clone()))
+                inputs.append(map_tensors(self.batch_inputs(batch), lambda t: t.detach().cpu().clone()))
                 batch_labels = self.batch_labels(batch)
                 labels.append(None if batch_labels is None else batch_labels.detach().cpu().clone())
         random.setstate(state)
@@ -256,7 +246,7 @@ class GAECallback(Callback):
             raise ValueError(f"GAECallback(sample_indices=...): {bad} are outside the {total} samples read "
                              f"(max_scan_batches={self.max_scan_batches})")
         index = torch.tensor(self.sample_indices)
-        self._inputs = _map(all_inputs, lambda t: t[index] if t.dim() and t.shape[0] == total else t)
+        self._inputs = map_tensors(all_inputs, lambda t: t[index] if t.dim() and t.shape[0] == total else t)
         self._labels = None if all_labels is None else all_labels[index]
         if self.target == "label" and self._labels is None:
             raise ValueError("GAECallback(target='label'): the batches carry no labels; pass batch_labels=... or use target='pred'")
@@ -279,7 +269,7 @@ class GAECallback(Callback):
             if self.modality is None:
                 # Inferring needs the token count, so one explanation runs now: a model that cannot be
                 # explained, or inputs no modality fits, fail here with the fix rather than warn later.
-                device_inputs = _map(self._inputs, lambda t: t.to(pl_module.device))
+                device_inputs = map_tensors(self._inputs, lambda t: t.to(pl_module.device))
                 self._ensure_modality(explain(pl_module, device_inputs, method=self.methods[0], query=self.query,
                                               attention_modules=self.attention_modules))
 
@@ -320,7 +310,7 @@ class GAECallback(Callback):
         self._safely(trainer, lambda: self._run(trainer, pl_module, step))
 
     def _run(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
-        inputs = _map(self._inputs, lambda t: t.to(pl_module.device))
+        inputs = map_tensors(self._inputs, lambda t: t.to(pl_module.device))
         target = None if self.target == "pred" else self._labels.to(pl_module.device)
         explanations = {
             m: explain(pl_module, inputs, target=target, method=m, query=self.query,
