@@ -2,7 +2,9 @@
 
 ``explain()`` returns relevance per *token* (``Explanation.tokens``, ``[B, N]``). A modality knows
 how the model made its tokens from the input, maps that relevance onto the input (pixels, token
-ids, features) and renders one sample for a human. The classes are plain, with typed
+ids, features), renders one sample for a human, and removes parts of the input for the
+faithfulness metrics (:mod:`lightning_gae.metrics`): black pixels or patches, mask/pad ids or a
+zeroed attention mask, feature means. The classes are plain, with typed
 ``__init__`` arguments, so LightningCLI can build them from YAML::
 
     modality:
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import matplotlib
 import numpy as np
@@ -49,6 +51,35 @@ class Modality(ABC):
     def render(self, x: Tensor, relevance: Tensor | None, title: str) -> np.ndarray:
         """One sample ``x`` with its input-space relevance (or alone, for None) as uint8 ``[h, w, 3]``."""
 
+    @abstractmethod
+    def unit_scores(self, attributions: Tensor, inputs: Any) -> Tensor:
+        """An attribution as one score per removal unit (pixel, patch, token, feature).
+
+        Args:
+            attributions: token relevance ``[B, N]`` (an :class:`~lightning_gae.Explanation`'s
+                ``tokens``) or an input-shaped map (Captum's convention).
+            inputs: the batch the attributions explain.
+
+        Returns:
+            float32 ``[B, U]``.
+        """
+
+    @abstractmethod
+    def removable(self, inputs: Any) -> Tensor:
+        """bool ``[B, U]``: the units removal may touch (False for special and padded tokens)."""
+
+    @abstractmethod
+    def remove(self, inputs: Any, drop: Tensor, fill: Any = None) -> Any:
+        """A copy of ``inputs`` with the units where ``drop [B, U]`` is True removed.
+
+        ``fill``: inputs of the same structure whose units replace the removed ones (the blurred
+        start of an insertion curve); None means the modality's own removal value.
+        """
+
+    def blurred(self, inputs: Any) -> Any:
+        """The start of an insertion curve: every removable unit removed (images: a blurred copy)."""
+        return self.remove(inputs, self.removable(inputs))
+
 
 class ImageTokens(Modality):
     """ViT-style images: ``prefix_tokens`` (CLS, distillation, ...) then one token per patch, row-major.
@@ -60,6 +91,10 @@ class ImageTokens(Modality):
         std: per-channel standard deviation used to normalise the inputs, undone for display.
         cmap: matplotlib colormap of the heatmap.
         alpha: weight of the heatmap over the image.
+        removal: what the faithfulness metrics remove: single ``"pixel"``s (set to black in [0, 1]
+            space, then normalised with ``mean``/``std``) or whole ``"patch"``es.
+        blur_sigma: standard deviation in pixels of the Gaussian blur an insertion curve starts
+            from; None: 2.5% of the image side, at least 1.
 
     Example::
 
@@ -75,7 +110,13 @@ class ImageTokens(Modality):
         std: Sequence[float] | None = None,
         cmap: str = "jet",
         alpha: float = 0.5,
+        removal: Literal["pixel", "patch"] = "pixel",
+        blur_sigma: float | None = None,
     ) -> None:
+        if removal not in ("pixel", "patch"):
+            raise ValueError(f"removal={removal!r}; use 'pixel' or 'patch'")
+        if blur_sigma is not None and blur_sigma <= 0:
+            raise ValueError(f"blur_sigma must be positive (or None for 2.5% of the image side); got {blur_sigma}")
         if patch_size < 1 or prefix_tokens < 0:
             raise ValueError(f"patch_size must be >= 1 and prefix_tokens >= 0; got {patch_size} and {prefix_tokens}")
         if not 0.0 <= alpha <= 1.0:
@@ -87,6 +128,8 @@ class ImageTokens(Modality):
         self.std = None if std is None else tuple(float(s) for s in std)
         self.cmap = cmap
         self.alpha = alpha
+        self.removal = removal
+        self.blur_sigma = blur_sigma
 
     def __repr__(self) -> str:
         return f"ImageTokens(patch_size={self.patch_size}, prefix_tokens={self.prefix_tokens})"
@@ -119,6 +162,77 @@ class ImageTokens(Modality):
             )
         grid = tokens[:, self.prefix_tokens :].float().reshape(-1, 1, rows, cols)
         return F.interpolate(grid, size=(height, width), mode="bilinear", align_corners=False)[:, 0]
+
+    def pixel_map(self, attributions: Tensor, inputs: Tensor) -> Tensor:
+        """Any attribution of ``inputs [B, C, H, W]`` as float32 ``[B, H, W]``.
+
+        Token relevance ``[B, N]`` goes through :meth:`to_input`; a pixel map ``[B, H, W]`` is kept;
+        an input-shaped map ``[B, C, H, W]`` (Captum's) is summed over channels.
+        """
+        if not isinstance(inputs, Tensor) or inputs.dim() != 4:
+            raise ValueError(f"ImageTokens needs images [B, C, H, W]; got {getattr(inputs, 'shape', type(inputs).__name__)}")
+        if attributions.dim() == 2:
+            return self.to_input(attributions, inputs)
+        if attributions.dim() == 4 and attributions.shape == inputs.shape:
+            return attributions.float().sum(dim=1)
+        if attributions.dim() == 3 and attributions.shape == (inputs.shape[0], *inputs.shape[-2:]):
+            return attributions.float()
+        raise ValueError(
+            f"attributions of shape {tuple(attributions.shape)} do not fit images {tuple(inputs.shape)}: pass token "
+            "relevance [B, N], a pixel map [B, H, W] or an input-shaped map [B, C, H, W]"
+        )
+
+    def unit_scores(self, attributions: Tensor, inputs: Tensor) -> Tensor:
+        """Pixels ``[B, H*W]`` (row-major) or, with ``removal="patch"``, patch means ``[B, rows*cols]``."""
+        pixels = self.pixel_map(attributions, inputs)
+        if self.removal == "patch":
+            rows, cols = pixels.shape[-2] // self.patch_size, pixels.shape[-1] // self.patch_size
+            cropped = pixels[:, None, : rows * self.patch_size, : cols * self.patch_size]
+            pixels = F.avg_pool2d(cropped, self.patch_size)[:, 0]
+        return pixels.flatten(1)
+
+    def removable(self, inputs: Tensor) -> Tensor:
+        """Every pixel (or patch)."""
+        batch, _, height, width = inputs.shape
+        units = (height // self.patch_size) * (width // self.patch_size) if self.removal == "patch" else height * width
+        return torch.ones(batch, units, dtype=torch.bool, device=inputs.device)
+
+    def _black(self, channels: int, like: Tensor) -> Tensor:
+        """Black (0 in [0, 1] space) as the model sees it: ``(0 - mean) / std`` per channel."""
+        value = torch.zeros(channels)
+        if self.mean is not None:
+            value = value - torch.tensor(self.mean)
+        if self.std is not None:
+            value = value / torch.tensor(self.std)
+        return value.to(like).view(1, channels, 1, 1)
+
+    def remove(self, inputs: Tensor, drop: Tensor, fill: Tensor | None = None) -> Tensor:
+        """Images with the dropped pixels (or patches) black, or taken from ``fill``."""
+        if not isinstance(inputs, Tensor) or inputs.dim() != 4:
+            raise ValueError(f"ImageTokens needs images [B, C, H, W]; got {getattr(inputs, 'shape', type(inputs).__name__)}")
+        batch, channels, height, width = inputs.shape
+        if self.removal == "patch":
+            rows, cols = height // self.patch_size, width // self.patch_size
+            cells = drop.reshape(batch, 1, rows, cols)
+            mask = cells.repeat_interleave(self.patch_size, 2).repeat_interleave(self.patch_size, 3)
+            mask = F.pad(mask, (0, width - mask.shape[-1], 0, height - mask.shape[-2]))
+        else:
+            mask = drop.reshape(batch, 1, height, width)
+        replacement = self._black(channels, inputs) if fill is None else fill
+        return torch.where(mask.to(inputs.device), replacement, inputs)
+
+    def blurred(self, inputs: Tensor) -> Tensor:
+        """A Gaussian blur of each channel (reflect padding), the start of an insertion curve (RISE)."""
+        sigma = self.blur_sigma or max(1.0, 0.025 * max(inputs.shape[-2:]))
+        radius = max(1, min(int(3 * sigma), min(inputs.shape[-2:]) - 1))
+        offsets = torch.arange(-radius, radius + 1, dtype=torch.float32)
+        kernel = torch.exp(-0.5 * (offsets / sigma) ** 2)
+        kernel = (kernel / kernel.sum()).to(inputs)
+        channels = inputs.shape[1]
+        out = F.pad(inputs, (radius, radius, radius, radius), mode="reflect")
+        # Separable: a row pass, then a column pass, one channel at a time (groups=C).
+        out = F.conv2d(out, kernel.view(1, 1, 1, -1).expand(channels, 1, 1, -1), groups=channels)
+        return F.conv2d(out, kernel.view(1, 1, -1, 1).expand(channels, 1, -1, 1), groups=channels)
 
     def display_image(self, x: Tensor) -> Tensor:
         """One image ``[C, H, W]`` (C = 1 or 3) as displayable RGB ``[H, W, 3]`` in [0, 1], normalisation undone."""
@@ -177,6 +291,10 @@ class TextTokens(Modality):
         pad_id: padding id, omitted from the drawing and zeroed when no ``attention_mask`` is given;
             None means the tokenizer's.
         cmap: matplotlib colormap of the token backgrounds.
+        mask_id: the id a removed token becomes; None means the tokenizer's mask token, else ``pad_id``.
+        removal: how the faithfulness metrics remove a token: ``"replace"`` its id by ``mask_id``, or
+            drop it from the ``"attention"`` mask (the inputs must then be a mapping with one).
+            Special and padded tokens are never removed.
 
     Example::
 
@@ -192,8 +310,12 @@ class TextTokens(Modality):
         special_ids: Sequence[int] | None = None,
         pad_id: int | None = None,
         cmap: str = "Reds",
+        mask_id: int | None = None,
+        removal: Literal["replace", "attention"] = "replace",
     ) -> None:
         _check_cmap(cmap)
+        if removal not in ("replace", "attention"):
+            raise ValueError(f"removal={removal!r}; use 'replace' (by mask_id) or 'attention' (zero the attention mask)")
         if isinstance(tokenizer, str):
             # Optional dependency: only a tokenizer given by name needs transformers here.
             from transformers import AutoTokenizer
@@ -206,6 +328,8 @@ class TextTokens(Modality):
         self.special_ids = frozenset(int(i) for i in special_ids)
         self.pad_id = getattr(tokenizer, "pad_token_id", None) if pad_id is None else pad_id
         self.cmap = cmap
+        self.mask_id = getattr(tokenizer, "mask_token_id", None) if mask_id is None else mask_id
+        self.removal = removal
 
     def __repr__(self) -> str:
         source = type(self.tokenizer).__name__ if self.tokenizer is not None else ("vocab" if self.vocab else "ids")
@@ -241,6 +365,47 @@ class TextTokens(Modality):
             return tokens.float().clone()
         return tokens.float().masked_fill(~keep.to(tokens.device), 0.0)
 
+    def unit_scores(self, attributions: Tensor, inputs: Any) -> Tensor:
+        """One score per input id ``[B, T]``; embeddings-shaped maps ``[B, T, D]`` are summed over D."""
+        ids = self._input_ids(inputs)
+        scores = attributions.float().sum(dim=-1) if attributions.dim() == 3 else attributions.float()
+        if scores.shape != ids.shape:
+            raise ValueError(f"attributions of shape {tuple(attributions.shape)} do not fit input_ids {tuple(ids.shape)}: "
+                             "pass one value per token [B, T] (or [B, T, D] for embeddings)")
+        return scores
+
+    def removable(self, inputs: Any) -> Tensor:
+        """Real tokens that are not special (``special_ids``), by the attention mask or ``pad_id``."""
+        ids = self._input_ids(inputs)
+        keep = torch.ones_like(ids, dtype=torch.bool)
+        mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+        if isinstance(mask, Tensor) and mask.shape == ids.shape:
+            keep &= mask != 0
+        elif self.pad_id is not None:
+            keep &= ids != self.pad_id
+        if self.special_ids:
+            keep &= ~torch.isin(ids, torch.tensor(sorted(self.special_ids), device=ids.device))
+        return keep
+
+    def remove(self, inputs: Any, drop: Tensor, fill: Any = None) -> Any:
+        """Dropped tokens become ``mask_id`` (or ``fill``'s ids), or leave the attention mask."""
+        ids = self._input_ids(inputs)
+        drop = drop.to(ids.device) & self.removable(inputs)
+        if self.removal == "attention":
+            mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+            if not isinstance(mask, Tensor) or mask.shape != ids.shape:
+                raise ValueError("TextTokens(removal='attention') needs inputs as a mapping with an attention_mask [B, T]")
+            return {**inputs, "attention_mask": mask.masked_fill(drop, 0)}
+        if fill is not None:
+            replacement = self._input_ids(fill)
+        elif self.mask_id is not None or self.pad_id is not None:
+            replacement = torch.full_like(ids, self.mask_id if self.mask_id is not None else self.pad_id)
+        else:
+            raise ValueError("TextTokens cannot remove tokens without an id to put in their place: pass mask_id= "
+                             "(or pad_id=, or a tokenizer with a mask or pad token), or use removal='attention'")
+        new_ids = torch.where(drop, replacement, ids)
+        return {**inputs, "input_ids": new_ids} if isinstance(inputs, Mapping) else new_ids
+
     def token_strings(self, ids: Sequence[int] | Tensor) -> list[str]:
         """Display strings of ``ids``: the tokenizer's tokens, else ``vocab`` entries, else the ids."""
         values = ids.tolist() if isinstance(ids, Tensor) else [int(i) for i in ids]
@@ -273,6 +438,8 @@ class TabularTokens(Modality):
     Args:
         feature_names: one name per feature, in token order.
         prefix_tokens: tokens before the features (1 for a CLS token).
+        means: the value a removed feature takes (its mean over the training data, in the scale the
+            model sees); None: its mean over the batch being scored.
 
     Example::
 
@@ -280,11 +447,14 @@ class TabularTokens(Modality):
         per_feature = modality.to_input(explain(ft_transformer, x).tokens, x)   # [B, 3]
     """
 
-    def __init__(self, feature_names: Sequence[str], prefix_tokens: int = 1) -> None:
+    def __init__(self, feature_names: Sequence[str], prefix_tokens: int = 1, means: Sequence[float] | None = None) -> None:
         if prefix_tokens < 0:
             raise ValueError(f"prefix_tokens must be >= 0; got {prefix_tokens}")
+        if means is not None and len(means) != len(feature_names):
+            raise ValueError(f"means has {len(means)} values for {len(feature_names)} feature_names")
         self.feature_names = list(feature_names)
         self.prefix_tokens = prefix_tokens
+        self.means = None if means is None else tuple(float(m) for m in means)
 
     def __repr__(self) -> str:
         return f"TabularTokens({len(self.feature_names)} features, prefix_tokens={self.prefix_tokens})"
@@ -308,6 +478,30 @@ class TabularTokens(Modality):
                 f"feature_names has {len(self.feature_names)}: {self.feature_names}"
             )
         return tokens[:, self.prefix_tokens :].float()
+
+    def _features(self, inputs: Any) -> Tensor:
+        if not isinstance(inputs, Tensor) or inputs.dim() != 2 or inputs.shape[1] != len(self.feature_names):
+            raise ValueError(f"TabularTokens needs features [B, {len(self.feature_names)}]; "
+                             f"got {getattr(inputs, 'shape', type(inputs).__name__)}")
+        return inputs
+
+    def unit_scores(self, attributions: Tensor, inputs: Tensor) -> Tensor:
+        """One score per feature ``[B, F]``, from token relevance ``[B, prefix + F]`` or a map ``[B, F]``."""
+        features = self._features(inputs)
+        if attributions.shape == features.shape:
+            return attributions.float()
+        return self.to_input(attributions, inputs)
+
+    def removable(self, inputs: Tensor) -> Tensor:
+        """Every feature."""
+        return torch.ones_like(self._features(inputs), dtype=torch.bool)
+
+    def remove(self, inputs: Tensor, drop: Tensor, fill: Tensor | None = None) -> Tensor:
+        """Dropped features take ``means`` (or the batch mean, or ``fill``'s values)."""
+        features = self._features(inputs)
+        if fill is None:
+            fill = features.mean(dim=0, keepdim=True) if self.means is None else torch.tensor(self.means).to(features)
+        return torch.where(drop.to(features.device), fill, features)
 
     def render(self, x: Tensor | None, relevance: Tensor | None, title: str) -> np.ndarray:
         """Bars of relevance ``[F]`` per feature (None: no bars), labelled ``name = value`` from ``x [F]`` (or None).

@@ -1,0 +1,63 @@
+"""Faithfulness metrics as ``torchmetrics.Metric`` classes; their maths in :mod:`lightning_gae.metrics.functional`.
+
+Perturbation protocols run the model on inputs with units removed in relevance order
+(``update(inputs, attributions, target=None)``); the others compare relevance with ground truth or
+with another explanation. Every state reduces by sum across processes.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from lightning_gae.metrics import functional
+from lightning_gae.metrics.agreement import ExplanationStability, RationaleAgreement, RelevanceSegmentation
+from lightning_gae.metrics.functional import random_attribution
+from lightning_gae.metrics.perturbation import (
+    AOPC,
+    Comprehensiveness,
+    DeletionAUC,
+    InsertionAUC,
+    PerturbationAUC,
+    Sufficiency,
+)
+
+PERTURBATION_METRICS: dict[str, Callable[..., Any]] = {
+    "positive_perturbation_auc": lambda f, m, **kw: PerturbationAUC(f, m, order="positive", **kw),
+    "negative_perturbation_auc": lambda f, m, **kw: PerturbationAUC(f, m, order="negative", **kw),
+    "deletion_auc": DeletionAUC,
+    "insertion_auc": InsertionAUC,
+    "comprehensiveness": Comprehensiveness,
+    "sufficiency": Sufficiency,
+    "aopc": AOPC,
+}
+"""The perturbation metrics by the names the callback, ``compare`` and the CLI use (all take
+``update(inputs, attributions, target)``)."""
+
+
+def perturbation_metric(name: str, forward_fn: Callable[..., Any], modality: Any, **kwargs: Any) -> Any:
+    """A perturbation metric by name, e.g. ``perturbation_metric("negative_perturbation_auc", model, modality)``.
+
+    ``kwargs`` go to the class (``max_batch``, ``sync_on_compute``, ...).
+
+    Raises:
+        ValueError: for an unknown name (the message lists the known ones).
+    """
+    if name not in PERTURBATION_METRICS:
+        raise ValueError(f"unknown metric {name!r}; choose from {sorted(PERTURBATION_METRICS)}")
+    return PERTURBATION_METRICS[name](forward_fn, modality, **kwargs)
+
+
+__all__ = [
+    "AOPC",
+    "PERTURBATION_METRICS",
+    "Comprehensiveness",
+    "DeletionAUC",
+    "ExplanationStability",
+    "InsertionAUC",
+    "PerturbationAUC",
+    "RationaleAgreement",
+    "RelevanceSegmentation",
+    "Sufficiency",
+    "functional",
+    "perturbation_metric",
+    "random_attribution",
+]

@@ -1,0 +1,34 @@
+"""The faithfulness metrics as plain functions, the torchmetrics way (classes in ``lightning_gae.metrics``)."""
+
+from lightning_gae.metrics.functional.perturbation import (
+    ERASER_BINS,
+    PERTURBATION_FRACTIONS,
+    RISE_FRACTIONS,
+    aopc,
+    comprehensiveness,
+    deletion_auc,
+    insertion_auc,
+    perturbation_auc,
+    perturbation_curve,
+    random_attribution,
+    sufficiency,
+)
+from lightning_gae.metrics.functional.segmentation import rationale_agreement, relevance_segmentation
+from lightning_gae.metrics.functional.stability import explanation_stability
+
+__all__ = [
+    "ERASER_BINS",
+    "PERTURBATION_FRACTIONS",
+    "RISE_FRACTIONS",
+    "aopc",
+    "comprehensiveness",
+    "deletion_auc",
+    "explanation_stability",
+    "insertion_auc",
+    "perturbation_auc",
+    "perturbation_curve",
+    "random_attribution",
+    "rationale_agreement",
+    "relevance_segmentation",
+    "sufficiency",
+]

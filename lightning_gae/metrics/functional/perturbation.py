@@ -1,0 +1,437 @@
+"""Perturbation protocols as functions: remove input units in relevance order, watch the model.
+
+Every protocol here runs the same engine: an attribution scores the modality's units (pixels,
+patches, tokens, features, see :meth:`~lightning_gae.Modality.unit_scores`), the units are ranked,
+and for every step of a curve the top (or bottom) share of each sample's removable units is
+removed by the modality. All (step, sample) pairs go through ``forward_fn`` in chunks of at most
+``max_batch`` inputs, without gradients and in eval mode.
+
+Each protocol is a ``_<name>_update`` returning sums over samples (the states of the metric class),
+a ``_<name>_compute`` turning them into the value, and the public function doing both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, Union
+
+import torch
+from torch import Tensor, nn
+
+from lightning_gae.explain import _call_args, map_tensors, model_logits
+from lightning_gae.modalities import Modality
+
+__all__ = [
+    "ERASER_BINS",
+    "PERTURBATION_FRACTIONS",
+    "RISE_FRACTIONS",
+    "aopc",
+    "comprehensiveness",
+    "deletion_auc",
+    "insertion_auc",
+    "perturbation_auc",
+    "perturbation_curve",
+    "random_attribution",
+    "sufficiency",
+]
+
+Target = Union[None, int, Sequence[int], Tensor]
+Order = Literal["positive", "negative"]
+Score = Literal["accuracy", "probability"]
+
+PERTURBATION_FRACTIONS: tuple[float, ...] = tuple(round(0.1 * k, 1) for k in range(10))
+"""Chefer et al.: 0%, 10%, ..., 90% of the units removed."""
+RISE_FRACTIONS: tuple[float, ...] = tuple(round(0.05 * k, 2) for k in range(21))
+"""Deletion / insertion: 0%, 5%, ..., 100%."""
+ERASER_BINS: tuple[float, ...] = (0.01, 0.05, 0.1, 0.2, 0.5)
+"""DeYoung et al. (ERASER): the top 1, 5, 10, 20 and 50% of the tokens."""
+
+
+def random_attribution(like: Tensor, seed: int = 0) -> Tensor:
+    """Seeded uniform noise shaped like ``like`` (token relevance or a map): the floor every method must beat.
+
+    The same seed gives the same values on every device (drawn on the CPU, then moved).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(like.shape, generator=generator).to(like.device)
+
+
+def _check_fractions(fractions: Sequence[float], name: str) -> Tensor:
+    values = torch.tensor([float(f) for f in fractions], dtype=torch.float64)
+    if values.numel() < 1 or (values < 0).any() or (values > 1).any() or (values.diff() <= 0).any():
+        raise ValueError(f"{name} must be increasing fractions in [0, 1]; got {list(fractions)}")
+    return values
+
+
+def removal_counts(fractions: Sequence[float], removable: Tensor, at_least_one: bool = False) -> Tensor:
+    """``[S, B]`` how many units each step removes: ``floor(f * n_b)`` of a sample's ``n_b`` removable units.
+
+    ``at_least_one`` (ERASER's bins) removes one unit for any positive fraction.
+    """
+    n = removable.sum(dim=1).to(torch.float64)
+    f = torch.tensor([float(x) for x in fractions], dtype=torch.float64, device=n.device)
+    # The epsilon keeps 0.3 * 10 = 3.0000000000000004 and 0.7 * 10 from rounding the wrong way.
+    counts = torch.floor(f[:, None] * n[None, :] + 1e-6).long()
+    if at_least_one:
+        counts = torch.where((f[:, None] > 0) & (n[None, :] > 0), counts.clamp(min=1), counts)
+    return counts
+
+
+def ranked_masks(scores: Tensor, removable: Tensor, counts: Tensor, order: Order = "positive") -> Tensor:
+    """``[S, B, U]`` bool: for step ``s``, the ``counts[s, b]`` top-ranked removable units of sample ``b``.
+
+    ``positive`` ranks the most relevant first, ``negative`` the least relevant first; units that
+    are not removable are never chosen; ties keep index order (a stable sort).
+    """
+    if order not in ("positive", "negative"):
+        raise ValueError(f"order={order!r}; use 'positive' (most relevant removed first) or 'negative'")
+    key = scores.float() if order == "negative" else -scores.float()
+    key = key.masked_fill(~removable, math.inf)
+    ranks = torch.empty_like(key, dtype=torch.long)
+    positions = torch.arange(key.shape[1], device=key.device).expand_as(key)
+    ranks.scatter_(1, key.argsort(dim=1, stable=True), positions)
+    return (ranks[None] < counts[:, :, None]) & removable[None]
+
+
+def _forward_logits(forward_fn: Callable[..., Any], inputs: Any) -> Tensor:
+    args, kwargs = _call_args(inputs)
+    logits = model_logits(forward_fn(*args, **kwargs))
+    if logits is None or logits.dim() != 2:
+        shape = None if logits is None else tuple(logits.shape)
+        raise ValueError(f"forward_fn must return class logits [B, C] (a tensor, a tuple or .logits); got {shape}")
+    return logits.float()
+
+
+def _select(inputs: Any, index: Tensor, batch: int) -> Any:
+    return map_tensors(inputs, lambda t: t[index.to(t.device)] if t.dim() and t.shape[0] == batch else t)
+
+
+class _EvalMode:
+    """Eval mode for a module ``forward_fn`` while scoring; every module's own flag restored after."""
+
+    def __init__(self, forward_fn: Callable[..., Any]) -> None:
+        self.modules = list(forward_fn.modules()) if isinstance(forward_fn, nn.Module) else []
+
+    def __enter__(self) -> None:
+        self.modes = [m.training for m in self.modules]
+        for m in self.modules:
+            m.training = False
+
+    def __exit__(self, *exc: object) -> None:
+        for m, mode in zip(self.modules, self.modes):
+            m.training = mode
+
+
+def _target_index(target: Target, logits: Tensor) -> Tensor:
+    batch = logits.shape[0]
+    if target is None:
+        return logits.argmax(dim=1)
+    index = torch.as_tensor(target, device=logits.device).long().reshape(-1)
+    if index.numel() == 1:
+        index = index.expand(batch)
+    if index.shape != (batch,) or ((index < 0) | (index >= logits.shape[1])).any():
+        raise ValueError(f"target must be an int or one class per sample in [0, {logits.shape[1]}); got {index.tolist()}")
+    return index
+
+
+def _score(logits: Tensor, target: Tensor, score: Score) -> Tensor:
+    if score == "accuracy":
+        return (logits.argmax(dim=1) == target).float()
+    if score == "probability":
+        return logits.softmax(dim=1).gather(1, target[:, None]).squeeze(1)
+    raise ValueError(f"score={score!r}; use 'accuracy' or 'probability'")
+
+
+def perturbed_scores(
+    forward_fn: Callable[..., Any],
+    modality: Modality,
+    inputs: Any,
+    masks: Tensor,
+    target: Target = None,
+    score: Score = "probability",
+    fill: Any = None,
+    max_batch: int = 256,
+) -> tuple[Tensor, Tensor]:
+    """The model's score of every sample with every mask's units removed.
+
+    Args:
+        forward_fn: the model (or any callable) giving logits ``[B, C]``; called like ``explain``
+            calls the model: ``f(x)``, ``f(*x)`` for a tuple, ``f(**x)`` for a mapping.
+        modality: removes the units (:meth:`~lightning_gae.Modality.remove`).
+        inputs: one batch of ``B`` samples.
+        masks: bool ``[S, B, U]``, True for the units removed at step ``s``.
+        target: the class scored: None (the unperturbed prediction), an int, or one per sample.
+        score: ``"accuracy"`` (1 when the prediction is still the target) or the target's ``"probability"``.
+        fill: inputs whose units replace removed ones (default: the modality's removal value).
+        max_batch: at most this many perturbed inputs per forward pass.
+
+    Returns:
+        ``scores [S, B]`` float32 and ``clean [B]``, the unperturbed target probability.
+    """
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1; got {max_batch}")
+    steps, batch = masks.shape[:2]
+    if fill is None:
+        fill = modality.remove(inputs, modality.removable(inputs))
+    with torch.no_grad(), _EvalMode(forward_fn):
+        logits = torch.cat([_forward_logits(forward_fn, _select(inputs, idx, batch))
+                            for idx in torch.arange(batch).split(max_batch)])
+        target_index = _target_index(target, logits)
+        clean = _score(logits, target_index, "probability")
+        out = torch.empty(steps * batch, device=logits.device)
+        # Step-major pairs, so one chunk mixes steps and samples and the count of forwards is ceil(S*B / max_batch).
+        for pairs in torch.arange(steps * batch).split(max_batch):
+            step, sample = pairs // batch, pairs % batch
+            chunk = modality.remove(_select(inputs, sample, batch), masks[step, sample], _select(fill, sample, batch))
+            out[pairs.to(out.device)] = _score(_forward_logits(forward_fn, chunk), target_index[sample.to(logits.device)], score)
+    return out.reshape(steps, batch), clean
+
+
+def _units(modality: Modality, inputs: Any, attributions: Tensor) -> tuple[Tensor, Tensor]:
+    scores = modality.unit_scores(attributions.detach(), inputs)
+    removable = modality.removable(inputs).to(scores.device)
+    if scores.shape != removable.shape:
+        raise ValueError(f"{type(modality).__name__} scored {tuple(scores.shape)} units but has {tuple(removable.shape)}")
+    return scores, removable
+
+
+# --- perturbation test (Chefer et al.) ------------------------------------------------------------
+
+
+def _perturbation_auc_update(
+    forward_fn: Callable[..., Any],
+    modality: Modality,
+    inputs: Any,
+    attributions: Tensor,
+    target: Target = None,
+    order: Order = "positive",
+    fractions: Sequence[float] = PERTURBATION_FRACTIONS,
+    score: Score = "accuracy",
+    max_batch: int = 256,
+) -> tuple[Tensor, int]:
+    """``(curve_sum [S], count)``: the per-step score summed over the batch's samples."""
+    _check_fractions(fractions, "fractions")
+    scores, removable = _units(modality, inputs, attributions)
+    masks = ranked_masks(scores, removable, removal_counts(fractions, removable), order)
+    curves, _ = perturbed_scores(forward_fn, modality, inputs, masks, target, score, max_batch=max_batch)
+    return curves.sum(dim=1), curves.shape[1]
+
+
+def _perturbation_auc_compute(curve_sum: Tensor, count: Tensor | int, fractions: Sequence[float], scale: float = 100.0) -> Tensor:
+    """Trapezoid area under the mean curve over ``fractions`` (the 0 step included), times ``scale``."""
+    curve = curve_sum / count
+    x = torch.tensor([float(f) for f in fractions], dtype=curve.dtype, device=curve.device)
+    return torch.trapezoid(curve, x) * scale
+
+
+def perturbation_curve(
+    forward_fn: Callable[..., Any],
+    modality: Modality,
+    inputs: Any,
+    attributions: Tensor,
+    target: Target = None,
+    order: Order = "positive",
+    fractions: Sequence[float] = PERTURBATION_FRACTIONS,
+    score: Score = "accuracy",
+    max_batch: int = 256,
+) -> Tensor:
+    """The mean score ``[S]`` after removing each fraction of units (see :func:`perturbation_auc`)."""
+    curve_sum, count = _perturbation_auc_update(forward_fn, modality, inputs, attributions, target, order,
+                                                fractions, score, max_batch)
+    return curve_sum / count
+
+
+def perturbation_auc(
+    forward_fn: Callable[..., Any],
+    modality: Modality,
+    inputs: Any,
+    attributions: Tensor,
+    target: Target = None,
+    order: Order = "positive",
+    fractions: Sequence[float] = PERTURBATION_FRACTIONS,
+    score: Score = "accuracy",
+    max_batch: int = 256,
+) -> Tensor:
+    r"""Perturbation test of Chefer et al.: area under the score curve as units are removed.
+
+    For each fraction :math:`f_s` the top :math:`\lfloor f_s n_b \rfloor` of sample :math:`b`'s
+    :math:`n_b` removable units are removed, most relevant first (``order="positive"``, lower is
+    better) or least relevant first (``"negative"``, higher is better), and the model scores the
+    result; with :math:`c_s` the mean score over samples,
+
+    .. math:: \mathrm{AUC} = 100 \sum_s \tfrac{1}{2}(c_s + c_{s+1})(f_{s+1} - f_s).
+
+    Args:
+        forward_fn: the model, or a callable giving logits ``[B, C]``.
+        modality: which units exist and how they are removed (e.g. ``ImageTokens`` sets pixels black).
+        inputs: a batch (tensor, tuple or mapping, as for ``explain``).
+        attributions: token relevance ``[B, N]`` or an input-shaped map.
+        target: the class whose accuracy (or probability) is scored; None: the unperturbed prediction.
+        order: ``"positive"`` or ``"negative"``.
+        fractions: increasing fractions in [0, 1]; default 0, 0.1, ..., 0.9.
+        score: ``"accuracy"`` (the paper) or ``"probability"`` of the target.
+        max_batch: at most this many perturbed inputs per forward pass.
+
+    Returns:
+        A scalar tensor; with the default fractions, in [0, 90].
+
+    Example::
+
+        exp = explain(vit, images)
+        perturbation_auc(vit, ImageTokens(patch_size=16), images, exp.tokens, exp.target, order="negative")
+    """
+    curve_sum, count = _perturbation_auc_update(forward_fn, modality, inputs, attributions, target, order,
+                                                fractions, score, max_batch)
+    return _perturbation_auc_compute(curve_sum, count, fractions)
+
+
+# --- deletion / insertion (RISE) -------------------------------------------------------------------
+
+
+def _deletion_update(
+    forward_fn: Callable[..., Any],
+    modality: Modality,
+    inputs: Any,
+    attributions: Tensor,
+    target: Target = None,
+    fractions: Sequence[float] = RISE_FRACTIONS,
+    max_batch: int = 256,
+    insertion: bool = False,
+) -> tuple[Tensor, int]:
+    """``(curve_sum [S], count)`` of the target probability as units are deleted (or inserted)."""
+    _check_fractions(fractions, "fractions")
+    scores, removable = _units(modality, inputs, attributions)
+    chosen = ranked_masks(scores, removable, removal_counts(fractions, removable), "positive")
+    if insertion:
+        # Inserting the top k into the blurred image = removing everything else, with blur as the fill.
+        curves, _ = perturbed_scores(forward_fn, modality, inputs, removable[None] & ~chosen, target, "probability",
+                                     fill=modality.blurred(inputs), max_batch=max_batch)
+    else:
+        curves, _ = perturbed_scores(forward_fn, modality, inputs, chosen, target, "probability", max_batch=max_batch)
+    return curves.sum(dim=1), curves.shape[1]
+
+
+def deletion_auc(
+    forward_fn: Callable[..., Any],
+    modality: Modality,
+    inputs: Any,
+    attributions: Tensor,
+    target: Target = None,
+    fractions: Sequence[float] = RISE_FRACTIONS,
+    max_batch: int = 256,
+) -> Tensor:
+    r"""Deletion (RISE): area under the target probability as the most relevant units are removed first.
+
+    Units are removed the modality's way (black pixels, mask ids, feature means); the area is the
+    trapezoid over ``fractions`` (default 0, 0.05, ..., 1), so it lies in [0, 1]. Lower is better.
+    Arguments as in :func:`perturbation_auc`.
+    """
+    curve_sum, count = _deletion_update(forward_fn, modality, inputs, attributions, target, fractions, max_batch)
+    return _perturbation_auc_compute(curve_sum, count, fractions, scale=1.0)
+
+
+def insertion_auc(
+    forward_fn: Callable[..., Any],
+    modality: Modality,
+    inputs: Any,
+    attributions: Tensor,
+    target: Target = None,
+    fractions: Sequence[float] = RISE_FRACTIONS,
+    max_batch: int = 256,
+) -> Tensor:
+    r"""Insertion (RISE): area under the target probability as the most relevant units are put back first.
+
+    The curve starts from :meth:`~lightning_gae.Modality.blurred` (a Gaussian blur of an image;
+    every removable token or feature removed otherwise) and ends at the input. Higher is better.
+    Arguments as in :func:`perturbation_auc`.
+    """
+    curve_sum, count = _deletion_update(forward_fn, modality, inputs, attributions, target, fractions, max_batch,
+                                        insertion=True)
+    return _perturbation_auc_compute(curve_sum, count, fractions, scale=1.0)
+
+
+# --- ERASER: comprehensiveness, sufficiency; AOPC ------------------------------------------------
+
+
+def _eraser_update(
+    forward_fn: Callable[..., Any],
+    modality: Modality,
+    inputs: Any,
+    attributions: Tensor,
+    target: Target = None,
+    bins: Sequence[float] = ERASER_BINS,
+    keep_only: bool = False,
+    with_zero: bool = False,
+    max_batch: int = 256,
+) -> tuple[Tensor, int]:
+    """``(sum, count)`` over samples of the mean probability drop over ``bins``."""
+    _check_fractions(bins, "bins")
+    scores, removable = _units(modality, inputs, attributions)
+    top = ranked_masks(scores, removable, removal_counts(bins, removable, at_least_one=True), "positive")
+    masks = removable[None] & ~top if keep_only else top
+    probs, clean = perturbed_scores(forward_fn, modality, inputs, masks, target, "probability", max_batch=max_batch)
+    drops = clean[None] - probs
+    # AOPC's k = 0 term (nothing removed) is a drop of exactly 0: it only adds to the denominator.
+    per_sample = drops.sum(dim=0) / (len(bins) + 1) if with_zero else drops.mean(dim=0)
+    return per_sample.sum(), per_sample.numel()
+
+
+def _mean_compute(total: Tensor, count: Tensor | int) -> Tensor:
+    return total / count
+
+
+def comprehensiveness(
+    forward_fn: Callable[..., Any],
+    modality: Modality,
+    inputs: Any,
+    attributions: Tensor,
+    target: Target = None,
+    bins: Sequence[float] = ERASER_BINS,
+    max_batch: int = 256,
+) -> Tensor:
+    r"""ERASER comprehensiveness: :math:`\frac{1}{|K|}\sum_{k \in K} p(x) - p(x \setminus r_k)`, higher is better.
+
+    :math:`r_k` is the top :math:`k` share of the removable units (at least one unit), ``bins``
+    :math:`K` default to 1, 5, 10, 20 and 50%; :math:`p` is the target's probability.
+    Arguments as in :func:`perturbation_auc`.
+    """
+    total, count = _eraser_update(forward_fn, modality, inputs, attributions, target, bins, max_batch=max_batch)
+    return _mean_compute(total, count)
+
+
+def sufficiency(
+    forward_fn: Callable[..., Any],
+    modality: Modality,
+    inputs: Any,
+    attributions: Tensor,
+    target: Target = None,
+    bins: Sequence[float] = ERASER_BINS,
+    max_batch: int = 256,
+) -> Tensor:
+    r"""ERASER sufficiency: :math:`\frac{1}{|K|}\sum_{k \in K} p(x) - p(r_k)`, only the top units kept; lower is better.
+
+    Arguments as in :func:`comprehensiveness`.
+    """
+    total, count = _eraser_update(forward_fn, modality, inputs, attributions, target, bins, keep_only=True,
+                                  max_batch=max_batch)
+    return _mean_compute(total, count)
+
+
+def aopc(
+    forward_fn: Callable[..., Any],
+    modality: Modality,
+    inputs: Any,
+    attributions: Tensor,
+    target: Target = None,
+    bins: Sequence[float] = ERASER_BINS,
+    max_batch: int = 256,
+) -> Tensor:
+    r"""AOPC (Samek et al.), most relevant first: :math:`\frac{1}{|K|+1}\sum_{k \in \{0\} \cup K} p(x) - p(x \setminus r_k)`.
+
+    The average over the removal steps of the probability drop, the unperturbed step included, on
+    ERASER's bins; equal to :func:`comprehensiveness` times :math:`|K| / (|K| + 1)`. Higher is better.
+    """
+    total, count = _eraser_update(forward_fn, modality, inputs, attributions, target, bins, with_zero=True,
+                                  max_batch=max_batch)
+    return _mean_compute(total, count)
