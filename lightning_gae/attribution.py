@@ -1,0 +1,345 @@
+"""Captum attribution classes: GAE and its attention baselines behind Captum's ``attribute()`` contract.
+
+``GenericAttention(model).attribute(inputs, target)`` returns relevance with the shape of
+``inputs``, so GAE drops into anything built for Captum attributions: ``NoiseTunnel``,
+``captum.metrics.infidelity`` / ``sensitivity_max``, ``captum.attr.visualization`` and
+side-by-side comparisons with ``Saliency`` or ``IntegratedGradients``. The explanation itself is
+:func:`lightning_gae.explain.explain` (one forward, one backward for the whole batch); this module
+only adapts its arguments and maps its token relevance ``[B, N]`` onto each input tensor.
+
+Which input receives the relevance (``N`` is the number of tokens the model attends over):
+
+* an image ``[B, C, H, W]`` (floating point): the patch grid of an :class:`ImageTokens` modality
+  (given, or inferred from ``H``, ``W`` and ``N``), bilinearly upsampled, the same for every channel;
+* a tensor whose dim 1 holds one entry per token: token ids ``[B, T]`` get one value per id,
+  embeddings ``[B, T, D]`` (e.g. Hugging Face ``inputs_embeds``) the token's value across ``D``;
+  with :class:`TextTokens` padding ids are 0;
+* with :class:`TabularTokens`, features ``[B, F]`` (``F`` = the number of feature names) get one
+  value per feature, prefix tokens dropped;
+* any other input of a tuple (a scale, a side input) gets zeros of its shape: it is not laid out
+  like the tokens, so no relevance can be placed on it. At least one input must match.
+
+Masks are not attributed: pass ``attention_mask`` in ``additional_forward_args``, as Captum asks
+for every argument that is not explained (and so that ``NoiseTunnel`` does not add noise to it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Union
+
+import torch
+from captum.attr import GradientAttribution
+from captum.log import log_usage
+from torch import Tensor, nn
+
+from lightning_gae.explain import Query, explain
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+
+__all__ = ["AttentionAttribution", "AttentionGradCAM", "AttentionRollout", "GenericAttention", "RawAttention"]
+
+TensorOrTuple = Union[Tensor, tuple[Tensor, ...]]
+AttributionTarget = Union[None, int, Sequence[int], Tensor, Callable[[Any], Tensor]]
+
+
+class _ForwardFunction(nn.Module):
+    """A plain ``forward_func`` seen as a module that owns ``model``.
+
+    ``explain()`` needs a module: it switches the model to eval mode (and back) and the recorder
+    names attention layers by module path. Owning ``model`` as a child gives the first;
+    reporting the model's own ``named_modules`` gives the second with the model's paths
+    (``"bert.encoder.layer.0..."``, not ``"model.bert..."``), so ``attention_modules`` patterns
+    and error messages read as they do for the model itself.
+    """
+
+    def __init__(self, forward_func: Callable[..., Any], model: nn.Module) -> None:
+        super().__init__()
+        self.forward_func = forward_func
+        self.model = model
+
+    def forward(self, *args: Any) -> Any:
+        return self.forward_func(*args)
+
+    def named_modules(
+        self, memo: set[nn.Module] | None = None, prefix: str = "", remove_duplicate: bool = True
+    ) -> Iterator[tuple[str, nn.Module]]:
+        return self.model.named_modules(memo, prefix, remove_duplicate)
+
+
+def _explained_module(forward_func: nn.Module | Callable[..., Any], model: nn.Module | None) -> nn.Module:
+    if isinstance(forward_func, nn.Module):
+        if model is not None and model is not forward_func:
+            raise ValueError(
+                "forward_func is already an nn.Module, which explain() runs and records directly; "
+                "model= is only for a forward_func that is a plain function or lambda"
+            )
+        return forward_func
+    if not callable(forward_func):
+        raise TypeError(f"forward_func must be an nn.Module or a callable; got {type(forward_func).__name__}")
+    if model is None:
+        # A bound method (``model.forward``, ``model.predict``) names its module.
+        owner = getattr(forward_func, "__self__", None)
+        if not isinstance(owner, nn.Module):
+            raise TypeError(
+                "forward_func is a plain callable, so the attention layers it runs are unknown: pass the "
+                "module it calls as model=..., e.g. GenericAttention(lambda e, m: bert(inputs_embeds=e, "
+                "attention_mask=m).logits, model=bert)"
+            )
+        model = owner
+    return _ForwardFunction(forward_func, model)
+
+
+def _explain_target(target: AttributionTarget) -> AttributionTarget:
+    """Captum's target forms as explain() takes them."""
+    if isinstance(target, tuple) or (isinstance(target, list) and any(isinstance(t, tuple) for t in target)):
+        raise ValueError(
+            "tuple targets (indices into outputs with more than two dimensions) are not supported: "
+            "give None, an int, one class per sample, or a callable output -> Tensor[B]"
+        )
+    if isinstance(target, Tensor) and target.numel() == 1:
+        # Captum applies a one-element tensor to every example and does not expand it for
+        # NoiseTunnel or the metrics, so it must not be read as a batch of one.
+        return int(target.item())
+    return target
+
+
+def _is_image(x: Tensor) -> bool:
+    return x.dim() == 4 and x.is_floating_point()
+
+
+def _broadcast(relevance: Tensor, x: Tensor) -> Tensor:
+    """``relevance [B, K]`` repeated over the trailing dims of ``x [B, K, ...]``."""
+    lead = relevance.dim()
+    if tuple(relevance.shape) != tuple(x.shape[:lead]):
+        raise ValueError(
+            f"the modality mapped the tokens to shape {tuple(relevance.shape)}, which is not the leading part "
+            f"of the input's shape {tuple(x.shape)}"
+        )
+    return relevance.reshape(relevance.shape + (1,) * (x.dim() - lead)).expand(x.shape)
+
+
+def _relevance_on(x: Tensor, tokens: Tensor, modality: Modality | None, position: int) -> Tensor | None:
+    """Token relevance ``[B, N]`` in the shape of input ``x``, or None when ``x`` is not laid out like the tokens."""
+    num_tokens = tokens.shape[1]
+    if isinstance(modality, ImageTokens) or (modality is None and _is_image(x)):
+        if not _is_image(x):
+            return None
+        image = modality if modality is not None else ImageTokens.infer(x, num_tokens)
+        if image is None:
+            raise ValueError(
+                f"input {position} looks like images {tuple(x.shape)}, but how {num_tokens} tokens tile "
+                f"{x.shape[-2]}x{x.shape[-1]} pixels cannot be inferred (square images with 0, 1 or 2 prefix "
+                "tokens are); pass modality=ImageTokens(patch_size=..., prefix_tokens=...)"
+            )
+        pixels = image.to_input(tokens, x)
+        return pixels[:, None].expand(x.shape)
+    if isinstance(modality, TabularTokens):
+        if x.dim() < 2 or x.shape[1] != len(modality.feature_names):
+            return None
+        return _broadcast(modality.to_input(tokens, x), x)
+    if modality is None or isinstance(modality, TextTokens):
+        if x.dim() < 2 or x.shape[1] != num_tokens:
+            return None
+        if isinstance(modality, TextTokens) and x.dim() == 2 and not x.is_floating_point():
+            return modality.to_input(tokens, x)
+        return _broadcast(tokens, x)
+    return _broadcast(modality.to_input(tokens, x), x)
+
+
+def _no_input_matches(inputs: tuple[Tensor, ...], num_tokens: int, modality: Modality | None) -> ValueError:
+    shapes = ", ".join(f"input {i}: {tuple(x.shape)}" for i, x in enumerate(inputs))
+    if modality is not None:
+        return ValueError(f"{modality!r} maps onto none of the inputs ({shapes}) of a model attending over {num_tokens} tokens")
+    return ValueError(
+        f"none of the inputs ({shapes}) is laid out like the {num_tokens} tokens the model attends over: an input "
+        f"needs {num_tokens} entries in dim 1 (token ids [B, T], embeddings [B, T, D]) or to be images "
+        "[B, C, H, W]. Pass modality=ImageTokens(...), TextTokens(...) or TabularTokens(feature_names, "
+        "prefix_tokens=...) to say how the model made its tokens from the input."
+    )
+
+
+class AttentionAttribution(GradientAttribution):
+    """Base of the attention attributions: ``explain(..., method=method)`` behind Captum's contract.
+
+    Subclasses only set :attr:`method`. See :class:`GenericAttention` for the arguments.
+    """
+
+    method: str = "gae"
+
+    def __init__(
+        self,
+        forward_func: nn.Module | Callable[..., Any],
+        modality: Modality | None = None,
+        query: Query = 0,
+        attention_modules: Sequence[str] | str | None = None,
+        model: nn.Module | None = None,
+    ) -> None:
+        self._module = _explained_module(forward_func, model)
+        GradientAttribution.__init__(self, forward_func)
+        self.modality = modality
+        self.query = query
+        self.attention_modules = attention_modules
+
+    @log_usage(part_of_slo=True)
+    def attribute(
+        self,
+        inputs: TensorOrTuple,
+        target: AttributionTarget = None,
+        additional_forward_args: Any = None,
+    ) -> TensorOrTuple:
+        r"""Relevance of every input element for the prediction, in the shape of ``inputs``.
+
+        Args:
+            inputs: a tensor, or a tuple of tensors for a forward function of several inputs, all with
+                the batch in dim 0. The forward function is called as
+                ``forward_func(*inputs, *additional_forward_args)``. Token ids, embeddings, images and
+                tabular features are mapped as described in this module's docstring; tuple entries
+                that are not laid out like the model's tokens get zeros.
+            target: what to explain: None (each example's predicted class, the argmax of the logits),
+                an int or a one-element tensor for every example, or one class per example (a list or
+                a 1-D ``LongTensor``). A callable ``output -> Tensor[B]`` explains any scalar per
+                example. Captum's tuple targets (indices into outputs of more than two dimensions)
+                are not supported. For sequence logits ``[B, T, C]`` the class is read at the query
+                token.
+            additional_forward_args: arguments passed after ``inputs`` and not attributed (e.g. an
+                ``attention_mask``): one object, or a tuple of them.
+
+        Returns:
+            Tensor or tuple of tensors: one attribution per input with that input's shape, a tuple
+            exactly when ``inputs`` is a tuple. Floating inputs get their own dtype, integer inputs
+            (token ids) float32; everything is detached and on the input's device. The query token
+            (e.g. CLS) and padded positions are 0.
+
+        Raises:
+            ValueError: an image input whose patching cannot be inferred, or no input laid out like
+                the model's tokens (both messages name ``modality=``); a tuple target; anything
+                :func:`lightning_gae.explain.explain` rejects (no attention recorded, bad target).
+            TypeError: an input that is not a tensor.
+        """
+        is_tuple = isinstance(inputs, tuple)
+        inputs_tuple: tuple[Tensor, ...] = inputs if is_tuple else (inputs,)
+        for position, x in enumerate(inputs_tuple):
+            if not isinstance(x, Tensor):
+                raise TypeError(
+                    f"input {position} is a {type(x).__name__}; inputs must be tensors, pass other arguments "
+                    "in additional_forward_args"
+                )
+        if additional_forward_args is None:
+            extra: tuple = ()
+        else:
+            extra = additional_forward_args if isinstance(additional_forward_args, tuple) else (additional_forward_args,)
+
+        # explain() runs with gradients on and outside inference mode whatever the caller's context
+        # (NoiseTunnel and captum.metrics call attribute() under torch.no_grad()).
+        exp = explain(
+            self._module,
+            (*inputs_tuple, *extra),
+            target=_explain_target(target),
+            method=self.method,
+            query=self.query,
+            attention_modules=self.attention_modules,
+        )
+
+        relevances = [_relevance_on(x, exp.tokens, self.modality, i) for i, x in enumerate(inputs_tuple)]
+        if all(r is None for r in relevances):
+            raise _no_input_matches(inputs_tuple, exp.tokens.shape[1], self.modality)
+        attributions = []
+        for x, relevance in zip(inputs_tuple, relevances):
+            dtype = x.dtype if x.is_floating_point() else torch.float32
+            if relevance is None:
+                attributions.append(torch.zeros(x.shape, dtype=dtype, device=x.device))
+            else:
+                # A copy, not an expanded view: callers accumulate into attributions in place.
+                attributions.append(relevance.to(device=x.device, dtype=dtype).contiguous().clone())
+        return tuple(attributions) if is_tuple else attributions[0]
+
+    def attribute_future(self) -> None:
+        """Not implemented: the explanation is computed synchronously."""
+        raise NotImplementedError(f"attribute_future is not implemented for {type(self).__name__}")
+
+
+class GenericAttention(AttentionAttribution):
+    r"""Generic Attention-model Explainability (Chefer, Gur & Wolf, ICCV 2021) as a Captum attribution.
+
+    Relevance maps are propagated through every self-attention layer with the gradient-weighted,
+    head-averaged attention ``Ā = E_h[(∇A ⊙ A)^+]`` (Eq. 5-7); the query token's row (CLS by
+    default) is the relevance of each token, mapped back onto the inputs. One forward and one
+    backward explain the whole batch; the model is not modified, runs in eval mode, and no
+    parameter's ``.grad`` changes.
+
+    The attribution is not multiplied by the inputs (``multiplies_by_inputs`` is False) and has no
+    convergence delta (``has_convergence_delta()`` is False).
+
+    Args:
+        forward_func: the model (an ``nn.Module``, e.g. a LightningModule or a Hugging Face model,
+            called with the inputs positionally), or a callable that runs it, e.g. to pass keyword
+            arguments that Captum cannot: ``lambda e, m: bert(inputs_embeds=e, attention_mask=m).logits``.
+            Its output may be logits, a tuple whose first item is the logits, or an object with
+            ``.logits``.
+        modality: how the model made its tokens from the input: :class:`ImageTokens`,
+            :class:`TextTokens`, :class:`TabularTokens` or another :class:`Modality` (whose
+            ``to_input`` is then called for every input). None infers: images by their patching,
+            other inputs by having one entry per token in dim 1.
+        query: the token whose relevance row is read: an index (default 0, the CLS token),
+            ``"last"`` (the last real token, for decoder-only models), or one index per example
+            (which ``NoiseTunnel`` and the Captum metrics do not expand; prefer an int or ``"last"``
+            with them).
+        attention_modules: glob patterns over the model's module paths naming the modules whose
+            output is the post-softmax attention, for attention computed in a way the automatic
+            capture does not see (see :func:`lightning_gae.explain.explain`).
+        model: the ``nn.Module`` that a plain-callable ``forward_func`` runs, needed to record its
+            attention by module path and to put it in eval mode. Inferred for a bound method such as
+            ``model.forward``; must be left out when ``forward_func`` is itself a module.
+
+    Raises:
+        TypeError: a plain-callable ``forward_func`` without ``model``.
+        ValueError: ``model`` given together with an ``nn.Module`` ``forward_func``.
+
+    Example::
+
+        from captum.attr import NoiseTunnel
+        from lightning_gae.attribution import GenericAttention
+
+        gae = GenericAttention(vit)                              # ImageTokens inferred
+        heatmaps = gae.attribute(images, target=labels)          # [B, C, H, W], like the images
+        smooth = NoiseTunnel(gae).attribute(images, nt_samples=8, stdevs=0.1, target=labels)
+
+        bert_gae = GenericAttention(
+            lambda embeds, mask: bert(inputs_embeds=embeds, attention_mask=mask).logits, model=bert
+        )
+        embeds = bert.get_input_embeddings()(input_ids)
+        per_token = bert_gae.attribute(embeds, additional_forward_args=(attention_mask,))  # [B, T, D]
+    """
+
+    method = "gae"
+
+
+class AttentionRollout(AttentionAttribution):
+    r"""Attention rollout (Abnar & Zuidema, 2020) as a Captum attribution: the query's row of the
+    product over layers of the head-averaged attention with the identity added, rows normalised.
+    Needs no gradient, so the attribution does not depend on ``target``.
+
+    Same arguments and contract as :class:`GenericAttention`.
+    """
+
+    method = "rollout"
+
+
+class RawAttention(AttentionAttribution):
+    r"""The last layer's head-averaged attention row of the query token, as a Captum attribution.
+    Needs no gradient; the attribution does not depend on ``target``.
+
+    Same arguments and contract as :class:`GenericAttention`.
+    """
+
+    method = "raw_attention"
+
+
+class AttentionGradCAM(AttentionAttribution):
+    r"""Grad-CAM on the last attention layer, a baseline of Chefer et al., as a Captum attribution:
+    ``(E_h[mean(∇A_h) · A_h])⁺``, the query's row; each head weighted by its mean gradient.
+
+    Same arguments and contract as :class:`GenericAttention`.
+    """
+
+    method = "attn_gradcam"
