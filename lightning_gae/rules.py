@@ -33,6 +33,12 @@ def _f32(t: Tensor) -> Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+def _common(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """Both in their common float32-or-wider dtype: a float32 start row meets float64 attention."""
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    return a.to(dtype), b.to(dtype)
+
+
 def avg_heads(attn: Tensor, grad: Tensor) -> Tensor:
     """Eq. 5: ``Ā = E_h[(∇A ⊙ A)⁺]``, negatives removed before the mean over heads. ``[B, Nq, Nk]``."""
     return (_f32(grad) * _f32(attn)).clamp_(min=0).mean(dim=1)
@@ -43,11 +49,13 @@ def apply_self_attention_rules(relevance: Tensor, abar: Tensor) -> Tensor:
 
     ``relevance`` is ``[B, Ns, M]`` (``M`` = ``Ns`` for ``R^{ss}``, the other set's size for ``R^{sq}``).
     """
+    relevance, abar = _common(relevance, abar)
     return relevance + torch.bmm(abar, relevance)
 
 
 def apply_self_attention_rules_row(row: Tensor, abar: Tensor) -> Tensor:
     """Row form of Eq. 6 for one relevance row, applied from the last layer to the first: ``r ← r + r · Ā``."""
+    row, abar = _common(row, abar)
     return row + torch.bmm(row.unsqueeze(1), abar).squeeze(1)
 
 
@@ -103,7 +111,8 @@ def rollout_row(attns: Sequence[Tensor], query: Tensor) -> Tensor:
     """Row form of rollout: ``e_q^T Â_L ⋯ Â_1``, the last layer first. ``[B, N]``."""
     row = one_hot_rows(query, attns[0].shape[-1])
     for attn in reversed(attns):
-        row = torch.bmm(row.unsqueeze(1), _rollout_step(attn)).squeeze(1)
+        row, step = _common(row, _rollout_step(attn))
+        row = torch.bmm(row.unsqueeze(1), step).squeeze(1)
     return row
 
 

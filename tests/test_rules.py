@@ -92,3 +92,17 @@ def test_low_precision_inputs_are_computed_in_float32():
     assert abar.dtype == torch.float32
     row = rules.gae_relevance_row([abar], torch.zeros(3, dtype=torch.long))
     assert row.dtype == torch.float32
+
+
+def test_float64_attention_keeps_float64_through_the_row_products():
+    # A model trained with precision="64-true" hands over float64 attention; the float32 start row must follow it.
+    torch.manual_seed(0)
+    attns = [torch.rand(2, 3, 5, 5, dtype=torch.float64).softmax(-1) for _ in range(2)]
+    grads = [torch.randn(2, 3, 5, 5, dtype=torch.float64) for _ in range(2)]
+    query = torch.tensor([0, 2])
+    abars = [rules.avg_heads(a, g) for a, g in zip(attns, grads)]
+    row = rules.gae_relevance_row(abars, query)
+    assert row.dtype == torch.float64
+    assert torch.allclose(row, rules.gae_relevance(abars)[torch.arange(2), query])
+    assert rules.rollout_row(attns, query).dtype == torch.float64
+    assert torch.allclose(rules.rollout_row(attns, query), rules.rollout_map(attns)[torch.arange(2), query])
