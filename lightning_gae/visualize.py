@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import math
-import textwrap
 from collections.abc import Sequence
 from typing import TypeVar, Union
 
@@ -39,9 +38,9 @@ _A = TypeVar("_A", np.ndarray, Tensor)
 
 _DPI = 100
 _FONT_SIZE = 9
-_LINE_PX = 13  # height of one line of text at _FONT_SIZE and _DPI, with leading
-_CHAR_PX = 5.6  # average glyph width at _FONT_SIZE, for wrapping titles to a pixel width
 _PAD_PX = 6
+_TEXT_TOP_PX = 3  # blank pixels above the first line of a title
+_ROW_TITLE_PX = 120  # row titles wrap at this width, so one long title cannot eat the grid
 _WHITE = 255
 
 
@@ -59,13 +58,13 @@ def _uint8(image: ArrayLike) -> np.ndarray:
     return (np.clip(array, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
-def _wrap(text: str, width_px: float) -> str:
-    return textwrap.fill(text, width=max(4, int(width_px / _CHAR_PX)), break_long_words=True) if text else ""
-
-
 @functools.lru_cache(maxsize=1)
 def _measuring_renderer() -> RendererAgg:
     return FigureCanvasAgg(Figure(dpi=_DPI)).get_renderer()
+
+
+def _title_font() -> FontProperties:
+    return FontProperties(size=_FONT_SIZE)
 
 
 def _text_width(text: str, font: FontProperties) -> float:
@@ -74,8 +73,57 @@ def _text_width(text: str, font: FontProperties) -> float:
     return max((renderer.get_text_width_height_descent(line, font, ismath=False)[0] for line in text.split("\n")), default=0.0)
 
 
-def _lines(text: str) -> int:
-    return text.count("\n") + 1 if text else 0
+@functools.lru_cache(maxsize=1)
+def _line_metrics() -> tuple[int, int]:
+    """``(pitch, ascent)`` in pixels of a title line: room for the tallest glyphs and brackets, plus leading."""
+    renderer = _measuring_renderer()
+    _, height, descent = renderer.get_text_width_height_descent("ÅÉgjpq|()[]", _title_font(), ismath=False)
+    return math.ceil(height) + 2, math.ceil(height - descent)
+
+
+def _wrap(text: str, width_px: float, font: FontProperties | None = None) -> list[str]:
+    """``text`` as lines Agg draws at most ``width_px`` wide: broken at spaces, inside a word only if it is wider."""
+    font = font or _title_font()
+    lines: list[str] = []
+    for paragraph in text.split("\n") if text else []:
+        line = ""
+        for word in paragraph.split(" "):
+            candidate = f"{line} {word}" if line else word
+            if line and _text_width(candidate, font) > width_px:
+                lines.append(line)
+                candidate = word
+            while len(candidate) > 1 and _text_width(candidate, font) > width_px:
+                cut = 1
+                while _text_width(candidate[: cut + 1], font) <= width_px:
+                    cut += 1
+                lines.append(candidate[:cut])
+                candidate = candidate[cut:]
+            line = candidate
+        lines.append(line)
+    return lines
+
+
+def _lines_height(lines: Sequence[str]) -> int:
+    """Pixels that ``lines`` drawn by :func:`_draw_lines` occupy."""
+    return len(lines) * _line_metrics()[0]
+
+
+def _draw_lines(fig: Figure, lines: Sequence[str], x_px: float, top_px: float, ha: str) -> None:
+    """Draw ``lines`` from ``top_px`` (pixels below the figure's top) down, one fixed pitch apart.
+
+    Each line is its own text on its own baseline, so the block is exactly :func:`_lines_height`
+    tall whatever matplotlib's line spacing is, and titles can be given room that they never leave.
+    """
+    pitch, ascent = _line_metrics()
+    fig_w, fig_h = fig.bbox.width, fig.bbox.height
+    for i, line in enumerate(lines):
+        fig.text(x_px / fig_w, 1.0 - (top_px + i * pitch + ascent) / fig_h, line, ha=ha, va="baseline",
+                 fontproperties=_title_font(), parse_math=False)
+
+
+def _title_height(lines: Sequence[str]) -> int:
+    """Height of a title block above a picture: margin, lines, and a gap before the picture (0 without lines)."""
+    return 2 * _TEXT_TOP_PX + _lines_height(lines) if lines else 0
 
 
 def _figure(width_px: int, height_px: int) -> Figure:
@@ -148,12 +196,11 @@ def titled_image(image: ArrayLike, title: str = "", min_size: int = 128) -> np.n
     factor = max(1, math.ceil(min_size / max(pixels.shape[:2])))
     pixels = pixels.repeat(factor, axis=0).repeat(factor, axis=1)
     height, width = pixels.shape[:2]
-    text = _wrap(title, width)
-    top = _lines(text) * _LINE_PX + _PAD_PX if text else 0
+    lines = _wrap(title, width)
+    top = _title_height(lines)
     fig = _figure(width + 2 * _PAD_PX, height + top + _PAD_PX)
     fig.figimage(pixels, xo=_PAD_PX, yo=_PAD_PX, origin="upper")
-    if text:
-        fig.text(0.5, 1.0 - 3 / fig.bbox.height, text, ha="center", va="top", fontsize=_FONT_SIZE, parse_math=False)
+    _draw_lines(fig, lines, _PAD_PX + width / 2, _TEXT_TOP_PX, ha="center")
     return figure_to_array(fig)
 
 
@@ -203,14 +250,13 @@ def token_strip(
         used = max(used, x - gap)
     lines = line + 1 if tokens else 0
 
-    text = _wrap(title, max_width)
-    top = _lines(text) * _LINE_PX + _PAD_PX if text else 0
-    width = int(math.ceil(max(used, _text_width(text, FontProperties(size=_FONT_SIZE))))) + 2 * _PAD_PX
+    title_lines = _wrap(title, max_width - 2 * _PAD_PX)
+    top = _title_height(title_lines)
+    width = int(math.ceil(max(used, _text_width("\n".join(title_lines), _title_font())))) + 2 * _PAD_PX
     height = top + lines * (row + gap) + 2 * _PAD_PX
     fig = _figure(width, height)
     fig_w, fig_h = fig.bbox.width, fig.bbox.height
-    if text:
-        fig.text(_PAD_PX / fig_w, 1.0 - 3 / fig_h, text, ha="left", va="top", fontsize=_FONT_SIZE, parse_math=False)
+    _draw_lines(fig, title_lines, _PAD_PX, _TEXT_TOP_PX, ha="left")
     for token, w, (x, line), colour, mute in zip(tokens, widths, placed, colours, flags):
         left = _PAD_PX + x
         bottom = fig_h - top - _PAD_PX - (line + 1) * (row + gap) + gap
@@ -263,16 +309,22 @@ def feature_bars(
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     if title:
-        ax.set_title(title, fontsize=_FONT_SIZE + 1, loc="left", parse_math=False)
+        # Constrained layout makes room above the axes for every line, but none beside the figure: wrap to its width.
+        title_font = FontProperties(size=_FONT_SIZE + 1)
+        fig.suptitle("\n".join(_wrap(title, fig.bbox.width - 2 * _PAD_PX, title_font)), x=_PAD_PX / fig.bbox.width,
+                     ha="left", fontproperties=title_font, parse_math=False)
     for label in ax.get_yticklabels():
         label.set_parse_math(False)
     return figure_to_array(fig)
 
 
 def _pad_to(image: np.ndarray, height: int, width: int) -> np.ndarray:
-    """Centre ``image`` on a white ``[height, width, 3]`` canvas."""
+    """``image`` on a white ``[height, width, 3]`` canvas, centred across and at the bottom.
+
+    Bottom-aligned, the pictures of a row line up even when their titles wrap to different heights.
+    """
     canvas = np.full((height, width, 3), _WHITE, dtype=np.uint8)
-    top, left = (height - image.shape[0]) // 2, (width - image.shape[1]) // 2
+    top, left = height - image.shape[0], (width - image.shape[1]) // 2
     canvas[top : top + image.shape[0], left : left + image.shape[1]] = image
     return canvas
 
@@ -282,9 +334,10 @@ def grid(cells: Sequence[Sequence[ArrayLike]], row_titles: Sequence[str], col_ti
 
     Args:
         cells: ``rows`` lists of ``cols`` images ``[h, w, 3]`` (uint8 or floats in [0, 1]); sizes may
-            differ, each is centred in a cell as large as the largest.
-        row_titles: ``rows`` strings, left of each row (empty strings leave no margin).
-        col_titles: ``cols`` strings, above each column.
+            differ, each is centred across, at the bottom of a cell as large as the largest.
+        row_titles: ``rows`` strings, left of each row, wrapped at 120 px; the margin fits the widest
+            (empty strings leave no margin).
+        col_titles: ``cols`` strings, above each column, wrapped to the cell width.
 
     Returns:
         uint8 ``[h, w, 3]``.
@@ -301,28 +354,27 @@ def grid(cells: Sequence[Sequence[ArrayLike]], row_titles: Sequence[str], col_ti
     cell_h = max(img.shape[0] for row in images for img in row)
     cell_w = max(img.shape[1] for row in images for img in row)
 
-    row_texts = [_wrap(t, 20 * _CHAR_PX) for t in row_titles]
-    col_texts = [_wrap(t, cell_w) for t in col_titles]
-    widest = max(_text_width(t, FontProperties(size=_FONT_SIZE)) for t in row_texts)
+    row_lines = [_wrap(t, _ROW_TITLE_PX) for t in row_titles]
+    col_lines = [_wrap(t, cell_w) for t in col_titles]
+    widest = max(_text_width("\n".join(lines), _title_font()) for lines in row_lines)
     left = int(math.ceil(widest)) + 2 * _PAD_PX if widest else 0
-    top = max(_lines(t) for t in col_texts) * _LINE_PX + _PAD_PX if any(col_texts) else 0
+    top = max(_title_height(lines) for lines in col_lines)
     gap = _PAD_PX
+    # A row as tall as its wrapped title, so a title never reaches into the next row.
+    row_h = [max(cell_h, _lines_height(lines)) for lines in row_lines]
     width = left + cols * (cell_w + gap) + gap
-    height = top + len(images) * (cell_h + gap) + gap
+    height = top + sum(row_h) + (len(images) + 1) * gap
     fig = _figure(width, height)
-    fig_w, fig_h = fig.bbox.width, fig.bbox.height
-    for r, row in enumerate(images):
-        y_top = top + gap + r * (cell_h + gap)
+    fig_h = fig.bbox.height
+    y_top = top + gap
+    for row, lines, h in zip(images, row_lines, row_h):
         for c, img in enumerate(row):
             x_left = left + gap + c * (cell_w + gap)
-            fig.figimage(_pad_to(img, cell_h, cell_w), xo=x_left, yo=fig_h - y_top - cell_h, origin="upper")
-        if row_texts[r]:
-            fig.text((left - _PAD_PX) / fig_w, 1.0 - (y_top + cell_h / 2) / fig_h, row_texts[r],
-                     ha="right", va="center", fontsize=_FONT_SIZE, parse_math=False)
-    for c, text in enumerate(col_texts):
-        if text:
-            x_mid = left + gap + c * (cell_w + gap) + cell_w / 2
-            fig.text(x_mid / fig_w, 1.0 - 3 / fig_h, text, ha="center", va="top", fontsize=_FONT_SIZE, parse_math=False)
+            fig.figimage(_pad_to(img, h, cell_w), xo=x_left, yo=fig_h - y_top - h, origin="upper")
+        _draw_lines(fig, lines, left - _PAD_PX, y_top + (h - _lines_height(lines)) / 2, ha="right")
+        y_top += h + gap
+    for c, lines in enumerate(col_lines):
+        _draw_lines(fig, lines, left + gap + c * (cell_w + gap) + cell_w / 2, _TEXT_TOP_PX, ha="center")
     return figure_to_array(fig)
 
 

@@ -114,7 +114,7 @@ def test_grid_grows_with_rows_and_columns_and_pads_cells():
     mixed = visualize.grid([[a, b]], ["r0"], ["c0", "c1"])
     assert all(_is_rgb_picture(p) for p in (one, wide, tall, mixed))
     assert wide.shape[1] > 2 * one.shape[1] - 40 and wide.shape[0] == one.shape[0]
-    assert tall.shape[0] > 2 * one.shape[0] and tall.shape[1] == one.shape[1]
+    assert tall.shape[0] >= one.shape[0] + 2 * 20 and tall.shape[1] == one.shape[1]
     # Cells share the largest size: 40 px tall, 30 px wide.
     assert mixed.shape[0] >= 40 and mixed.shape[1] >= 60
 
@@ -144,3 +144,48 @@ def test_side_by_side_is_a_titled_strip():
         rows = [r for r in range(strip.shape[0] - 19) for c in range(strip.shape[1] - 29)
                 if np.array_equal(strip[r : r + 20, c : c + 30], frame)]
         assert len(rows) == 1
+
+
+LONG_TITLE = "rollout: label 3 | pred 3 | target 3 (p=0.98)"
+
+
+def _solid(colour, h=8, w=8):
+    return np.broadcast_to(np.array(colour, dtype=np.uint8), (h, w, 3)).copy()
+
+
+def _block(out, colour):
+    """Bounding box (top, left, height, width) of ``colour`` in ``out``, and whether it is filled solid."""
+    rows, cols = np.nonzero((out == colour).all(-1))
+    top, left = rows.min(), cols.min()
+    height, width = np.ptp(rows) + 1, np.ptp(cols) + 1
+    return (top, left, height, width), len(rows) == height * width
+
+
+@pytest.mark.parametrize("title", ["short", LONG_TITLE, "x" * 60, LONG_TITLE + " | " + LONG_TITLE])
+def test_titles_wrap_above_the_picture_and_never_cover_it(title):
+    out = visualize.titled_image(_solid((0, 0, 255)), title)
+    (top, left, height, width), solid = _block(out, (0, 0, 255))
+    assert (height, width) == (128, 128) and solid, "title text was drawn over the picture"
+    ink = (out < 160).any(-1)
+    assert ink[:top].any(), "the title is missing"
+    assert not ink[:, 0].any() and not ink[:, -1].any() and not ink[0].any(), "the title is clipped at the border"
+
+
+def test_grid_row_titles_are_whole_and_cell_titles_stay_out_of_the_cells():
+    colours = [[(0, 0, 255), (255, 0, 0)], [(0, 160, 0), (255, 0, 255)]]
+    cells = [[visualize.titled_image(_solid(c), LONG_TITLE) for c in row] for row in colours]
+    rows = ["sample 336", "a row title long enough to wrap over three lines"]
+    out = visualize.grid(cells, rows, ["input", LONG_TITLE])
+    boxes = []
+    for row in colours:
+        for colour in row:
+            box, solid = _block(out, colour)
+            assert box[2:] == (128, 128) and solid, f"text was drawn over the {colour} picture"
+            boxes.append(box)
+    first_cell_left = min(left for _, left, _, _ in boxes)
+    ink = (out < 160).any(-1)
+    title_ink = np.nonzero(ink[:, :first_cell_left].any(0))[0]
+    # Row titles: inked, inside the image, and left of the first column without touching it.
+    assert len(title_ink) and title_ink.min() > 0 and title_ink.max() < first_cell_left - 2
+    narrow = visualize.grid(cells, ["s", "s"], ["input", LONG_TITLE])
+    assert out.shape[1] - narrow.shape[1] > 40, "the row-title margin must grow with the titles"
