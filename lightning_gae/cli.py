@@ -1,13 +1,29 @@
 """The ``lightning-gae`` command.
 
 ``lightning-gae fit|validate|test|predict ...`` is Lightning's own ``LightningCLI`` (models and data
-modules chosen by ``class_path`` in a YAML config); ``lightning-gae bench`` times ``explain``.
+modules chosen by ``class_path`` in a YAML config); ``lightning-gae compare`` scores GAE, its
+attention baselines and Captum's gradient methods on a trained checkpoint; ``lightning-gae bench``
+times ``explain``.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+COMPARE_METRICS: tuple[str, ...] = (
+    "positive_perturbation_auc",
+    "negative_perturbation_auc",
+    "deletion_auc",
+    "insertion_auc",
+    "comprehensiveness",
+    "sufficiency",
+)
+_GRID_SAMPLES = 4  # rows of comparison.png
 
 
 def _lightning_cli(args: Sequence[str] | None) -> None:
@@ -32,8 +48,126 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
     )
 
 
+def _compare_parser() -> argparse.ArgumentParser:
+    from lightning_gae.compare import ATTRIBUTION_METHODS, DEFAULT_METHODS
+    from lightning_gae.metrics import PERTURBATION_METRICS
+
+    parser = argparse.ArgumentParser(
+        prog="lightning-gae compare",
+        description="Score attribution methods with faithfulness metrics on the first validation samples of a "
+                    "trained checkpoint; writes comparison.md, comparison.json and comparison.png.",
+    )
+    parser.add_argument("--config", required=True, help="the LightningCLI YAML the model was fit with")
+    parser.add_argument("--ckpt_path", required=True, help="a checkpoint of that fit")
+    parser.add_argument("--output", required=True, help="directory for the three files (created)")
+    parser.add_argument("--num_samples", type=int, default=256, help="first N validation samples (default 256)")
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=ATTRIBUTION_METHODS)
+    parser.add_argument("--metrics", nargs="+", default=list(COMPARE_METRICS), choices=list(PERTURBATION_METRICS))
+    parser.add_argument("--batch_size", type=int, default=64, help="samples per attribution call (default 64)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random floor and GradientSHAP")
+    return parser
+
+
+def _configured(config: str) -> tuple[Any, Any, Any]:
+    """``(model, datamodule, GAECallback or None)`` built from the fit's YAML, without fitting or logging."""
+    from lightning.pytorch import LightningDataModule, LightningModule
+    from lightning.pytorch.cli import LightningCLI
+
+    from lightning_gae.callbacks import GAECallback
+
+    with warnings.catch_warnings():
+        # The arguments are compare's own, not the fit's: LightningCLI warns when args= and sys.argv both exist.
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        cli = LightningCLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_callback=None,
+            run=False,
+            args=["--config", config],
+        )
+    callback = next((cb for cb in cli.trainer.callbacks if isinstance(cb, GAECallback)), None)
+    return cli.model, cli.datamodule, callback
+
+
+def _first_validation_inputs(datamodule: Any, count: int, callback: Any) -> Any:
+    """The model inputs of the first ``count`` validation samples, collated by the datamodule's own loader."""
+    from torch.utils.data import DataLoader
+
+    from lightning_gae.callbacks.gae_monitor import default_batch_inputs
+
+    datamodule.setup("validate")
+    loader = datamodule.val_dataloader()
+    if isinstance(loader, (list, tuple)):
+        loader = loader[callback.dataloader_idx if callback is not None else 0]
+    # One batch of `count` straight from the dataset: the first samples, in order, whatever the loader's batch size.
+    batch = next(iter(DataLoader(loader.dataset, batch_size=count, collate_fn=loader.collate_fn)))
+    return (callback.batch_inputs if callback is not None else default_batch_inputs)(batch)
+
+
+def compare_main(argv: Sequence[str]) -> None:
+    """``lightning-gae compare``: score attribution methods on a checkpoint's first validation samples.
+
+    The model and datamodule are built from the YAML the fit used (no trainer runs, nothing is
+    logged), the checkpoint's weights are loaded, and the first ``--num_samples`` validation
+    samples are explained for their predicted class with every method and scored with every metric
+    (:func:`lightning_gae.compare.compare`). The modality is the config's ``GAECallback``'s, else
+    inferred for ViT-style images.
+
+    Args:
+        argv: the arguments after ``compare`` (``--help`` lists them).
+
+    Raises:
+        SystemExit: bad arguments (argparse's message).
+        ValueError: a modality that cannot be inferred, or anything ``compare`` rejects.
+
+    Example::
+
+        lightning-gae compare --config configs/vit_digits.yaml \\
+            --ckpt_path runs/vit_digits/version_0/checkpoints/last.ckpt --output runs/compare
+        # -> runs/compare/comparison.md, comparison.json, comparison.png
+    """
+    import matplotlib.image
+    import torch
+
+    from lightning_gae.compare import comparison_grid, compare, infer_modality
+    from lightning_gae.explain import map_tensors
+
+    parser = _compare_parser()
+    args = parser.parse_args(list(argv))
+    for name in ("num_samples", "batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1; got {getattr(args, name)}")
+    model, datamodule, callback = _configured(args.config)
+    checkpoint = torch.load(args.ckpt_path, map_location="cpu", weights_only=True)
+    model.load_state_dict(checkpoint["state_dict"])
+    model.eval()
+    inputs = _first_validation_inputs(datamodule, args.num_samples, callback)
+    modality = callback.modality if callback is not None and callback.modality is not None else infer_modality(model, inputs)
+
+    result = compare(model, inputs, methods=args.methods, metrics=args.metrics, modality=modality,
+                     batch_size=args.batch_size, seed=args.seed)
+    output = Path(args.output)
+    output.mkdir(parents=True, exist_ok=True)
+    table = result.to_markdown()
+    (output / "comparison.md").write_text(
+        f"{result.num_samples} validation samples of `{args.config}` at `{args.ckpt_path}`, "
+        f"each explained for its predicted class.\n\n{table}"
+    )
+    (output / "comparison.json").write_text(result.to_json() + "\n")
+    first = map_tensors(inputs, lambda t: t[:_GRID_SAMPLES])
+    picture = comparison_grid(model, first, methods=args.methods, modality=modality, seed=args.seed)
+    matplotlib.image.imsave(output / "comparison.png", picture)
+    print(table)
+    print(f"wrote {output / 'comparison.md'}, {output / 'comparison.json'}, {output / 'comparison.png'}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "compare":
+        compare_main(args[1:])
+        return
     if args and args[0] == "bench":
         from lightning_gae.bench import main as bench_main
 

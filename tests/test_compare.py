@@ -1,0 +1,270 @@
+"""compare.attribute on images, Hugging Face and plain token models; compare() on a model whose evidence is known."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from captum.attr import LayerGradientXActivation
+from torch import nn
+
+import lightning_gae as lg
+from lightning_gae.compare import ATTRIBUTION_METHODS, Comparison, attribute, compare, comparison_grid
+from lightning_gae.metrics import PERTURBATION_METRICS, perturbation_metric
+from lightning_gae.modalities import ImageTokens, TextTokens
+from recipes.vit import ViTClassifier
+
+CAPTUM = ("saliency", "input_x_gradient", "integrated_gradients", "gradient_shap")
+
+
+class TokenClassifier(nn.Module):
+    """Token ids -> class logits read at token 0; the embedding sits at ``embed.tokens`` and there is
+    no ``get_input_embeddings``, so Captum's methods must be told where it is."""
+
+    def __init__(self, vocab: int = 20, dim: int = 16, classes: int = 3, length: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.ModuleDict({"tokens": nn.Embedding(vocab, dim)})
+        self.pos = nn.Parameter(torch.randn(1, length, dim) * 0.5)
+        layer = nn.TransformerEncoderLayer(dim, 2, 2 * dim, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed["tokens"](ids) + self.pos[:, : ids.shape[1]]
+        return self.head(self.encoder(h)[:, 0])
+
+
+class EvidenceViT(nn.Module):
+    """Known evidence: the CLS token attends to the left half's 2x2 patches only and reads their mean
+    brightness; class 1 iff it exceeds 0.3. Nothing on the right half can change the prediction."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch = x.shape[0]
+        brightness = F.unfold(x, 2, stride=2).mean(dim=1)                       # [B, 16] patches, row-major
+        left = torch.arange(16) % 4 < 2
+        keys = torch.cat([torch.tensor([-1.0]), left.float() * 2 - 1]).to(x)   # CLS and right: -1, left: +1
+        k = keys.view(1, 1, 17, 1).expand(batch, 1, 17, 1)
+        q = torch.full_like(k, 10.0)
+        v = torch.cat([torch.zeros(batch, 1), brightness], dim=1).view(batch, 1, 17, 1)
+        cls = F.scaled_dot_product_attention(q, k, v, scale=1.0)[:, 0, 0, 0]
+        return torch.stack([0.3 - cls, cls - 0.3], dim=1) * 10
+
+
+@pytest.fixture(scope="module")
+def vit():
+    torch.manual_seed(0)
+    return ViTClassifier(dim=32, depth=2, heads=2)
+
+
+@pytest.fixture(scope="module")
+def images():
+    return torch.rand(3, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def bert():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(2)
+    config = transformers.BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=32, max_position_embeddings=16, num_labels=3)
+    return transformers.BertForSequenceClassification._from_config(config, attn_implementation="sdpa").eval()
+
+
+@pytest.fixture(scope="module")
+def text():
+    """A tokenizer-style batch: [CLS]=1 ... [SEP]=2, the second row padded (0) after 5 tokens."""
+    ids = torch.randint(5, 40, (3, 8), generator=torch.Generator().manual_seed(3))
+    ids[:, 0], ids[:, -1] = 1, 2
+    ids[1, 4], ids[1, 5:] = 2, 0
+    return {"input_ids": ids, "attention_mask": (ids != 0).long()}
+
+
+@pytest.fixture(scope="module")
+def token_model():
+    torch.manual_seed(4)
+    return TokenClassifier()
+
+
+# --- attribute() -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ATTRIBUTION_METHODS)
+def test_every_method_on_the_vit(vit, images, method):
+    vit.train()
+    attributions = attribute(method, vit, images, target=[1, 2, 3])
+    expected = (3, 17) if method in (*lg.METHODS, "random") else images.shape
+    assert attributions.shape == expected and attributions.dtype == torch.float32
+    assert torch.isfinite(attributions).all() and attributions.abs().sum() > 0
+    assert vit.training and all(m.training for m in vit.modules()), "every module's mode is restored"
+    if method in lg.METHODS:
+        vit.eval()
+        assert torch.equal(attributions, lg.explain(vit, images, target=[1, 2, 3], method=method).tokens)
+
+
+def test_input_x_gradient_is_the_input_times_the_target_gradient(vit, images):
+    vit.eval()
+    x = images.clone().requires_grad_()
+    logits = vit(x)
+    (grad,) = torch.autograd.grad(logits[torch.arange(3), logits.argmax(1)].sum(), x)
+    torch.testing.assert_close(attribute("input_x_gradient", vit, images), images * grad)
+
+
+def test_captum_runs_under_inference_mode_without_touching_grads(vit, images):
+    with torch.inference_mode():
+        attributions = attribute("integrated_gradients", vit, images, target=0)
+    assert attributions.shape == images.shape and not attributions.is_inference()
+    assert all(p.grad is None for p in vit.parameters())
+
+
+@pytest.mark.parametrize("method", ATTRIBUTION_METHODS)
+def test_every_method_on_hugging_face_token_ids(bert, text, method):
+    attributions = attribute(method, bert, text)
+    assert attributions.shape == (3, 8) and attributions.dtype == torch.float32
+    assert torch.isfinite(attributions).all() and attributions.abs().sum() > 0
+    if method in lg.METHODS:
+        torch.testing.assert_close(attributions, lg.explain(bert, text, method=method).tokens)
+
+
+@pytest.mark.parametrize("method, multiply, absolute", [("input_x_gradient", True, False), ("saliency", False, True)])
+def test_token_ids_match_captums_layer_gradient_on_the_found_embedding(bert, text, method, multiply, absolute):
+    target = torch.tensor([0, 2, 1])
+    layer = LayerGradientXActivation(lambda ids, mask: bert(input_ids=ids, attention_mask=mask).logits,
+                                     bert.get_input_embeddings(), multiply_by_inputs=multiply)
+    reference = layer.attribute(text["input_ids"], target=target, additional_forward_args=(text["attention_mask"],))
+    reference = reference.abs() if absolute else reference
+    torch.testing.assert_close(attribute(method, bert, text, target=target), reference.sum(dim=-1))
+
+
+@pytest.mark.parametrize("method", CAPTUM)
+def test_plain_token_model_with_the_embedding_named(token_model, method):
+    ids = torch.randint(0, 20, (4, 8), generator=torch.Generator().manual_seed(5))
+    attributions = attribute(method, token_model, ids, embedding_layer="embed.tokens")
+    assert attributions.shape == (4, 8) and attributions.abs().sum() > 0
+    by_module = attribute(method, token_model, ids, embedding_layer=token_model.embed["tokens"])
+    torch.testing.assert_close(attributions, by_module)
+
+
+def test_token_ids_without_a_findable_embedding_say_what_to_pass(token_model):
+    ids = torch.randint(0, 20, (2, 8))
+    with pytest.raises(ValueError, match="embedding_layer="):
+        attribute("saliency", token_model, ids)
+    with pytest.raises(ValueError, match="embedding_layer='embed.words'"):
+        attribute("saliency", token_model, ids, embedding_layer="embed.words")
+    with pytest.raises(ValueError, match="must be called once"):
+        attribute("saliency", token_model, ids, embedding_layer="head")
+
+
+def test_random_is_seeded_and_leaves_the_global_rng_alone(vit, images):
+    state = torch.get_rng_state()
+    first = attribute("random", vit, images, seed=7)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert first.shape == (3, 17)
+    assert torch.equal(first, attribute("random", vit, images, seed=7))
+    assert not torch.equal(first, attribute("random", vit, images, seed=8))
+
+
+def test_gradient_shap_is_seeded_and_leaves_the_global_rngs_alone(vit, images):
+    torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()
+    first = attribute("gradient_shap", vit, images, seed=3)
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert np.array_equal(np.random.get_state()[1], numpy_state[1])
+    assert torch.equal(first, attribute("gradient_shap", vit, images, seed=3))
+    assert not torch.equal(first, attribute("gradient_shap", vit, images, seed=4))
+
+
+def test_options_reach_the_underlying_call(vit, images):
+    coarse = attribute("integrated_gradients", vit, images, n_steps=2)
+    assert not torch.allclose(coarse, attribute("integrated_gradients", vit, images))
+    with pytest.raises(TypeError, match="n_steps"):
+        attribute("saliency", vit, images, n_steps=2)
+
+
+def test_bad_arguments_name_the_fix(vit, images):
+    with pytest.raises(ValueError, match="integrated_gradients"):
+        attribute("ig", vit, images)
+    with pytest.raises(ValueError, match="input_ids"):
+        attribute("saliency", vit, {"images": images})
+    with pytest.raises(ValueError, match="one class per sample"):
+        attribute("saliency", vit, images, target=[1, 2])
+
+
+# --- compare() -------------------------------------------------------------------------------------
+
+
+def test_compare_ranks_the_known_evidence_above_random():
+    model = EvidenceViT()
+    images = 0.5 + 0.5 * torch.rand(24, 1, 8, 8, generator=torch.Generator().manual_seed(6))
+    methods = ("gae", "rollout", "random", "saliency", "integrated_gradients")
+    result = compare(model, images, methods=methods, batch_size=10)
+
+    assert result.num_samples == 24 and list(result.methods) == list(methods)
+    positive = {m: v["positive_perturbation_auc"] for m, v in result.methods.items()}
+    negative = {m: v["negative_perturbation_auc"] for m, v in result.methods.items()}
+    for method in ("gae", "rollout", "saliency", "integrated_gradients"):
+        assert positive[method] + 15 < positive["random"], positive
+        assert negative[method] > negative["random"] + 15, negative
+    assert result.higher_is_better == {"positive_perturbation_auc": False, "negative_perturbation_auc": True}
+    assert all(v["seconds_per_sample"] > 0 for v in result.methods.values())
+
+
+def test_compare_scores_every_method_with_every_metric_in_range(vit):
+    images = torch.rand(10, 1, 8, 8, generator=torch.Generator().manual_seed(7))
+    methods = ("gae", "attn_gradcam", "random", "input_x_gradient")
+    metrics = tuple(PERTURBATION_METRICS)
+    result = compare(vit, images, methods=methods, metrics=metrics, batch_size=4, max_batch=64)
+
+    bounds = {name: perturbation_metric(name, vit, ImageTokens(2)) for name in metrics}
+    for method in methods:
+        assert set(result.methods[method]) == {*metrics, "seconds_per_sample"}
+        for name in metrics:
+            low, high = bounds[name].plot_lower_bound, bounds[name].plot_upper_bound
+            assert low <= result.methods[method][name] <= high, (method, name)
+
+    as_dict = json.loads(json.dumps(result.to_dict()))
+    assert as_dict == {"methods": result.methods, "num_samples": 10}
+
+    table = result.to_markdown().strip().splitlines()
+    assert len(table) == 2 + len(methods)
+    assert "positive_perturbation_auc ↓" in table[0] and "negative_perturbation_auc ↑" in table[0]
+    column = 1 + metrics.index("positive_perturbation_auc")
+    best = min(methods, key=lambda m: result.methods[m]["positive_perturbation_auc"])
+    row = next(line for line in table if line.startswith(f"| {best} |"))
+    assert row.split("|")[column + 1].strip().startswith("**")
+
+
+def test_compare_text_in_batches_fixes_the_targets_once(bert, text):
+    modality = TextTokens(vocab=[str(i) for i in range(40)], special_ids=[1, 2], pad_id=0, mask_id=3)
+    methods = ("gae", "integrated_gradients")
+    whole = compare(bert, text, methods=methods, metrics=("comprehensiveness",), modality=modality, batch_size=3)
+    split = compare(bert, text, methods=methods, metrics=("comprehensiveness",), modality=modality, batch_size=2)
+    for method in methods:
+        assert whole.methods[method]["comprehensiveness"] == pytest.approx(split.methods[method]["comprehensiveness"], abs=1e-5)
+
+
+def test_compare_errors_name_the_argument(vit, images, token_model):
+    with pytest.raises(ValueError, match="methods="):
+        compare(vit, images, methods=("gae", "lime"))
+    with pytest.raises(ValueError, match="metrics="):
+        compare(vit, images, metrics=("accuracy",))
+    with pytest.raises(ValueError, match="modality="):
+        compare(token_model, torch.randint(0, 20, (2, 8)), methods=("gae",))
+
+
+def test_comparison_grid_draws_samples_by_methods(vit, images):
+    picture = comparison_grid(vit, images[:2], methods=("gae", "saliency"))
+    assert picture.dtype == np.uint8 and picture.ndim == 3 and picture.shape[2] == 3
+    # Two rows of at least 128-pixel renders, three columns (input, gae, saliency).
+    assert picture.shape[0] >= 2 * 128 and picture.shape[1] >= 3 * 128
+
+
+def test_markdown_bolds_ties_and_follows_direction():
+    result = Comparison(
+        methods={"a": {"deletion_auc": 0.2, "insertion_auc": 0.5, "seconds_per_sample": 0.001},
+                 "b": {"deletion_auc": 0.2, "insertion_auc": 0.7, "seconds_per_sample": 0.002}},
+        num_samples=4,
+        higher_is_better={"deletion_auc": False, "insertion_auc": True},
+    )
+    lines = result.to_markdown().splitlines()
+    assert lines[2] == "| a | **0.2** | 0.5 | 1 |"
+    assert lines[3] == "| b | **0.2** | **0.7** | 2 |"
