@@ -12,21 +12,32 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
-from torchmetrics.functional import spearman_corrcoef
+from torch.utils.data import DataLoader, DistributedSampler
+from torchmetrics import Metric
 
+from lightning_gae.compare import ATTRIBUTION_METHODS, attribute
 from lightning_gae.explain import METHODS, Explanation, explain, map_tensors
-from lightning_gae.modalities import ImageTokens, Modality
+from lightning_gae.metrics import (
+    PERTURBATION_METRICS,
+    RationaleAgreement,
+    RelevanceSegmentation,
+    perturbation_metric,
+    random_attribution,
+)
+from lightning_gae.metrics.functional import explanation_stability
+from lightning_gae.modalities import ImageTokens, Modality, TextTokens
 from lightning_gae.visualize import grid, side_by_side
 
 __all__ = ["GAECallback"]
 
 _LABEL_KEYS = ("labels", "label")
+_TRUTH_KEYS = ("masks", "segmentation", "rationales")
 
 
 def default_batch_inputs(batch: Any) -> Any:
-    """Model inputs of a batch: ``x`` of ``(x, y, ...)``, or every key of a mapping but the labels."""
+    """Model inputs of a batch: ``x`` of ``(x, y, ...)``, or every key of a mapping but labels and ground truth."""
     if isinstance(batch, Mapping):
-        return {k: v for k, v in batch.items() if k not in _LABEL_KEYS}
+        return {k: v for k, v in batch.items() if k not in _LABEL_KEYS + _TRUTH_KEYS}
     if isinstance(batch, (tuple, list)):
         return batch[0]
     return batch
@@ -38,6 +49,16 @@ def default_batch_labels(batch: Any) -> Tensor | None:
         return next((batch[k] for k in _LABEL_KEYS if k in batch), None)
     if isinstance(batch, (tuple, list)) and len(batch) > 1 and isinstance(batch[1], Tensor):
         return batch[1]
+    return None
+
+
+def default_batch_ground_truth(batch: Any) -> Tensor | None:
+    """Ground truth of a batch: a mapping's ``masks``/``segmentation`` (images ``[B, H, W]``) or
+    ``rationales`` (tokens ``[B, T]``), or ``z`` of ``(x, y, z)``; else None."""
+    if isinstance(batch, Mapping):
+        return next((batch[k] for k in _TRUTH_KEYS if k in batch), None)
+    if isinstance(batch, (tuple, list)) and len(batch) > 2 and isinstance(batch[2], Tensor):
+        return batch[2]
     return None
 
 
@@ -96,7 +117,12 @@ class GAECallback(Callback):
     * ``gae/<method>/evolution/sample_<i>``: the sample's last ``evolution_length`` heatmaps;
     * scalars ``gae/<method>/stability_spearman`` and ``gae/<method>/stability_topk_overlap``
       (versus the previous step) and ``gae/<method>/concentration`` (share of relevance in the
-      top ``top_fraction`` of tokens); a histogram ``gae/<method>/relevance``.
+      top ``top_fraction`` of tokens); a histogram ``gae/<method>/relevance``;
+    * faithfulness scalars ``gae/<method>/<metric>`` for every method, every Captum baseline and
+      ``random`` (seeded uniform relevance, the floor): the ``metrics`` named (default: positive and
+      negative perturbation AUC, :mod:`lightning_gae.metrics`); and, when the batches carry ground
+      truth, ``gae/<method>/segmentation_{pixel_accuracy,miou,average_precision}`` (image masks) or
+      ``gae/<method>/rationale_{token_f1,auprc}`` (rationale tokens).
 
     Explanations never change training: they run in eval mode on copies of the samples with
     ``autograd.grad`` (no ``.grad`` is touched) and a forked RNG. A failing explanation warns once
@@ -121,9 +147,22 @@ class GAECallback(Callback):
         batch_inputs: ``batch -> model inputs``; default: ``x`` of ``(x, y)``, a mapping minus labels.
         batch_labels: ``batch -> labels``; default: ``y`` of ``(x, y)``, a mapping's ``labels``.
         max_scan_batches: at most this many validation batches are read to choose the samples.
+        metrics: faithfulness metrics by name, any of ``"positive_perturbation_auc"``,
+            ``"negative_perturbation_auc"``, ``"deletion_auc"``, ``"insertion_auc"``,
+            ``"comprehensiveness"``, ``"sufficiency"``, ``"aopc"``; removal is the modality's.
+        random_baseline: also score a seeded random attribution with the metrics.
+        captum_baselines: Captum methods shown in the grid and scored like the others:
+            ``"saliency"``, ``"input_x_gradient"``, ``"integrated_gradients"``, ``"gradient_shap"``
+            (token-id models: on the embedding layer, see :func:`lightning_gae.compare.attribute`).
+        embedding_layer: module path of the token embedding for ``captum_baselines`` on token ids;
+            None finds it for Hugging Face models.
+        metric_max_batch: at most this many perturbed inputs per forward pass of the metrics.
+        batch_ground_truth: ``batch -> masks [B, H, W] or rationales [B, T]``; default: a mapping's
+            ``masks``/``segmentation``/``rationales``, or ``z`` of ``(x, y, z)``.
 
     Raises:
-        ValueError: in ``setup``, for an unknown method, a bad schedule or target; at the first
+        ValueError: in ``setup``, for an unknown method, metric, Captum baseline, a bad schedule or
+            target; at the first
             validation, when the modality cannot be inferred (pass ``modality=``).
 
     Example::
@@ -155,6 +194,12 @@ class GAECallback(Callback):
         batch_inputs: Callable[[Any], Any] | None = None,
         batch_labels: Callable[[Any], Tensor | None] | None = None,
         max_scan_batches: int = 64,
+        metrics: Sequence[str] = ("positive_perturbation_auc", "negative_perturbation_auc"),
+        random_baseline: bool = True,
+        captum_baselines: Sequence[str] = (),
+        embedding_layer: str | None = None,
+        metric_max_batch: int = 256,
+        batch_ground_truth: Callable[[Any], Tensor | None] | None = None,
     ) -> None:
         self.num_samples = num_samples
         self.every_n_epochs = every_n_epochs
@@ -173,9 +218,17 @@ class GAECallback(Callback):
         self.batch_inputs = batch_inputs or default_batch_inputs
         self.batch_labels = batch_labels or default_batch_labels
         self.max_scan_batches = max_scan_batches
+        self.metrics = tuple(metrics)
+        self.random_baseline = random_baseline
+        self.captum_baselines = tuple(captum_baselines)
+        self.embedding_layer = embedding_layer
+        self.metric_max_batch = metric_max_batch
+        self.batch_ground_truth = batch_ground_truth or default_batch_ground_truth
 
         self._inputs: Any = None
         self._labels: Tensor | None = None
+        self._truth: Tensor | None = None
+        self._metric_objects: dict[str, Metric] = {}
         self._previous: dict[str, Tensor] = {}
         self._history: dict[tuple[str, int], deque] = defaultdict(lambda: deque(maxlen=self.evolution_length))
         self._last_step: int | None = None
@@ -202,6 +255,15 @@ class GAECallback(Callback):
             raise ValueError("GAECallback: every_n_epochs and every_n_train_steps are both None; set one of them")
         if self.num_samples < 1 and not self.sample_indices:
             raise ValueError(f"GAECallback(num_samples={self.num_samples}): track at least one sample")
+        unknown = [m for m in self.metrics if m not in PERTURBATION_METRICS]
+        if unknown:
+            raise ValueError(f"GAECallback(metrics={list(self.metrics)}): choose from {sorted(PERTURBATION_METRICS)}")
+        captum_names = [m for m in ATTRIBUTION_METHODS if m not in METHODS and m != "random"]
+        unknown = [m for m in self.captum_baselines if m not in captum_names]
+        if unknown:
+            raise ValueError(f"GAECallback(captum_baselines={list(self.captum_baselines)}): choose from {captum_names}")
+        if self.metric_max_batch < 1:
+            raise ValueError(f"GAECallback(metric_max_batch={self.metric_max_batch}): use a positive integer")
         if not 0 < self.top_fraction <= 1:
             raise ValueError(f"GAECallback(top_fraction={self.top_fraction}): use a fraction in (0, 1]")
         if not trainer.loggers:
@@ -214,9 +276,11 @@ class GAECallback(Callback):
 
     def _loader(self, trainer: Trainer) -> Any:
         loaders = trainer.val_dataloaders
-        if isinstance(loaders, (list, tuple)):
-            return loaders[self.dataloader_idx]
-        return loaders
+        loader = loaders[self.dataloader_idx] if isinstance(loaders, (list, tuple)) else loaders
+        if isinstance(getattr(loader, "sampler", None), DistributedSampler):
+            # Under DDP each rank reads only its shard; positions must mean the same as in one process.
+            return DataLoader(loader.dataset, batch_size=loader.batch_size, collate_fn=loader.collate_fn)
+        return loader
 
     def _collect(self, trainer: Trainer) -> None:
         """Read validation batches once and keep the tracked samples (on the CPU)."""
@@ -226,18 +290,21 @@ class GAECallback(Callback):
         # Iterating a DataLoader draws from the global RNG; training must not notice.
         state = random.getstate()
         with torch.random.fork_rng(devices=[]):
-            inputs, labels = [], []
+            inputs, labels, truths = [], [], []
             for i, batch in enumerate(loader):
                 if i >= self.max_scan_batches:
                     break
                 inputs.append(map_tensors(self.batch_inputs(batch), lambda t: t.detach().cpu().clone()))
                 batch_labels = self.batch_labels(batch)
                 labels.append(None if batch_labels is None else batch_labels.detach().cpu().clone())
+                truth = self.batch_ground_truth(batch)
+                truths.append(None if truth is None else truth.detach().cpu().clone())
         random.setstate(state)
         if not inputs:
             raise ValueError("GAECallback: the validation dataloader is empty")
         all_inputs = _concat(inputs)
         all_labels = None if any(lbl is None for lbl in labels) else torch.cat(labels)
+        all_truth = None if any(t is None for t in truths) else _concat(truths)
         total = _display_input(all_inputs).shape[0]
         if self.sample_indices is None:
             self.sample_indices = _balanced_choice(all_labels, total, self.num_samples, self.seed)
@@ -248,8 +315,13 @@ class GAECallback(Callback):
         index = torch.tensor(self.sample_indices)
         self._inputs = map_tensors(all_inputs, lambda t: t[index] if t.dim() and t.shape[0] == total else t)
         self._labels = None if all_labels is None else all_labels[index]
+        self._truth = None if all_truth is None else all_truth[index]
         if self.target == "label" and self._labels is None:
             raise ValueError("GAECallback(target='label'): the batches carry no labels; pass batch_labels=... or use target='pred'")
+
+    def _model_inputs(self, trainer: Trainer, pl_module: LightningModule) -> Any:
+        # The loops cast every batch to the precision ("bf16-true", "16-true"); the kept samples need the same.
+        return trainer.precision_plugin.convert_input(map_tensors(self._inputs, lambda t: t.to(pl_module.device)))
 
     def _ensure_modality(self, exp: Explanation) -> None:
         if self.modality is not None:
@@ -269,7 +341,7 @@ class GAECallback(Callback):
             if self.modality is None:
                 # Inferring needs the token count, so one explanation runs now: a model that cannot be
                 # explained, or inputs no modality fits, fail here with the fix rather than warn later.
-                device_inputs = map_tensors(self._inputs, lambda t: t.to(pl_module.device))
+                device_inputs = self._model_inputs(trainer, pl_module)
                 self._ensure_modality(explain(pl_module, device_inputs, method=self.methods[0], query=self.query,
                                               attention_modules=self.attention_modules))
 
@@ -310,33 +382,76 @@ class GAECallback(Callback):
         self._safely(trainer, lambda: self._run(trainer, pl_module, step))
 
     def _run(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
-        inputs = map_tensors(self._inputs, lambda t: t.to(pl_module.device))
+        inputs = self._model_inputs(trainer, pl_module)
         target = None if self.target == "pred" else self._labels.to(pl_module.device)
         explanations = {
             m: explain(pl_module, inputs, target=target, method=m, query=self.query,
                        attention_modules=self.attention_modules)
             for m in self.methods
         }
-        self._ensure_modality(next(iter(explanations.values())))
+        first = next(iter(explanations.values()))
+        self._ensure_modality(first)
+        # Every method explains the same classes: the first explanation's (the prediction or the label).
+        maps = {m: attribute(m, pl_module, inputs, first.target, embedding_layer=self.embedding_layer, seed=self.seed)
+                for m in self.captum_baselines}
         scalars: dict[str, float] = {}
         for method, exp in explanations.items():
             scalars.update(self._scalars(method, exp.tokens))
-        self._log(trainer, step, inputs, explanations, scalars)
+        scored: dict[str, Tensor] = {**{m: e.tokens for m, e in explanations.items()}, **maps}
+        if self.random_baseline:
+            scored["random"] = random_attribution(first.tokens, self.seed)
+        scalars.update(self._faithfulness(pl_module, inputs, scored, first.target))
+        self._log(trainer, step, inputs, explanations, maps, scalars)
         self._previous = {m: e.tokens.detach().cpu() for m, e in explanations.items()}
 
     def _scalars(self, method: str, tokens: Tensor) -> dict[str, float]:
         tokens = tokens.detach().cpu()
         k = max(1, round(self.top_fraction * tokens.shape[1]))
-        top = tokens.topk(k, dim=1)
         total = tokens.sum(dim=1).clamp(min=1e-12)
-        out = {f"gae/{method}/concentration": (top.values.sum(dim=1) / total).mean().item()}
+        out = {f"gae/{method}/concentration": (tokens.topk(k, dim=1).values.sum(dim=1) / total).mean().item()}
         previous = self._previous.get(method)
         if previous is not None and previous.shape == tokens.shape:
-            # One column per sample: torchmetrics returns one correlation per sample.
-            out[f"gae/{method}/stability_spearman"] = spearman_corrcoef(tokens.T, previous.T).nanmean().item()
-            before = previous.topk(k, dim=1).indices
-            overlap = [len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(top.indices, before)]
-            out[f"gae/{method}/stability_topk_overlap"] = float(np.mean(overlap))
+            stability = explanation_stability(tokens, previous, self.top_fraction)
+            out[f"gae/{method}/stability_spearman"] = stability["spearman"].item()
+            out[f"gae/{method}/stability_topk_overlap"] = stability["topk_overlap"].item()
+        return out
+
+    def _metric(self, name: str, pl_module: LightningModule, build: Callable[[], Metric]) -> Metric:
+        """One metric object per name, on the module's device, rebuilt for another module or device."""
+        metric = self._metric_objects.get(name)
+        stale = metric is None or metric.device != pl_module.device
+        if not stale and getattr(metric, "forward_fn", pl_module) is not pl_module:
+            stale = True
+        if stale:
+            metric = build().to(pl_module.device)
+            self._metric_objects[name] = metric
+        metric.reset()
+        return metric
+
+    def _faithfulness(self, pl_module: LightningModule, inputs: Any, scored: dict[str, Tensor], target: Tensor) -> dict[str, float]:
+        # Only rank zero explains, so no metric may sync across processes (sync_on_compute=False).
+        out: dict[str, float] = {}
+        for name in self.metrics:
+            for method, attributions in scored.items():
+                metric = self._metric(name, pl_module, lambda: perturbation_metric(
+                    name, pl_module, self.modality, max_batch=self.metric_max_batch, sync_on_compute=False))
+                metric.update(inputs, attributions, target)
+                out[f"gae/{method}/{name}"] = metric.compute().item()
+        if self._truth is None:
+            return out
+        truth = self._truth.to(pl_module.device)
+        if isinstance(self.modality, ImageTokens) and truth.dim() == 3:
+            for method, attributions in scored.items():
+                metric = self._metric("segmentation", pl_module,
+                                      lambda: RelevanceSegmentation(self.modality, sync_on_compute=False))
+                metric.update(attributions, truth)
+                out.update({f"gae/{method}/segmentation_{k}": v.item() for k, v in metric.compute().items()})
+        elif isinstance(self.modality, TextTokens) and truth.dim() == 2:
+            valid = self.modality.removable(inputs)
+            for method, attributions in scored.items():
+                metric = self._metric("rationale", pl_module, lambda: RationaleAgreement(sync_on_compute=False))
+                metric.update(self.modality.unit_scores(attributions, inputs), truth, valid)
+                out.update({f"gae/{method}/rationale_{k}": v.item() for k, v in metric.compute().items()})
         return out
 
     def _title(self, exp: Explanation, i: int) -> str:
@@ -351,19 +466,29 @@ class GAECallback(Callback):
             parts.append(f"target {t}" + (f" (p={probs[i, t]:.2f})" if probs is not None else ""))
         return " | ".join(parts)
 
-    def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation], scalars: dict[str, float]) -> None:
+    def _input_relevance(self, attributions: Tensor, shown: Tensor, inputs: Any) -> Tensor:
+        """A Captum-style map as the modality draws it: pixels ``[B, H, W]``, or one value per token/feature."""
+        attributions = attributions.detach().float().cpu()
+        if isinstance(self.modality, ImageTokens):
+            return self.modality.pixel_map(attributions, shown)
+        return self.modality.unit_scores(attributions, map_tensors(inputs, lambda t: t.cpu()))
+
+    def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation],
+             maps: dict[str, Tensor], scalars: dict[str, float]) -> None:
         writers = [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
         if not writers:
             return
         shown = _display_input(inputs).detach().cpu()
+        first = next(iter(explanations.values()))
+        relevance = {m: self.modality.to_input(e.tokens.detach().cpu(), shown) for m, e in explanations.items()}
+        relevance.update({m: self._input_relevance(a, shown, inputs) for m, a in maps.items()})
         rows: list[list[np.ndarray]] = []
         for i, sample in enumerate(self.sample_indices):
             row = [self.modality.render(shown[i], None, f"sample {sample}")]
-            for method, exp in explanations.items():
-                relevance = self.modality.to_input(exp.tokens.detach().cpu(), shown)[i]
-                image = self.modality.render(shown[i], relevance, f"{method}: {self._title(exp, i)}")
+            for method, values in relevance.items():
+                image = self.modality.render(shown[i], values[i], f"{method}: {self._title(first, i)}")
                 row.append(image)
                 history = self._history[(method, sample)]
                 history.append((step, image))
@@ -373,7 +498,7 @@ class GAECallback(Callback):
                                 side_by_side([im for _, im in history], [f"step {s}" for s, _ in history]),
                                 step, dataformats="HWC")
             rows.append(row)
-        picture = grid(rows, [f"sample {s}" for s in self.sample_indices], ["input", *explanations])
+        picture = grid(rows, [f"sample {s}" for s in self.sample_indices], ["input", *relevance])
         for w in writers:
             w.add_image("gae/grid", picture, step, dataformats="HWC")
             for method, exp in explanations.items():

@@ -1,0 +1,220 @@
+"""GAECallback scores its explanations with the faithfulness metrics and logs them to TensorBoard."""
+
+import math
+import warnings
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_gae import ImageTokens, TextTokens
+from lightning_gae.callbacks import GAECallback
+from recipes.digits import DigitsDataModule
+from recipes.vit import ViTClassifier
+
+
+def make_trainer(root, callbacks, max_epochs=2, limit_train_batches=4, **kwargs):
+    return Trainer(default_root_dir=root, max_epochs=max_epochs, limit_train_batches=limit_train_batches,
+                   limit_val_batches=2, logger=TensorBoardLogger(root, name="tb"), callbacks=callbacks,
+                   enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                   accelerator="cpu", **kwargs)
+
+
+def scalars(trainer):
+    acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_perturbation_aucs_are_logged_for_every_method_and_random(tmp_path):
+    seed_everything(0)
+    callback = GAECallback(num_samples=4, methods=("gae", "rollout"))
+    trainer = make_trainer(tmp_path, [callback])
+    trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    logged = scalars(trainer)
+    for method in ("gae", "rollout", "random"):
+        for metric in ("positive_perturbation_auc", "negative_perturbation_auc"):
+            values = logged[f"gae/{method}/{metric}"]
+            assert len(values) == 2, (method, metric)
+            assert all(0.0 <= v <= 90.0 for v in values)
+    assert "gae/random/heatmap" not in str(logged)
+
+
+def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp_path):
+    callback = GAECallback(num_samples=3, metrics=("deletion_auc", "insertion_auc", "comprehensiveness"))
+    trainer = make_trainer(tmp_path, [callback], inference_mode=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.validate(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    assert not [w for w in caught if "was skipped" in str(w.message)]
+    logged = scalars(trainer)
+    for metric in ("deletion_auc", "insertion_auc", "comprehensiveness"):
+        assert math.isfinite(logged[f"gae/gae/{metric}"][0]) and f"gae/random/{metric}" in logged
+    assert "gae/gae/positive_perturbation_auc" not in logged
+    assert all(m.device.type == "cpu" for m in callback._metric_objects.values())
+
+
+def test_an_unknown_metric_is_an_error_in_setup(tmp_path):
+    trainer = make_trainer(tmp_path, [GAECallback(metrics=("faithfulness",))], max_epochs=1)
+    with pytest.raises(ValueError, match=r"GAECallback\(metrics=\['faithfulness'\]\): choose from"):
+        trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+
+
+# --- ground truth in the batch: segmentation masks ------------------------------------------------
+
+
+class Squares(Dataset):
+    """8x8 noise with a 4x4 square in a random quadrant; the label is bright or dim, the mask the square.
+
+    The only evidence of the label is inside the square (a quadrant label could also be read from
+    the dark quadrants, so it would not say where a faithful explanation must look).
+    """
+
+    def __init__(self, count, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.labels = torch.randint(0, 2, (count,), generator=g)
+        quadrants = torch.randint(0, 4, (count,), generator=g)
+        self.images = torch.rand(count, 1, 8, 8, generator=g) * 0.3
+        self.masks = torch.zeros(count, 8, 8)
+        for i, (q, bright) in enumerate(zip(quadrants.tolist(), self.labels.tolist())):
+            r, c = 4 * (q // 2), 4 * (q % 2)
+            self.images[i, 0, r:r + 4, c:c + 4] += 0.7 if bright else 0.35
+            self.masks[i, r:r + 4, c:c + 4] = 1
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return {"pixel_values": self.images[i], "labels": self.labels[i], "masks": self.masks[i]}
+
+
+class SquaresViT(ViTClassifier):
+    def forward(self, pixel_values):
+        return self.model(pixel_values)
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch["pixel_values"]), batch["labels"])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", F.cross_entropy(self(batch["pixel_values"]), batch["labels"]))
+
+    def train_dataloader(self):
+        return DataLoader(Squares(512, 0), batch_size=32, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(Squares(64, 1), batch_size=32)
+
+
+def test_segmentation_is_scored_when_the_batch_has_masks(tmp_path):
+    seed_everything(0)
+    callback = GAECallback(num_samples=8, methods=("gae",), metrics=())
+    trainer = make_trainer(tmp_path, [callback], max_epochs=3, limit_train_batches=16)
+    trainer.fit(SquaresViT(num_classes=4, dim=32, depth=2, heads=2, dropout=0.0, lr=3e-3))
+    logged = scalars(trainer)
+    for method in ("gae", "random"):
+        for key in ("pixel_accuracy", "miou", "average_precision"):
+            assert all(0.0 <= v <= 1.0 for v in logged[f"gae/{method}/segmentation_{key}"])
+    # The evidence is the square: once trained, GAE finds it far better than the random floor.
+    assert logged["gae/gae/segmentation_average_precision"][-1] > logged["gae/random/segmentation_average_precision"][-1] + 0.2
+
+
+# --- ground truth in the batch: rationales ---------------------------------------------------------
+
+
+class Marked(Dataset):
+    """Token sequences; the label says whether token 7 occurs, the rationale marks where."""
+
+    def __init__(self, count, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(10, 30, (count, 10), generator=g)
+        self.ids[:, 0], self.ids[:, -1] = 1, 2
+        self.labels = torch.randint(0, 2, (count,), generator=g)
+        for i in range(count):
+            if self.labels[i]:
+                self.ids[i, int(torch.randint(1, 9, (1,), generator=g))] = 7
+        lengths = torch.randint(7, 11, (count,), generator=g)
+        self.mask = (torch.arange(10)[None] < lengths[:, None]).long()
+        self.ids[:, -1] = 2
+        self.ids = torch.where(self.mask.bool(), self.ids, torch.zeros_like(self.ids))
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": self.labels[i],
+                "rationales": (self.ids[i] == 7).long()}
+
+
+class TextClassifier(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        import transformers
+
+        config = transformers.BertConfig(vocab_size=30, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64, max_position_embeddings=16, num_labels=2)
+        self.bert = transformers.BertForSequenceClassification(config)
+
+    def forward(self, input_ids, attention_mask):
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch["input_ids"], batch["attention_mask"]), batch["labels"])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", F.cross_entropy(self(batch["input_ids"], batch["attention_mask"]), batch["labels"]))
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=3e-3)
+
+    def train_dataloader(self):
+        return DataLoader(Marked(256, 0), batch_size=32, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(Marked(64, 1), batch_size=32)
+
+
+def test_rationale_agreement_is_scored_when_the_batch_has_rationales(tmp_path):
+    pytest.importorskip("transformers")
+    seed_everything(0)
+    modality = TextTokens(vocab=[f"w{i}" for i in range(30)], special_ids=[1, 2], pad_id=0, mask_id=3)
+    callback = GAECallback(num_samples=8, modality=modality, metrics=("positive_perturbation_auc",))
+    trainer = make_trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=8)
+    trainer.fit(TextClassifier())
+    logged = scalars(trainer)
+    for method in ("gae", "random"):
+        assert all(0.0 <= v <= 1.0 for v in logged[f"gae/{method}/rationale_token_f1"])
+        assert all(0.0 <= v <= 1.0 for v in logged[f"gae/{method}/rationale_auprc"])
+        assert 0.0 <= logged[f"gae/{method}/positive_perturbation_auc"][-1] <= 90.0
+
+
+def test_captum_baselines_share_the_grid_and_the_metric_tags(tmp_path):
+    callback = GAECallback(num_samples=2, captum_baselines=("saliency", "integrated_gradients"))
+    trainer = make_trainer(tmp_path, [callback], inference_mode=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.validate(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    assert not [w for w in caught if "was skipped" in str(w.message)]
+    acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    sample = callback.sample_indices[0]
+    for method in ("saliency", "integrated_gradients"):
+        assert f"gae/{method}/heatmap/sample_{sample}" in acc.Tags()["images"]
+        assert f"gae/{method}/positive_perturbation_auc" in acc.Tags()["scalars"]
+    # The grid: one column per method, input first; gae + 2 baselines = 4 columns of equal width.
+    only_gae = GAECallback(num_samples=2, sample_indices=callback.sample_indices)
+    plain = make_trainer(tmp_path / "plain", [only_gae], inference_mode=True)
+    plain.validate(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    plain_acc = EventAccumulator(plain.logger.log_dir, size_guidance={"images": 0})
+    plain_acc.Reload()
+    assert acc.Images("gae/grid")[0].width > plain_acc.Images("gae/grid")[0].width * 1.5
+
+
+def test_an_unknown_captum_baseline_is_an_error_in_setup(tmp_path):
+    trainer = make_trainer(tmp_path, [GAECallback(captum_baselines=("lime",))], max_epochs=1)
+    with pytest.raises(ValueError, match=r"GAECallback\(captum_baselines=\['lime'\]\): choose from"):
+        trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
