@@ -3,6 +3,7 @@
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.explain import METHODS, Explanation, explain
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae import metrics  # noqa: E402  (after explain/modalities, which it builds on)
 
 __all__ = [
     "AttentionRecord",
@@ -14,5 +15,6 @@ __all__ = [
     "TabularTokens",
     "TextTokens",
     "explain",
+    "metrics",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,52 @@
+"""Writes the README's picture from the main job's own TensorBoard logs.
+
+Run after ``lightning-gae fit --config configs/vit_digits.yaml``::
+
+    python -m recipes.readme_figure runs/vit_digits/version_0 recipes/figures/vit_digits_tensorboard.png
+
+The images are read back with TensorBoard's own ``EventAccumulator``, exactly as TensorBoard serves
+them: the ``gae/grid`` image of the last explanation step above the ``gae/gae/evolution`` strip of
+the first tracked sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+from pathlib import Path
+
+import numpy as np
+from matplotlib import image as mpimg
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+
+def _last_image(acc: EventAccumulator, tag: str) -> np.ndarray:
+    event = acc.Images(tag)[-1]
+    return (mpimg.imread(io.BytesIO(event.encoded_image_string), format="png")[..., :3] * 255).astype(np.uint8)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("logdir", type=Path, help="a run's folder, e.g. runs/vit_digits/version_0")
+    parser.add_argument("output", type=Path, help="the PNG to write")
+    args = parser.parse_args(argv)
+    acc = EventAccumulator(str(args.logdir), size_guidance={"images": 0})
+    acc.Reload()
+    images = acc.Tags()["images"]
+    if "gae/grid" not in images:
+        raise SystemExit(f"{args.logdir} has no gae/grid image: is it a run of the main job with GAECallback?")
+    evolution = sorted(t for t in images if t.startswith("gae/gae/evolution/"))
+    parts = [_last_image(acc, "gae/grid")] + ([_last_image(acc, evolution[0])] if evolution else [])
+    width = max(p.shape[1] for p in parts)
+    canvas = np.full((sum(p.shape[0] for p in parts), width, 3), 255, dtype=np.uint8)
+    row = 0
+    for part in parts:
+        canvas[row : row + part.shape[0], : part.shape[1]] = part
+        row += part.shape[0]
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    mpimg.imsave(args.output, canvas)
+    print(f"wrote {args.output} ({canvas.shape[1]}x{canvas.shape[0]}) from step {acc.Images('gae/grid')[-1].step}")
+
+
+if __name__ == "__main__":
+    main()
