@@ -32,7 +32,7 @@ from captum.attr import GradientShap, InputXGradient, IntegratedGradients, Salie
 from torch import Tensor, nn
 
 from lightning_gae import visualize
-from lightning_gae.explain import METHODS, explain, map_tensors, model_logits
+from lightning_gae.explain import METHODS, eval_mode, explain, map_tensors, model_logits
 from lightning_gae.metrics import PERTURBATION_METRICS, perturbation_metric, random_attribution
 from lightning_gae.modalities import ImageTokens, Modality
 
@@ -80,18 +80,6 @@ def _cuda_devices(model: nn.Module) -> list[int]:
 
 
 @contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    """Eval mode (dropout off), every module's own flag restored after, as ``explain`` does."""
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in modes.items():
-            module.training = training
-
-
-@contextmanager
 def _seeded(seed: int, devices: Sequence[int]) -> Iterator[None]:
     """Captum draws GradientSHAP's noise and baseline choice from the global torch and numpy RNGs:
     seed both for the call and give the caller's state back."""
@@ -106,7 +94,7 @@ def _seeded(seed: int, devices: Sequence[int]) -> Iterator[None]:
 
 
 def _predict(model: nn.Module, inputs: Any) -> Tensor:
-    with torch.no_grad(), _eval_mode(model):
+    with torch.no_grad(), eval_mode(model):
         if isinstance(inputs, Mapping):
             logits = model_logits(model(**inputs))
         else:
@@ -222,7 +210,7 @@ def _captum_attribute(method: str, model: nn.Module, inputs: Any, target: Tensor
     tensor_keys = [k for k, v in rest.items() if isinstance(v, Tensor)]
     fixed = {k: v for k, v in rest.items() if not isinstance(v, Tensor)}
     forward: Callable[..., Tensor] = _LogitsForward(model, key, tensor_keys, fixed)
-    with _seeded(seed, _cuda_devices(model)), _eval_mode(model), torch.inference_mode(False), torch.enable_grad():
+    with _seeded(seed, _cuda_devices(model)), eval_mode(model), torch.inference_mode(False), torch.enable_grad():
         # Fresh copies: tensors made under inference mode (a validation loop) cannot enter a graph.
         x, target = x.detach().clone(), target.clone()
         extra = tuple(rest[k].detach().clone() for k in tensor_keys)

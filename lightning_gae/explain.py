@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
@@ -13,7 +14,7 @@ from lightning_gae import rules
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.streams import single_stream
 
-__all__ = ["Explanation", "explain", "METHODS", "map_tensors", "model_logits"]
+__all__ = ["Explanation", "explain", "eval_mode", "METHODS", "map_tensors", "model_logits"]
 
 Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam"]
 METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam")
@@ -74,6 +75,18 @@ def map_tensors(x: Any, fn: Callable[[Tensor], Tensor]) -> Any:
         items = [map_tensors(v, fn) for v in x]
         return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
     return x
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model.eval()`` for the block; afterwards every module gets back its own flag (not just the root's)."""
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes.items():
+            module.training = training
 
 
 def _call_args(inputs: Any) -> tuple[tuple, dict]:
@@ -205,49 +218,43 @@ def explain(
     """
     if method not in METHODS:
         raise ValueError(f"method={method!r}; choose one of {METHODS}")
-    modes = {m: m.training for m in model.modules()}
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
-    try:
-        # Rollout and raw attention need no gradient, so their forward builds no graph.
-        grad_mode = torch.enable_grad() if method in _NEEDS_GRAD else torch.no_grad()
-        with torch.random.fork_rng(devices=cuda), torch.inference_mode(False), grad_mode:
-            model.eval()
-            # Fresh copies: inference-mode tensors cannot enter an autograd graph.
-            args, kwargs = _call_args(map_tensors(inputs, lambda t: t.detach().clone()))
-            with AttentionRecorder(model, attention_modules) as recorder:
-                output = model(*args, **kwargs)
-            if not recorder.records:
-                raise ValueError(
-                    f"no attention was recorded from {type(model).__name__}: it calls neither "
-                    "F.scaled_dot_product_attention, nn.MultiheadAttention nor a softmax followed by a "
-                    "matmul. If it computes attention another way, pass attention_modules=['path.*.to.probs'] "
-                    "naming the modules whose output is the post-softmax attention probabilities."
-                )
-            logits = model_logits(output)
-            batch = recorder.records[0].batch_size if logits is None else logits.shape[0]
-            layers = single_stream(recorder.records, batch)
-            num_tokens = layers[0].num_queries
-            device = layers[0].tensor.device
-            keep = _keep_mask(kwargs, batch, num_tokens)
-            keep = _attended(layers) if keep is None else keep.to(device)
-            if method in _LAST_LAYER_ONLY:
-                layers = layers[-1:]
-            query_index = _query_index(query, batch, num_tokens, keep, device)
-            score, target_index = _target_scores(output, logits, target, query_index, batch)
+    # Rollout and raw attention need no gradient, so their forward builds no graph.
+    grad_mode = torch.enable_grad() if method in _NEEDS_GRAD else torch.no_grad()
+    with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), grad_mode:
+        # Fresh copies: inference-mode tensors cannot enter an autograd graph.
+        args, kwargs = _call_args(map_tensors(inputs, lambda t: t.detach().clone()))
+        with AttentionRecorder(model, attention_modules) as recorder:
+            output = model(*args, **kwargs)
+        if not recorder.records:
+            raise ValueError(
+                f"no attention was recorded from {type(model).__name__}: it calls neither "
+                "F.scaled_dot_product_attention, nn.MultiheadAttention nor a softmax followed by a "
+                "matmul. If it computes attention another way, pass attention_modules=['path.*.to.probs'] "
+                "naming the modules whose output is the post-softmax attention probabilities."
+            )
+        logits = model_logits(output)
+        batch = recorder.records[0].batch_size if logits is None else logits.shape[0]
+        layers = single_stream(recorder.records, batch)
+        num_tokens = layers[0].num_queries
+        device = layers[0].tensor.device
+        keep = _keep_mask(kwargs, batch, num_tokens)
+        keep = _attended(layers) if keep is None else keep.to(device)
+        if method in _LAST_LAYER_ONLY:
+            layers = layers[-1:]
+        query_index = _query_index(query, batch, num_tokens, keep, device)
+        score, target_index = _target_scores(output, logits, target, query_index, batch)
 
-            grads: list[Tensor] = []
-            if method in _NEEDS_GRAD:
-                if not score.requires_grad:
-                    raise ValueError("the explained score does not depend on the attention (no gradient path); check target")
-                found = torch.autograd.grad(score.sum(), [r.tensor for r in layers], allow_unused=True)
-                grads = [rec.as_heads(torch.zeros_like(rec.tensor) if g is None else g) for rec, g in zip(layers, found)]
-            with torch.no_grad():
-                row = _relevance_row(method, layers, grads, query_index, keep)
-                row[torch.arange(batch, device=device), query_index] = 0.0
-                row = row.masked_fill(~keep, 0.0)
-    finally:
-        for module, training in modes.items():
-            module.training = training
+        grads: list[Tensor] = []
+        if method in _NEEDS_GRAD:
+            if not score.requires_grad:
+                raise ValueError("the explained score does not depend on the attention (no gradient path); check target")
+            found = torch.autograd.grad(score.sum(), [r.tensor for r in layers], allow_unused=True)
+            grads = [rec.as_heads(torch.zeros_like(rec.tensor) if g is None else g) for rec, g in zip(layers, found)]
+        with torch.no_grad():
+            row = _relevance_row(method, layers, grads, query_index, keep)
+            row[torch.arange(batch, device=device), query_index] = 0.0
+            row = row.masked_fill(~keep, 0.0)
     return Explanation(
         tokens=row.detach(),
         logits=None if logits is None else logits.detach(),

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any, Literal, Union
 
 import torch
 from torch import Tensor, nn
 
-from lightning_gae.explain import _call_args, map_tensors, model_logits
+from lightning_gae.explain import _call_args, eval_mode, map_tensors, model_logits
 from lightning_gae.modalities import Modality
 
 __all__ = [
@@ -107,22 +108,6 @@ def _select(inputs: Any, index: Tensor, batch: int) -> Any:
     return map_tensors(inputs, lambda t: t[index.to(t.device)] if t.dim() and t.shape[0] == batch else t)
 
 
-class _EvalMode:
-    """Eval mode for a module ``forward_fn`` while scoring; every module's own flag restored after."""
-
-    def __init__(self, forward_fn: Callable[..., Any]) -> None:
-        self.modules = list(forward_fn.modules()) if isinstance(forward_fn, nn.Module) else []
-
-    def __enter__(self) -> None:
-        self.modes = [m.training for m in self.modules]
-        for m in self.modules:
-            m.training = False
-
-    def __exit__(self, *exc: object) -> None:
-        for m, mode in zip(self.modules, self.modes):
-            m.training = mode
-
-
 def _target_index(target: Target, logits: Tensor) -> Tensor:
     batch = logits.shape[0]
     if target is None:
@@ -174,7 +159,9 @@ def perturbed_scores(
     steps, batch = masks.shape[:2]
     if fill is None:
         fill = modality.remove(inputs, modality.removable(inputs))
-    with torch.no_grad(), _EvalMode(forward_fn):
+    # A plain function has no modes to switch; a module runs in eval mode and gets its own flags back.
+    modes = eval_mode(forward_fn) if isinstance(forward_fn, nn.Module) else nullcontext()
+    with torch.no_grad(), modes:
         logits = torch.cat([_forward_logits(forward_fn, _select(inputs, idx, batch))
                             for idx in torch.arange(batch).split(max_batch)])
         target_index = _target_index(target, logits)
