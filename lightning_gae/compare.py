@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from lightning_gae import visualize
 from lightning_gae.explain import METHODS, eval_mode, explain, map_tensors, model_logits
 from lightning_gae.metrics import PERTURBATION_METRICS, perturbation_metric, random_attribution
+from lightning_gae.metrics.functional.perturbation import _class_index, _forward_logits
 from lightning_gae.modalities import ImageTokens, Modality
 
 __all__ = ["ATTRIBUTION_METHODS", "DEFAULT_METHODS", "Comparison", "attribute", "compare", "comparison_grid", "infer_modality"]
@@ -95,23 +96,7 @@ def _seeded(seed: int, devices: Sequence[int]) -> Iterator[None]:
 
 def _predict(model: nn.Module, inputs: Any) -> Tensor:
     with torch.no_grad(), eval_mode(model):
-        if isinstance(inputs, Mapping):
-            logits = model_logits(model(**inputs))
-        else:
-            logits = model_logits(model(inputs))
-    if logits is None or logits.dim() != 2:
-        raise ValueError(f"{type(model).__name__} must return class logits [B, C] (a tensor, a tuple or .logits) "
-                         "to be compared by class")
-    return logits.argmax(dim=1)
-
-
-def _target_tensor(target: Target, batch: int, device: torch.device) -> Tensor:
-    index = torch.as_tensor(target, dtype=torch.long, device=device).reshape(-1)
-    if index.numel() == 1:
-        index = index.expand(batch)
-    if index.shape != (batch,):
-        raise ValueError(f"target has {index.numel()} entries for {batch} samples; give None, an int or one class per sample")
-    return index
+        return _forward_logits(model, inputs).argmax(dim=1)
 
 
 class _LogitsForward:
@@ -287,7 +272,7 @@ def attribute(
         # Only the token count is needed, and raw attention needs no backward.
         return random_attribution(explain(model, inputs, method="raw_attention", **options).tokens, seed)
     x, _ = _batch_tensor(inputs)
-    target_index = _predict(model, inputs) if target is None else _target_tensor(target, x.shape[0], x.device)
+    target_index = _predict(model, inputs) if target is None else _class_index(target, x.shape[0], x.device)
     return _captum_attribute(method, model, inputs, target_index, embedding_layer, seed, options)
 
 
@@ -415,7 +400,7 @@ def compare(
     if target is None:
         targets = torch.cat([_predict(model, _take(inputs, s, s + batch_size, total)) for s in starts])
     else:
-        targets = _target_tensor(target, total, x.device)
+        targets = _class_index(target, total, x.device)
     if modality is None:
         modality = infer_modality(model, inputs)
 
@@ -471,7 +456,7 @@ def comparison_grid(
     display, _ = _batch_tensor(inputs)
     if modality is None:
         modality = infer_modality(model, inputs)
-    classes = _predict(model, inputs) if target is None else _target_tensor(target, display.shape[0], display.device)
+    classes = _predict(model, inputs) if target is None else _class_index(target, display.shape[0], display.device)
     columns = []
     for method in methods:
         attributions = attribute(method, model, inputs, classes, embedding_layer=embedding_layer, seed=seed)

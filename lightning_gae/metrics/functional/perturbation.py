@@ -108,16 +108,23 @@ def _select(inputs: Any, index: Tensor, batch: int) -> Any:
     return map_tensors(inputs, lambda t: t[index.to(t.device)] if t.dim() and t.shape[0] == batch else t)
 
 
-def _target_index(target: Target, logits: Tensor) -> Tensor:
-    batch = logits.shape[0]
-    if target is None:
-        return logits.argmax(dim=1)
-    index = torch.as_tensor(target, device=logits.device).long().reshape(-1)
+def _class_index(target: Target, batch: int, device: torch.device, num_classes: int | None = None) -> Tensor:
+    """``[B]`` class indices from an int or one class per sample (list or tensor)."""
+    index = torch.as_tensor(target, device=device).long().reshape(-1)
     if index.numel() == 1:
         index = index.expand(batch)
-    if index.shape != (batch,) or ((index < 0) | (index >= logits.shape[1])).any():
-        raise ValueError(f"target must be an int or one class per sample in [0, {logits.shape[1]}); got {index.tolist()}")
+    out_of_range = num_classes is not None and bool(((index < 0) | (index >= num_classes)).any())
+    if index.shape != (batch,) or out_of_range:
+        classes = "" if num_classes is None else f" in [0, {num_classes})"
+        raise ValueError(f"target must be None, an int or one class per sample{classes} for {batch} samples; "
+                         f"got {index.tolist()}")
     return index
+
+
+def _target_index(target: Target, logits: Tensor) -> Tensor:
+    if target is None:
+        return logits.argmax(dim=1)
+    return _class_index(target, logits.shape[0], logits.device, logits.shape[1])
 
 
 def _score(logits: Tensor, target: Tensor, score: Score) -> Tensor:
