@@ -2,6 +2,7 @@
 
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.explain import METHODS, Explanation, explain
+from lightning_gae.streams import Streams
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae import metrics  # noqa: E402  (after explain/modalities, which it builds on)
 
@@ -12,6 +13,7 @@ __all__ = [
     "ImageTokens",
     "METHODS",
     "Modality",
+    "Streams",
     "TabularTokens",
     "TextTokens",
     "explain",

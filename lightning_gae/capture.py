@@ -50,6 +50,12 @@ class AttentionRecord:
 
     ``tensor`` is the recorded tensor itself (a node of the autograd graph, so ``autograd.grad``
     can reach it); :meth:`as_heads` brings it, or its gradient, to ``[B, H, Nq, Nk]``.
+    ``query_input`` / ``key_input`` are the tensors the queries and keys were computed from (the
+    projected ``q``/``k`` of SDPA, the ``query``/``key`` of multi-head attention, the values of a
+    softmax -> matmul) and ``output`` is what the call returned: :mod:`lightning_gae.streams` follows
+    the autograd graph between them to tell which token set each side belongs to. ``run`` counts
+    how many times the module at ``path`` had already run in this forward (a bi-encoder calls one
+    encoder twice).
     """
 
     path: str
@@ -57,6 +63,10 @@ class AttentionRecord:
     tensor: Tensor
     source: str
     self_attention: bool | None = None
+    query_input: Tensor | None = None
+    key_input: Tensor | None = None
+    output: Tensor | None = None
+    run: int = 0
 
     @property
     def num_queries(self) -> int:
@@ -260,13 +270,18 @@ class _CaptureMode(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             out, probs = explicit_scaled_dot_product_attention(*args, **kwargs)
-            self.recorder._add(probs, "sdpa")
+            query = kwargs.get("query", args[0] if args else None)
+            key = kwargs.get("key", args[1] if len(args) > 1 else None)
+            self.recorder._add(probs, "sdpa", query_input=query, key_input=key, output=out)
             return out
         if func is F.multi_head_attention_forward:
             result, probs = explicit_multi_head_attention_forward(*args, **kwargs)
             query = kwargs.get("query", args[0] if args else None)
             key = kwargs.get("key", args[1] if len(args) > 1 else None)
-            self.recorder._add(probs, "mha", self_attention=query is key)
+            # mha(x + pos, x + pos, x) and mha(norm(x), norm(x), norm(x)) pass equal values as
+            # different tensor objects: that is self-attention too.
+            same = query is key or (query.shape == key.shape and torch.equal(query, key))
+            self.recorder._add(probs, "mha", self_attention=same, query_input=query, key_input=key, output=result[0])
             return result
         if func in _MATMUL:
             lhs = args[0] if args else kwargs.get("input")
@@ -274,7 +289,10 @@ class _CaptureMode(TorchFunctionMode):
             if self._is_probs(lhs) and isinstance(rhs, Tensor) and rhs.dim() >= 2 and rhs.shape[-2] == lhs.shape[-1]:
                 if not lhs.requires_grad and torch.is_grad_enabled():
                     lhs.requires_grad_(True)
-                self.recorder._add(lhs, "softmax")
+                out = func(*args, **kwargs)
+                # The values stand for the keys' side: the queries only reach the probabilities.
+                self.recorder._add(lhs, "softmax", key_input=rhs, output=out)
+                return out
             return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if func in _SOFTMAX and isinstance(out, Tensor) and out.dim() >= 2:
@@ -313,6 +331,7 @@ class AttentionRecorder:
         self.records: list[AttentionRecord] = []
         self._names = {m: n for n, m in model.named_modules(remove_duplicate=False)}
         self._stack: list[str] = []
+        self._runs: dict[str, int] = {}
         self._exit: ExitStack | None = None
         if self.attention_modules is not None:
             self._targets = self._match(self.attention_modules)
@@ -335,14 +354,20 @@ class AttentionRecorder:
     def current_path(self) -> str:
         return self._stack[-1] if self._stack else ""
 
-    def _add(self, tensor: Tensor, source: str, self_attention: bool | None = None, path: str | None = None) -> None:
+    def _add(self, tensor: Tensor, source: str, self_attention: bool | None = None, path: str | None = None,
+             query_input: Tensor | None = None, key_input: Tensor | None = None, output: Tensor | None = None) -> None:
+        path = self.current_path if path is None else path
         self.records.append(
             AttentionRecord(
-                path=self.current_path if path is None else path,
+                path=path,
                 index=len(self.records),
                 tensor=tensor,
                 source=source,
                 self_attention=self_attention,
+                query_input=query_input,
+                key_input=key_input,
+                output=output,
+                run=max(self._runs.get(path, 1) - 1, 0),
             )
         )
 
@@ -350,6 +375,7 @@ class AttentionRecorder:
         name = self._names.get(module)
         if name is not None:
             self._stack.append(name)
+            self._runs[name] = self._runs.get(name, 0) + 1
 
     def _pop(self, module: nn.Module, *_: Any) -> None:
         if module in self._names and self._stack:
@@ -365,13 +391,15 @@ class AttentionRecorder:
                 )
             if not output.requires_grad and torch.is_grad_enabled():
                 output.requires_grad_(True)
-            self._add(output, "hook", path=name)
+            self._runs[name] = self._runs.get(name, 0) + 1
+            self._add(output, "hook", path=name, output=output)
 
         return hook
 
     def __enter__(self) -> AttentionRecorder:
         self.records = []
         self._stack = []
+        self._runs = {}
         with ExitStack() as stack:
             if self.attention_modules is not None:
                 for name, module in self._targets:

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from lightning_gae import rules
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
-from lightning_gae.streams import single_stream
+from lightning_gae.streams import Streams, TokenSets, assign_token_sets, check_batch
 
 __all__ = ["Explanation", "explain", "eval_mode", "METHODS", "map_tensors", "model_logits"]
 
@@ -21,7 +21,7 @@ METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam")
 _NEEDS_GRAD = {"gae", "attn_gradcam"}
 _LAST_LAYER_ONLY = {"raw_attention", "attn_gradcam"}
 Target = Union[None, int, Sequence[int], Tensor, Callable[[Any], Tensor]]
-Query = Union[int, Literal["last"], Sequence[int], Tensor]
+Query = Union[int, Literal["last", "mean"], Sequence[int], Tensor]
 
 # Keys of a keyword-argument input that mark padding, and whether a True/nonzero entry means "keep".
 _PADDING_KEYS = {"attention_mask": True, "src_key_padding_mask": False, "key_padding_mask": False}
@@ -39,7 +39,12 @@ class Explanation:
         score: ``[B]`` the explained scalar ``y_t`` of each sample, detached.
         method: ``"gae"``, ``"rollout"``, ``"raw_attention"`` or ``"attn_gradcam"``.
         layers: module paths of the attention layers used, in call order.
-        query: ``[B]`` index of the token whose row was read out.
+        query: ``[B]`` index of the token whose row was read out (None for ``query="mean"``).
+        relevance: token set name -> float32 ``[B, N_set]``: every set's relevance for the
+            prediction (one entry, ``"tokens"``, for single-set models; ``"encoder"``/``"decoder"``
+            for encoder-decoders; ``"text"``/``"image"`` for dual encoders). Padding and the
+            query's own entry are 0.
+        query_set: the token set ``tokens`` belongs to.
     """
 
     tokens: Tensor
@@ -49,6 +54,8 @@ class Explanation:
     method: str
     layers: list[str] = field(default_factory=list)
     query: Tensor | None = None
+    relevance: dict[str, Tensor] = field(default_factory=dict)
+    query_set: str = "tokens"
 
 
 def model_logits(output: Any) -> Tensor | None:
@@ -117,9 +124,13 @@ def _attended(layers: Sequence[AttentionRecord]) -> Tensor:
 
 
 def _query_index(query: Query, batch: int, num_tokens: int, keep: Tensor, device: torch.device) -> Tensor:
+    """``[B]`` token indices, or for ``"mean"`` a float ``[B, N]`` start row: the mean of the real tokens' rows."""
     if isinstance(query, str):
+        if query == "mean":
+            weights = keep.to(torch.float32)
+            return weights / weights.sum(dim=1, keepdim=True).clamp(min=1)
         if query != "last":
-            raise ValueError(f"query={query!r}: use a token index, 'last', or one index per sample")
+            raise ValueError(f"query={query!r}: use a token index, 'last', 'mean', or one index per sample")
         # Last real token of each row (right padding), whatever the padding side.
         positions = torch.arange(num_tokens, device=device).expand(batch, num_tokens)
         return torch.where(keep, positions, -1).amax(dim=1)
@@ -127,10 +138,17 @@ def _query_index(query: Query, batch: int, num_tokens: int, keep: Tensor, device
     if index.dim() == 0:
         index = index.expand(batch)
     if index.shape != (batch,):
-        raise ValueError(f"query has shape {tuple(index.shape)}; give one index, 'last', or {batch} indices (one per sample)")
+        raise ValueError(f"query has shape {tuple(index.shape)}; give one index, 'last', 'mean', or {batch} indices (one per sample)")
     if ((index < -num_tokens) | (index >= num_tokens)).any():
         raise ValueError(f"query {index.tolist()} is out of range for {num_tokens} tokens")
-    return index % num_tokens
+    index = index % num_tokens
+    padded = ~keep[torch.arange(batch, device=device), index]
+    if padded.any():
+        raise ValueError(
+            f"query {index.tolist()} lands on a padded position in samples {torch.nonzero(padded).flatten().tolist()}; "
+            "read a real token (e.g. query='last' for the last real token)"
+        )
+    return index
 
 
 def _target_scores(output: Any, logits: Tensor | None, target: Target, query: Tensor, batch: int) -> tuple[Tensor, Tensor | None]:
@@ -147,6 +165,8 @@ def _target_scores(output: Any, logits: Tensor | None, target: Target, query: Te
             "pass target=callable(output) -> Tensor[B] that returns the scalar to explain"
         )
     if logits.dim() == 3:
+        if query.is_floating_point():
+            raise ValueError("query='mean' reads no single position of sequence logits [B, T, C]; pass a token index or target=callable(output)")
         # Sequence outputs ([B, T, C], e.g. a language model): the prediction made at the query token.
         logits = logits[torch.arange(batch, device=logits.device), query.to(logits.device)]
     if logits.dim() == 1:
@@ -165,7 +185,9 @@ def _target_scores(output: Any, logits: Tensor | None, target: Target, query: Te
     return logits.gather(1, index[:, None]).squeeze(1), index
 
 
+
 def _relevance_row(method: str, layers: list[AttentionRecord], grads: list[Tensor], query: Tensor, keep: Tensor) -> Tensor:
+    """One token set: the row form (the fast path). ``query`` is ``[B]`` indices or a float start row."""
     attns = [rec.as_heads() for rec in layers]
     if method == "gae":
         abars = [rules.avg_heads(a, g) for a, g in zip(attns, grads)]
@@ -177,13 +199,76 @@ def _relevance_row(method: str, layers: list[AttentionRecord], grads: list[Tenso
     return rules.attn_gradcam_row(attns[-1], grads[-1], query, keep)
 
 
+def _hide_own(row: Tensor, query: Tensor) -> Tensor:
+    """The query's own identity entry set to 0 (a mean readout loses its start vector instead)."""
+    if query.is_floating_point():
+        return row - query.to(row.dtype)
+    row = row.clone()
+    row[torch.arange(row.shape[0], device=row.device), query] = 0.0
+    return row
+
+
+def _set_maps(method: str, sets: TokenSets, grads: list[Tensor], keeps: dict[str, Tensor]) -> list[Tensor]:
+    """Per call, the ``[B, Nq, Nk]`` map the rules propagate: ``Ā`` (Eq. 5) or the head-mean attention."""
+    maps = []
+    for i, rec in enumerate(sets.records):
+        attn = rec.as_heads()
+        if method == "gae":
+            maps.append(rules.avg_heads(attn, grads[i]))
+        elif method == "attn_gradcam":
+            q, k = keeps[sets.query_sets[i]], keeps[sets.key_sets[i]]
+            pairs = (q[:, :, None] & k[:, None, :])[:, None].to(torch.float32)
+            g = grads[i].to(torch.float32)
+            weights = (g * pairs).sum(dim=(-2, -1), keepdim=True) / pairs.sum(dim=(-2, -1), keepdim=True).clamp(min=1)
+            maps.append((weights * attn.to(torch.float32)).mean(dim=1).clamp(min=0))
+        else:
+            maps.append(attn.to(torch.float32).mean(dim=1))
+    return maps
+
+
+def _multi_set_rows(method: str, sets: TokenSets, grads: list[Tensor], keeps: dict[str, Tensor],
+                    starts: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Readout rows of every set for a model with several token sets (section 6-7b of GAE_SPEC.md).
+
+    ``starts`` maps the sets read at their own token (the query set, towers, pooling sets) to their
+    start rows/indices. A set joined to the query set by cross-attention is read from ``R^{Q,x}``;
+    a tower is read from its own ``R^{xx}``; a pooled tower from its pooling token's ``R^{p,x}``.
+    """
+    maps = _set_maps(method, sets, grads, keeps)
+    steps = list(zip(sets.query_sets, sets.key_sets, maps))
+    reader = {x: sets.query_set if sets.joined(x, sets.query_set) else x for x in sets.sizes}
+    for tower, pool in sets.pools.items():
+        reader[tower] = pool if not sets.joined(tower, sets.query_set) else reader[tower]
+    rows: dict[str, Tensor] = {}
+    if method in _LAST_LAYER_ONLY:
+        # The last call whose queries are the reading set and whose keys are x.
+        for x in sets.sizes:
+            r = reader[x]
+            last = max((i for i, (q, k) in enumerate(zip(sets.query_sets, sets.key_sets)) if q == r and k == x), default=None)
+            if last is None:
+                continue
+            rows[x] = rules._select_rows(maps[last], starts[r])
+        return rows
+    relevance = rules.token_set_relevance(steps, sets.sizes, rollout=method == "rollout")
+    for x in sets.sizes:
+        r = reader[x]
+        matrix = relevance.get((r, x))
+        if matrix is not None:
+            # A set read at its own token gets R̂ = R − I: its identity entry is removed anyway.
+            rows[x] = rules._select_rows(matrix, starts[r])
+            if r == x:
+                rows[x] = rows[x] + starts[x] if starts[x].is_floating_point() else rows[x]
+    return rows
+
+
 def explain(
     model: nn.Module,
     inputs: Any,
     target: Target = None,
     method: Method = "gae",
-    query: Query = 0,
+    query: Query | Mapping[str, Query] | None = None,
     attention_modules: Sequence[str] | str | None = None,
+    streams: Streams | None = None,
 ) -> Explanation:
     """Explain ``model``'s prediction on a batch with GAE (or a baseline): one forward, one backward.
 
@@ -196,32 +281,39 @@ def explain(
             ``src_key_padding_mask`` / ``key_padding_mask`` (True = pad) among them marks padding.
         target: what to explain: None (each sample's argmax), an int, one class per sample, or a
             callable ``output -> Tensor[B]`` returning any scalar per sample.
-        method: ``"gae"`` (Eq. 5-7), ``"rollout"``, ``"raw_attention"`` or ``"attn_gradcam"``.
-        query: the token whose relevance row is read: an index (default 0, the CLS token),
-            ``"last"`` (the last real token, for decoder-only models) or one index per sample.
+        method: ``"gae"`` (Eq. 5-11), ``"rollout"``, ``"raw_attention"`` or ``"attn_gradcam"``.
+        query: the token of the query set whose relevance row is read: an index (a decoder
+            position for encoder-decoders; default: the family's readout where a preset knows it,
+            such as BART classifiers' last EOS, else 0, the CLS token), ``"last"`` (the last real token),
+            ``"mean"`` (the mean of the real tokens' rows, for mean-pooled models) or one index per
+            sample. A mapping ``{set: query}`` sets the readout of several sets (towers).
         attention_modules: glob patterns over module paths naming the modules whose output is the
             attention probability tensor (e.g. ``"blocks.*.attn.attn_drop"``) for models that
             compute softmax attention by hand; then only those are recorded.
+        streams: a :class:`~lightning_gae.Streams` declaring the token sets, for models with
+            several sets that no preset or data-flow inference assigns.
 
     Returns:
-        An :class:`Explanation` whose ``tokens`` is float32 ``[B, N]``.
+        An :class:`Explanation`: ``tokens`` is the query set's float32 ``[B, N]`` row and
+        ``relevance`` maps every token set to its ``[B, N_set]`` row.
 
     Raises:
         ValueError: unknown method, bad target or query, no attention recorded, or attention the
-            engine cannot propagate (the message names the module and the fix).
+            engine cannot propagate or assign to token sets (the message names the module and the fix).
 
     Example::
 
         exp = explain(vit, images)                       # GAE for the predicted classes
         exp.tokens[:, 1:].reshape(B, 14, 14)            # patch relevance, CLS dropped
         explain(bert, tokenizer(texts, padding=True, return_tensors="pt"), target=labels)
+        exp = explain(t5, batch, query=3)                # decoder position 3
+        exp.relevance["encoder"], exp.relevance["decoder"]
     """
     if method not in METHODS:
         raise ValueError(f"method={method!r}; choose one of {METHODS}")
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
-    # Rollout and raw attention need no gradient, so their forward builds no graph.
-    grad_mode = torch.enable_grad() if method in _NEEDS_GRAD else torch.no_grad()
-    with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), grad_mode:
+    # The graph is built for every method: token sets are told apart by following it.
+    with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
         # Fresh copies: inference-mode tensors cannot enter an autograd graph.
         args, kwargs = _call_args(map_tensors(inputs, lambda t: t.detach().clone()))
         with AttentionRecorder(model, attention_modules) as recorder:
@@ -235,32 +327,68 @@ def explain(
             )
         logits = model_logits(output)
         batch = recorder.records[0].batch_size if logits is None else logits.shape[0]
-        layers = single_stream(recorder.records, batch)
-        num_tokens = layers[0].num_queries
+        check_batch(recorder.records, batch)
+        sets = assign_token_sets(recorder.records, model, streams)
+        layers = sets.records
         device = layers[0].tensor.device
-        keep = _keep_mask(kwargs, batch, num_tokens)
-        keep = _attended(layers) if keep is None else keep.to(device)
-        if method in _LAST_LAYER_ONLY:
-            layers = layers[-1:]
-        query_index = _query_index(query, batch, num_tokens, keep, device)
+        single = len(sets.sizes) == 1
+        if single:
+            num_tokens = layers[0].num_queries
+            keep = _keep_mask(kwargs, batch, num_tokens)
+            keeps = {sets.query_set: _attended(layers) if keep is None else keep.to(device)}
+        else:
+            keeps = {}
+            for x in sets.sizes:
+                used = [r for r, k in zip(layers, sets.key_sets) if k == x]
+                keeps[x] = _attended(used) if used else torch.ones(batch, sets.sizes[x], dtype=torch.bool, device=device)
+        per_set = dict(query) if isinstance(query, Mapping) else {}
+        main_query = per_set.pop(sets.query_set, None) if isinstance(query, Mapping) else query
+        if main_query is None:
+            main_query = sets.queries.get(sets.query_set, 0)
+        starts = {sets.query_set: _query_index(_resolve(main_query, kwargs), batch, sets.sizes[sets.query_set],
+                                               keeps[sets.query_set], device)}
+        for x in sets.sizes:
+            if x != sets.query_set:
+                readout = per_set.get(x, sets.queries.get(x, 0))
+                starts[x] = _query_index(_resolve(readout, kwargs), batch, sets.sizes[x], keeps[x], device)
+        query_index = starts[sets.query_set]
         score, target_index = _target_scores(output, logits, target, query_index, batch)
 
+        used_layers = layers[-1:] if single and method in _LAST_LAYER_ONLY else layers
         grads: list[Tensor] = []
         if method in _NEEDS_GRAD:
             if not score.requires_grad:
                 raise ValueError("the explained score does not depend on the attention (no gradient path); check target")
-            found = torch.autograd.grad(score.sum(), [r.tensor for r in layers], allow_unused=True)
-            grads = [rec.as_heads(torch.zeros_like(rec.tensor) if g is None else g) for rec, g in zip(layers, found)]
+            found = torch.autograd.grad(score.sum(), [r.tensor for r in used_layers], allow_unused=True)
+            grads = [rec.as_heads(torch.zeros_like(rec.tensor) if g is None else g) for rec, g in zip(used_layers, found)]
         with torch.no_grad():
-            row = _relevance_row(method, layers, grads, query_index, keep)
-            row[torch.arange(batch, device=device), query_index] = 0.0
-            row = row.masked_fill(~keep, 0.0)
+            if single:
+                rows = {sets.query_set: _relevance_row(method, used_layers, grads, query_index, keeps[sets.query_set])}
+            else:
+                rows = _multi_set_rows(method, sets, grads, keeps, starts)
+            relevance = {}
+            for x, row in rows.items():
+                if x in sets.pools.values():
+                    continue
+                own = x == sets.query_set or (not sets.joined(x, sets.query_set) and x not in sets.pools)
+                row = _hide_own(row, starts[x]) if own else row
+                relevance[x] = row.masked_fill(~keeps[x], 0.0).to(torch.float32).detach()
+    tokens = relevance.get(sets.query_set)
+    if tokens is None:
+        tokens = next(iter(relevance.values()))
     return Explanation(
-        tokens=row.detach(),
+        tokens=tokens,
         logits=None if logits is None else logits.detach(),
         target=target_index,
         score=score.detach(),
         method=method,
-        layers=[rec.path for rec in layers],
-        query=query_index,
+        layers=[rec.path for rec in used_layers],
+        query=None if query_index.is_floating_point() else query_index,
+        relevance=relevance,
+        query_set=sets.query_set,
     )
+
+
+def _resolve(readout: Any, kwargs: Mapping[str, Any]) -> Any:
+    """A preset's readout may be a function of the keyword inputs (CLIP's text EOS position)."""
+    return readout(kwargs) if callable(readout) else readout

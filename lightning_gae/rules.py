@@ -20,12 +20,15 @@ __all__ = [
     "gae_relevance",
     "gae_relevance_row",
     "handle_residual",
+    "apply_mm_attention_rules",
+    "token_set_relevance",
     "row_normalize",
     "rollout_map",
     "rollout_row",
     "raw_attention_row",
     "attn_gradcam_row",
     "one_hot_rows",
+    "start_rows",
 ]
 
 
@@ -73,9 +76,18 @@ def gae_relevance(abars: Sequence[Tensor]) -> Tensor:
     return relevance
 
 
+def start_rows(query: Tensor, num_tokens: int) -> Tensor:
+    """The readout's start vector: ``e_q^T`` for indices ``[B]``, or ``query`` itself when it is
+    already a float ``[B, N]`` row (e.g. the mean of the real tokens' rows for mean-pooled models)."""
+    return query.to(torch.float32) if query.is_floating_point() else one_hot_rows(query, num_tokens)
+
+
 def gae_relevance_row(abars: Sequence[Tensor], query: Tensor) -> Tensor:
-    """Row form: ``e_q^T (I + Ā_L) ⋯ (I + Ā_1)`` in ``O(L·N²)``, the last layer first. ``[B, N]``."""
-    row = one_hot_rows(query, abars[0].shape[-1])
+    """Row form: ``e_q^T (I + Ā_L) ⋯ (I + Ā_1)`` in ``O(L·N²)``, the last layer first. ``[B, N]``.
+
+    ``query`` is ``[B]`` token indices or a float ``[B, N]`` start row (:func:`start_rows`).
+    """
+    row = start_rows(query, abars[0].shape[-1])
     for abar in reversed(abars):
         row = apply_self_attention_rules_row(row, _f32(abar))
     return row
@@ -93,10 +105,87 @@ def handle_residual(self_relevance: Tensor) -> Tensor:
     return row_normalize(self_relevance - eye) + eye
 
 
-def _rollout_step(attn: Tensor) -> Tensor:
-    mean = _f32(attn).mean(dim=1)
+def apply_mm_attention_rules(r_ss: Tensor, r_qq: Tensor, r_sq: Tensor, r_qs: Tensor, abar: Tensor) -> tuple[Tensor, Tensor]:
+    """Eq. 10-11 for an attention call with queries from set ``s`` and keys from set ``q``.
+
+    ``abar`` is ``[B, Ns, Nq]``. Returns ``(R^{sq}, R^{ss})`` updated from the old values:
+    ``R^{sq} + (R̄^{ss})ᵀ · Ā · R̄^{qq}`` and ``R^{ss} + Ā · R^{qs}``, with ``R̄`` from
+    :func:`handle_residual` (Eq. 8-9).
+    """
+    r_ss, abar = _common(r_ss, abar)
+    r_qq, r_sq, r_qs = (t.to(r_ss.dtype) for t in (r_qq, r_sq, r_qs))
+    new_sq = r_sq + handle_residual(r_ss).transpose(-2, -1) @ abar @ handle_residual(r_qq)
+    new_ss = r_ss + abar @ r_qs
+    return new_sq, new_ss
+
+
+def _bar_from_hat(hat: Tensor) -> Tensor:
+    """``R̄ = rownorm(R − I) + I`` given ``R̂ = R − I`` itself (Eq. 8-9 without forming ``I + R̂``)."""
+    eye = torch.eye(hat.shape[-1], dtype=hat.dtype, device=hat.device)
+    return row_normalize(hat) + eye
+
+
+def token_set_relevance(
+    steps: Sequence[tuple[str, str, Tensor]], sizes: dict[str, int], rollout: bool = False
+) -> dict[tuple[str, str], Tensor]:
+    """Every relevance matrix of a model with several token sets, matrix form.
+
+    ``steps`` are ``(query set, key set, map)`` in call order, the map ``[B, Nq, Nk]``: ``Ā``
+    (Eq. 5) for GAE. Section 3: ``R^{xx} = I``, ``R^{xy} = 0``. A call with equal sets applies
+    Eq. 6-7 to every ``R^{s·}``; a call across sets applies Eq. 10-11 (both from the old values).
+
+    Returns ``R^{xy}`` for ``x != y`` (missing pairs are zero) and, for ``x == y``, ``R̂^{xx} = R^{xx} − I``:
+    the identity is kept apart because the attention terms can be far below float32's resolution
+    around 1, and Eq. 8-9 subtract it again.
+
+    With ``rollout=True`` the maps are head-mean attention and a call within a set multiplies
+    every ``R^{s·}`` by ``rownorm(I + A)`` (rollout's own step); calls across sets still use
+    Eq. 10-11, which rollout has no counterpart for.
+    """
+    batch = steps[0][2].shape[0]
+    device = steps[0][2].device
+    rel: dict[tuple[str, str], Tensor] = {
+        (x, x): torch.zeros(batch, n, n, dtype=torch.float32, device=device) for x, n in sizes.items()
+    }
+
+    def full(x: str, y: str) -> Tensor | None:
+        """``R^{xy}`` with the identity put back on the diagonal pairs."""
+        found = rel.get((x, y))
+        if found is None or x != y:
+            return found
+        return found + torch.eye(sizes[x], dtype=found.dtype, device=found.device)
+
+    for s, q, amap in steps:
+        amap = _f32(amap)
+        if s == q:
+            step = _rollout_step_mean(amap) if rollout else None
+            for (x, y), r in list(rel.items()):
+                if x != s:
+                    continue
+                if rollout:
+                    eye = torch.eye(sizes[s], dtype=step.dtype, device=step.device)
+                    # (Â − I) + Â·R̂ for the diagonal pair, Â·R otherwise.
+                    rel[(x, y)] = (step - eye) + torch.bmm(step, r) if x == y else torch.bmm(step, r)
+                else:
+                    # R̂ + Ā(I + R̂) for the diagonal pair, R + Ā·R otherwise.
+                    rel[(x, y)] = r + amap + torch.bmm(amap, r) if x == y else apply_self_attention_rules(r, amap)
+            continue
+        hat_ss, hat_qq = rel[(s, s)], rel[(q, q)]
+        old_sq, old_qs = rel.get((s, q)), full(q, s)
+        add_sq = _bar_from_hat(hat_ss).transpose(-2, -1) @ amap @ _bar_from_hat(hat_qq)
+        rel[(s, q)] = add_sq if old_sq is None else old_sq + add_sq
+        if old_qs is not None:
+            rel[(s, s)] = hat_ss + amap @ old_qs
+    return rel
+
+
+def _rollout_step_mean(mean: Tensor) -> Tensor:
     eye = torch.eye(mean.shape[-1], dtype=mean.dtype, device=mean.device)
     return row_normalize(mean + eye)
+
+
+def _rollout_step(attn: Tensor) -> Tensor:
+    return _rollout_step_mean(_f32(attn).mean(dim=1))
 
 
 def rollout_map(attns: Sequence[Tensor]) -> Tensor:
@@ -109,7 +198,7 @@ def rollout_map(attns: Sequence[Tensor]) -> Tensor:
 
 def rollout_row(attns: Sequence[Tensor], query: Tensor) -> Tensor:
     """Row form of rollout: ``e_q^T Â_L ⋯ Â_1``, the last layer first. ``[B, N]``."""
-    row = one_hot_rows(query, attns[0].shape[-1])
+    row = start_rows(query, attns[0].shape[-1])
     for attn in reversed(attns):
         row, step = _common(row, _rollout_step(attn))
         row = torch.bmm(row.unsqueeze(1), step).squeeze(1)
@@ -117,6 +206,9 @@ def rollout_row(attns: Sequence[Tensor], query: Tensor) -> Tensor:
 
 
 def _select_rows(x: Tensor, query: Tensor) -> Tensor:
+    if query.is_floating_point():
+        row, x = _common(query, x)
+        return torch.bmm(row.unsqueeze(1), x).squeeze(1)
     return x[torch.arange(x.shape[0], device=x.device), query]
 
 
