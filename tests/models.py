@@ -164,3 +164,146 @@ def hf_reference(eager_model: nn.Module, samples: list[dict], score: Callable[[o
         grads = torch.autograd.grad(score(output, b), attns)
         out.append(([a[0].detach() for a in attns], [g[0] for g in grads]))
     return out
+
+
+class TinyCrossAttention(nn.Module):
+    """Queries from one token set, keys and values from another; ``sdpa`` or ``manual`` (keeps ``probs``)."""
+
+    def __init__(self, dim: int, heads: int, impl: str = "sdpa") -> None:
+        super().__init__()
+        self.heads, self.impl = heads, impl
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.probs: Tensor | None = None
+
+    def forward(self, x: Tensor, memory: Tensor, mask: Tensor | None = None) -> Tensor:
+        b, n, c = x.shape
+        m = memory.shape[1]
+        q = self.q(x).reshape(b, n, self.heads, c // self.heads).transpose(1, 2)
+        k, v = self.kv(memory).reshape(b, m, 2, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        if self.impl == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.heads)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            self.probs = scores.softmax(dim=-1)
+            out = self.probs @ v
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+
+class TinySeq2Seq(nn.Module):
+    """An SDPA encoder-decoder: encoder self-attention, causal decoder self-attention, cross-attention.
+
+    ``forward(src, tgt) -> logits [B, T, V]``; every attention is a ``TinyCrossAttention`` so that the
+    manual path keeps each probability tensor for the oracle.
+    """
+
+    def __init__(self, vocab: int = 11, dim: int = 16, heads: int = 2, enc_layers: int = 2, dec_layers: int = 2,
+                 impl: str = "sdpa") -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(1, 16, dim) * 0.3)
+        self.enc = nn.ModuleList(TinyCrossAttention(dim, heads, impl) for _ in range(enc_layers))
+        self.dec_self = nn.ModuleList(TinyCrossAttention(dim, heads, impl) for _ in range(dec_layers))
+        self.dec_cross = nn.ModuleList(TinyCrossAttention(dim, heads, impl) for _ in range(dec_layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        h = self.embed(src) + self.pos[:, : src.shape[1]]
+        for layer in self.enc:
+            x = self.norm(h)
+            h = h + layer(x, x)
+        memory = self.norm(h)
+        t = tgt.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool, device=tgt.device).tril()
+        y = self.embed(tgt) + self.pos[:, :t]
+        for sa, ca in zip(self.dec_self, self.dec_cross):
+            x = self.norm(y)
+            y = y + sa(x, x, causal)
+            y = y + ca(self.norm(y), memory)
+        return self.head(self.norm(y))
+
+    def set_impl(self, impl: str) -> "TinySeq2Seq":
+        for m in self.modules():
+            if isinstance(m, TinyCrossAttention):
+                m.impl = impl
+        return self
+
+
+def seq2seq_reference(model: TinySeq2Seq, src: Tensor, tgt: Tensor, score: Callable[[Tensor, int], Tensor]):
+    """Per sample, float64, manual path: ``[steps]`` with ``(query set, key set, attn, grad)`` in call order."""
+    ref = copy.deepcopy(model).double().eval().set_impl("manual")
+    out = []
+    for b in range(src.shape[0]):
+        logits = ref(src[b : b + 1], tgt[b : b + 1])
+        order = [("encoder", "encoder", m) for m in ref.enc]
+        for sa, ca in zip(ref.dec_self, ref.dec_cross):
+            order += [("decoder", "decoder", sa), ("decoder", "encoder", ca)]
+        probs = [m.probs for _, _, m in order]
+        grads = torch.autograd.grad(score(logits, b), probs)
+        out.append([(q, k, p[0].detach(), g[0]) for (q, k, _), p, g in zip(order, probs, grads)])
+    return out
+
+
+class TinyCoAttention(nn.Module):
+    """LXMERT-style: text and image self-attention streams, then co-attention layers in which text
+    attends to image and image attends to text (both from the old states), then self-attention again.
+    ``forward(ids, feats) -> logits [B, C]`` read from the text CLS token."""
+
+    def __init__(self, vocab: int = 13, feat: int = 5, dim: int = 16, heads: int = 2, classes: int = 3,
+                 impl: str = "sdpa") -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.proj = nn.Linear(feat, dim)
+        self.text_self = nn.ModuleList(TinyCrossAttention(dim, heads, impl) for _ in range(2))
+        self.image_self = nn.ModuleList(TinyCrossAttention(dim, heads, impl) for _ in range(2))
+        self.t2i = nn.ModuleList(TinyCrossAttention(dim, heads, impl) for _ in range(2))
+        self.i2t = nn.ModuleList(TinyCrossAttention(dim, heads, impl) for _ in range(2))
+        self.cross_text_self = nn.ModuleList(TinyCrossAttention(dim, heads, impl) for _ in range(2))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, ids: Tensor, feats: Tensor) -> Tensor:
+        t = self.embed(ids)
+        v = self.proj(feats)
+        for layer in self.text_self:
+            x = self.norm(t)
+            t = t + layer(x, x)
+        for layer in self.image_self:
+            x = self.norm(v)
+            v = v + layer(x, x)
+        for t2i, i2t, ts in zip(self.t2i, self.i2t, self.cross_text_self):
+            nt, nv = self.norm(t), self.norm(v)
+            t, v = t + t2i(nt, nv), v + i2t(nv, nt)
+            x = self.norm(t)
+            t = t + ts(x, x)
+        return self.head(self.norm(t)[:, 0])
+
+    def set_impl(self, impl: str) -> "TinyCoAttention":
+        for m in self.modules():
+            if isinstance(m, TinyCrossAttention):
+                m.impl = impl
+        return self
+
+    def call_order(self) -> list[tuple[str, str, nn.Module]]:
+        order = [("text", "text", m) for m in self.text_self] + [("image", "image", m) for m in self.image_self]
+        for t2i, i2t, ts in zip(self.t2i, self.i2t, self.cross_text_self):
+            order += [("text", "image", t2i), ("image", "text", i2t), ("text", "text", ts)]
+        return order
+
+
+def coattention_reference(model: TinyCoAttention, ids: Tensor, feats: Tensor, score: Callable[[Tensor, int], Tensor]):
+    ref = copy.deepcopy(model).double().eval().set_impl("manual")
+    out = []
+    for b in range(ids.shape[0]):
+        logits = ref(ids[b : b + 1], feats[b : b + 1].double())
+        order = ref.call_order()
+        probs = [m.probs for _, _, m in order]
+        # The last image-to-text layer feeds nothing the text CLS reads: its gradient is zero.
+        grads = torch.autograd.grad(score(logits, b), probs, allow_unused=True)
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(probs, grads)]
+        out.append([(q, k, p[0].detach(), g[0]) for (q, k, _), p, g in zip(order, probs, grads)])
+    return out

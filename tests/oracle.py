@@ -76,3 +76,51 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     expected = expected.double()
     scale = expected.abs().max().clamp(min=1e-30)
     return ((actual.double() - expected).abs().max() / scale).item()
+
+
+# --- several token sets: GAE_SPEC.md sections 3-6, one sample, dense, float64 -----------------------
+
+
+def residual_normalised(r: torch.Tensor) -> torch.Tensor:
+    """Eq. 8-9 written out row by row: (R - I) with each row divided by its sum (0/0 -> 0), plus I."""
+    n = r.shape[0]
+    out = r.double() - _eye(n)
+    for i in range(n):
+        total = out[i].sum()
+        out[i] = out[i] / total if total != 0 else torch.zeros(n, dtype=torch.float64)
+    return out + _eye(n)
+
+
+def gae_token_sets(steps, sizes: dict) -> dict:
+    """``steps``: ``(query set, key set, attn [H, Nq, Nk], grad)`` in call order; returns every R^{xy}.
+
+    R^{xx} = I and R^{xy} = 0 at the start; self-attention on s: R^{sy} += Abar R^{sy} for every y;
+    cross-attention from s to q: R^{sq} += Rbar^{ss}^T Abar Rbar^{qq} and R^{ss} += Abar R^{qs},
+    both computed from the old values.
+    """
+    rel = {}
+    for x, nx in sizes.items():
+        for y, ny in sizes.items():
+            rel[(x, y)] = _eye(nx) if x == y else torch.zeros(nx, ny, dtype=torch.float64)
+    for s, q, attn, grad in steps:
+        abar = head_average(attn, grad)
+        if s == q:
+            for y in sizes:
+                rel[(s, y)] = rel[(s, y)] + abar @ rel[(s, y)]
+        else:
+            add_sq = residual_normalised(rel[(s, s)]).T @ abar @ residual_normalised(rel[(q, q)])
+            add_ss = abar @ rel[(q, s)]
+            rel[(s, q)] = rel[(s, q)] + add_sq
+            rel[(s, s)] = rel[(s, s)] + add_ss
+    return rel
+
+
+def token_set_readout(rel: dict, query_set: str, query: int, sets: list) -> dict:
+    """Row ``query`` of R^{query_set, x} for each x; the query's own entry 0 in its own set."""
+    out = {}
+    for x in sets:
+        row = rel[(query_set, x)][query].clone()
+        if x == query_set:
+            row[query] = 0.0
+        out[x] = row
+    return out

@@ -315,7 +315,7 @@ def test_per_sample_query_indices():
         ({"target": lambda out: out}, r"target callable must return one scalar per sample, a Tensor of shape \[2\]; got \(2, 5\)"),
         ({"query": 17}, r"query \[17, 17\] is out of range for 17 tokens"),
         ({"query": "first"}, r"query='first': use a token index, 'last'"),
-        ({"query": [0, 1, 2]}, r"query has shape \(3,\); give one index, 'last', or 2 indices"),
+        ({"query": [0, 1, 2]}, r"query has shape \(3,\); give one index, 'last', 'mean', or 2 indices"),
     ],
 )
 def test_bad_arguments_say_what_to_do(kwargs, message):
@@ -338,7 +338,19 @@ def test_output_without_logits_asks_for_a_callable_target():
     assert exp.tokens.shape == (2, 17)
 
 
-def test_cross_attention_is_reported_with_its_module():
-    model = nn.Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=16, batch_first=True)
-    with pytest.raises(ValueError, match=r"attention at 'decoder.layers.0.multihead_attn' attends from 3 queries to 5 keys.*cross-attention"):
-        lg.explain(model, (torch.randn(2, 5, 8), torch.randn(2, 3, 8)), target=lambda out: out[:, 0, 0])
+def test_a_token_set_that_changes_size_is_reported_with_its_module():
+    """A model that drops tokens between layers is not chained into one set: the error names both modules."""
+
+    class Dropper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = nn.MultiheadAttention(8, 2, batch_first=True)
+            self.second = nn.MultiheadAttention(8, 2, batch_first=True)
+
+        def forward(self, x):
+            x = x + self.first(x, x, x)[0]
+            x = x[:, :3]
+            return (x + self.second(x, x, x)[0])[:, 0, :2]
+
+    with pytest.raises(ValueError, match=r"token set 'tokens' changes size: 'first' sees 5 tokens, 'second' sees 3"):
+        lg.explain(Dropper().eval(), torch.randn(2, 5, 8))
