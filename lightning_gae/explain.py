@@ -226,6 +226,20 @@ def _set_maps(method: str, sets: TokenSets, grads: list[Tensor], keeps: dict[str
     return maps
 
 
+def _readers(sets: TokenSets) -> dict[str, str]:
+    """For every set, the set whose token it is read from: its pooling token, the query set it is
+    joined to by cross-attention, or itself (a tower read at its own token)."""
+    reader = {}
+    for x in sets.sizes:
+        if x in sets.pools:
+            reader[x] = sets.pools[x]
+        elif sets.joined(x, sets.query_set):
+            reader[x] = sets.query_set
+        else:
+            reader[x] = x
+    return reader
+
+
 def _multi_set_rows(method: str, sets: TokenSets, grads: list[Tensor], keeps: dict[str, Tensor],
                     starts: dict[str, Tensor]) -> dict[str, Tensor]:
     """Readout rows of every set for a model with several token sets (section 6-7b of GAE_SPEC.md).
@@ -236,9 +250,7 @@ def _multi_set_rows(method: str, sets: TokenSets, grads: list[Tensor], keeps: di
     """
     maps = _set_maps(method, sets, grads, keeps)
     steps = list(zip(sets.query_sets, sets.key_sets, maps))
-    reader = {x: sets.query_set if sets.joined(x, sets.query_set) else x for x in sets.sizes}
-    for tower, pool in sets.pools.items():
-        reader[tower] = pool if not sets.joined(tower, sets.query_set) else reader[tower]
+    reader = _readers(sets)
     rows: dict[str, Tensor] = {}
     if method in _LAST_LAYER_ONLY:
         # The last call whose queries are the reading set and whose keys are x.
@@ -370,7 +382,7 @@ def explain(
             for x, row in rows.items():
                 if x in sets.pools.values():
                     continue
-                own = x == sets.query_set or (not sets.joined(x, sets.query_set) and x not in sets.pools)
+                own = single or _readers(sets)[x] == x
                 row = _hide_own(row, starts[x]) if own else row
                 relevance[x] = row.masked_fill(~keeps[x], 0.0).to(torch.float32).detach()
     tokens = relevance.get(sets.query_set)

@@ -305,14 +305,20 @@ def _declare_hint(path: str) -> str:
     )
 
 
-def _name_sets(paths: dict[int, list[str]], edges: set[tuple[int, int]]) -> dict[int, str]:
+def _name_sets(paths: dict[int, list[str]], edges: set[tuple[int, int]], sizes: dict[int, int]) -> dict[int, str]:
     """Readable names for inferred sets.
 
     Two sets where one only reads the other through cross-attention are ``"decoder"`` and
     ``"encoder"``; otherwise a set is named after the first module-path component that tells its
     first call apart from the other sets' (``"text_model"``, ``"vision_model"``); one set is
-    ``"tokens"``; a module run again in the same forward gives ``name#1``, ``name#2``.
+    ``"tokens"``; a module run again in the same forward gives ``name#1``, ``name#2``; a one-token
+    set that only attends to another set (an attention-pooling probe) is ``"pool"``.
     """
+    probes = {q for q, _ in edges if sizes.get(q) == 1 and all(k != q for _, k in edges)}
+    if probes:
+        rest = _name_sets({s: p for s, p in paths.items() if s not in probes},
+                          {(q, k) for q, k in edges if q not in probes}, sizes)
+        return {**rest, **{s: "pool" if i == 0 else f"pool#{i}" for i, s in enumerate(sorted(probes))}}
     if len(paths) == 1:
         return {s: "tokens" for s in paths}
     if len(paths) == 2 and len(edges) == 1:
@@ -417,7 +423,11 @@ def assign_token_sets(records: Sequence[AttentionRecord], model: nn.Module, stre
             inferred[int(q[1:])].append(rec.path)
         if q != k and q.startswith("\0") and k.startswith("\0"):
             edges.add((int(q[1:]), int(k[1:])))
-    names = {f"\0{i}": n for i, n in _name_sets(inferred, edges).items()}
+    raw_sizes: dict[int, int] = {}
+    for rec, q in zip(records, query_sets):
+        if q.startswith("\0"):
+            raw_sizes.setdefault(int(q[1:]), rec.num_queries)
+    names = {f"\0{i}": n for i, n in _name_sets(inferred, edges, raw_sizes).items()}
     taken = {s for s in query_sets + key_sets if not s.startswith("\0")}
     for raw, name in list(names.items()):
         while name in taken:

@@ -422,3 +422,44 @@ def test_kv_cache_decode_step_raises_and_says_what_to_do():
         past = model(ids, use_cache=True).past_key_values
     with pytest.raises(ValueError, match=r"KV cache.*use_cache=False"):
         lg.explain(model, {"input_ids": ids[:, -1:], "past_key_values": past, "use_cache": True}, query="last")
+
+
+# --- attention pooling with one learned query (timm global_pool="map", SigLIP's head) ---------------
+
+
+class MapPooled(nn.Module):
+    """Self-attention blocks, then one learned probe token attending to all tokens: the readout."""
+
+    def __init__(self, impl="sdpa"):
+        super().__init__()
+        from models import TinyBlock, TinyCrossAttention
+
+        self.blocks = nn.ModuleList(TinyBlock(16, 2, impl) for _ in range(2))
+        self.probe = nn.Parameter(torch.randn(1, 1, 16))
+        self.pool = TinyCrossAttention(16, 2, impl)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.pool(self.probe.expand(x.shape[0], -1, -1), x)[:, 0])
+
+
+def test_attention_pooling_probe_is_read_as_the_readout():
+    torch.manual_seed(14)
+    model = MapPooled().eval()
+    x = torch.randn(2, 6, 16)
+    exp = lg.explain(model, x, target=1)
+    assert list(exp.relevance) == ["tokens"] and exp.tokens.shape == (2, 6)
+    ref = copy.deepcopy(model).double()
+    for m in ref.modules():
+        if hasattr(m, "impl"):
+            m.impl = "manual"
+    for b in range(2):
+        logits = ref(x[b : b + 1].double())
+        probs = [blk.attn.probs for blk in ref.blocks] + [ref.pool.probs]
+        grads = torch.autograd.grad(logits[0, 1], probs)
+        steps = [("x", "x", p[0].detach(), g[0]) for p, g in zip(probs[:-1], grads[:-1])]
+        steps.append(("p", "x", probs[-1][0].detach(), grads[-1][0]))
+        rel = gae_token_sets(steps, {"x": 6, "p": 1})
+        assert relative_error(exp.tokens[b], rel[("p", "x")][0]) < TOL
