@@ -1,5 +1,6 @@
 """lightning_gae.metrics: hand-computed small cases, known evidence, torchmetrics plumbing and DDP."""
 
+import doctest
 import math
 import os
 import socket
@@ -27,7 +28,9 @@ from lightning_gae.metrics import (
     RationaleAgreement,
     RelevanceSegmentation,
     Sufficiency,
+    agreement,
     functional,
+    perturbation,
     perturbation_metric,
     random_attribution,
 )
@@ -463,6 +466,13 @@ def test_explanation_stability_by_hand():
 
 
 # --- torchmetrics plumbing ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", [functional.perturbation, functional.segmentation, functional.stability,
+                                    perturbation, agreement], ids=lambda m: m.__name__)
+def test_docstring_examples_compute_what_they_say(module):
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_metrics_plot_and_keep_the_model_out_of_their_state():
