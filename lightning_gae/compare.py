@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from lightning_gae import visualize
 from lightning_gae.explain import METHODS, eval_mode, explain, map_tensors, model_logits
 from lightning_gae.metrics import PERTURBATION_METRICS, perturbation_metric, random_attribution
-from lightning_gae.metrics.functional.perturbation import _class_index, _forward_logits
+from lightning_gae.metrics.functional.perturbation import Protocol, _check_protocol, _class_index, _forward_logits
 from lightning_gae.modalities import ImageTokens, Modality
 
 __all__ = ["ATTRIBUTION_METHODS", "DEFAULT_METHODS", "Comparison", "attribute", "compare", "comparison_grid", "infer_modality"]
@@ -285,15 +285,18 @@ class Comparison:
             step's wall-clock time per sample}.
         num_samples: how many samples were scored.
         higher_is_better: metric name -> its direction (the metric's ``higher_is_better``).
+        protocol: which class was explained and scored, ``"target"`` or ``"predicted"`` (see :func:`compare`).
     """
 
     methods: dict[str, dict[str, float]]
     num_samples: int
     higher_is_better: dict[str, bool] = field(default_factory=dict)
+    protocol: str = "target"
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"methods": {name: {metric: value, ..., "seconds_per_sample": s}}, "num_samples": n}``, JSON-ready."""
-        return {"methods": {name: dict(values) for name, values in self.methods.items()}, "num_samples": self.num_samples}
+        """``{"methods": {name: {metric: value, ..., "seconds_per_sample": s}}, "num_samples": n, "protocol": p}``, JSON-ready."""
+        return {"methods": {name: dict(values) for name, values in self.methods.items()}, "num_samples": self.num_samples,
+                "protocol": self.protocol}
 
     def to_json(self) -> str:
         """:meth:`to_dict` as indented JSON."""
@@ -350,17 +353,27 @@ def compare(
     max_batch: int = 256,
     embedding_layer: str | nn.Module | None = None,
     seed: int = 0,
+    protocol: Protocol = "target",
 ) -> Comparison:
     """Score every attribution method with every perturbation metric on the same samples and targets.
 
-    The targets are fixed once for all methods (the model's predictions when ``target`` is None).
-    Samples go through :func:`attribute` and the metrics ``batch_size`` at a time; only the
-    attribution step is timed (``time.perf_counter``), the metrics' own forwards are not.
+    The classes explained are fixed once for all methods. Samples go through :func:`attribute` and
+    the metrics ``batch_size`` at a time; only the attribution step is timed
+    (``time.perf_counter``), the metrics' own forwards are not.
+
+    The two protocols of the CVPR 2021 table, with the labels as ``target``:
+
+    - ``protocol="target"``: every method explains ``target`` (None: the model's predictions) and
+      the metrics score that class: accuracy is "the prediction is still ``target``";
+    - ``protocol="predicted"``: every method explains the model's prediction, the probability
+      metrics score it, and accuracy is "the prediction equals the label ``target``" (None: the
+      unperturbed prediction), so the curve starts at the model's accuracy.
 
     Args:
         model: the classifier (logits ``[B, C]``, a tuple or ``.logits``); it is left in the mode it had.
         inputs: the samples: a tensor or a mapping of keyword arguments (see :func:`attribute`).
-        target: None (the predictions), an int, or one class per sample.
+        target: None, an int, or one class per sample (usually the labels): the class explained
+            and scored, or the labels the prediction is checked against (``protocol``).
         methods: names from :data:`ATTRIBUTION_METHODS`.
         metrics: names from :data:`lightning_gae.metrics.PERTURBATION_METRICS`.
         modality: how inputs are removed and tokens mapped (``ImageTokens``, ``TextTokens``,
@@ -369,14 +382,15 @@ def compare(
         max_batch: at most this many perturbed inputs per forward pass of a metric.
         embedding_layer: the embedding of token-id inputs for Captum's methods (see :func:`attribute`).
         seed: seed of ``"random"`` and GradientSHAP; batch ``i`` uses ``seed + i``.
+        protocol: ``"target"`` or ``"predicted"``, as above.
 
     Returns:
         A :class:`Comparison`; ``to_markdown()`` and ``to_dict()`` give the table.
 
     Raises:
-        ValueError: an unknown method or metric (the message lists the known ones), a modality that
-            cannot be inferred (the message names ``modality=``), ``batch_size < 1``, or anything
-            :func:`attribute` rejects.
+        ValueError: an unknown method, metric or protocol (the message lists the known ones), a
+            modality that cannot be inferred (the message names ``modality=``), ``batch_size < 1``,
+            or anything :func:`attribute` rejects.
 
     Example::
 
@@ -385,6 +399,9 @@ def compare(
         result = compare(vit, images, methods=("gae", "rollout", "random", "integrated_gradients"))
         print(result.to_markdown())
         result.methods["gae"]["positive_perturbation_auc"]     # lower is better
+        # The paper's two columns, scored against the labels:
+        predicted = compare(vit, images, labels, protocol="predicted")
+        target = compare(vit, images, labels, protocol="target")
     """
     unknown = [m for m in methods if m not in ATTRIBUTION_METHODS]
     if unknown or not methods:
@@ -394,33 +411,39 @@ def compare(
         raise ValueError(f"metrics={list(metrics)}: choose from {list(PERTURBATION_METRICS)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    _check_protocol(protocol)
     x, _ = _batch_tensor(inputs)
     total = x.shape[0]
     starts = range(0, total, batch_size)
-    if target is None:
-        targets = torch.cat([_predict(model, _take(inputs, s, s + batch_size, total)) for s in starts])
+    given = None if target is None else _class_index(target, total, x.device)
+    if given is None or protocol == "predicted":
+        explained = torch.cat([_predict(model, _take(inputs, s, s + batch_size, total)) for s in starts])
     else:
-        targets = _class_index(target, total, x.device)
+        explained = given
+    # What the metrics are told: the class scored ("target"), or the labels to check against ("predicted").
+    scored = explained if protocol == "target" else given
     if modality is None:
         modality = infer_modality(model, inputs)
 
     results: dict[str, dict[str, float]] = {}
     directions: dict[str, bool] = {}
     for method in methods:
-        scorers = {name: perturbation_metric(name, model, modality, max_batch=max_batch, sync_on_compute=False)
-                   for name in metrics}
+        scorers = {name: perturbation_metric(name, model, modality, max_batch=max_batch, sync_on_compute=False,
+                                             protocol=protocol) for name in metrics}
         seconds = 0.0
         for index, start in enumerate(starts):
-            chunk, chunk_target = _take(inputs, start, start + batch_size, total), targets[start : start + batch_size]
+            stop = start + batch_size
+            chunk = _take(inputs, start, stop, total)
             began = time.perf_counter()
-            attributions = attribute(method, model, chunk, chunk_target, embedding_layer=embedding_layer, seed=seed + index)
+            attributions = attribute(method, model, chunk, explained[start:stop], embedding_layer=embedding_layer,
+                                     seed=seed + index)
             seconds += time.perf_counter() - began
             for scorer in scorers.values():
-                scorer.update(chunk, attributions, chunk_target)
+                scorer.update(chunk, attributions, None if scored is None else scored[start:stop])
         results[method] = {name: float(scorer.compute()) for name, scorer in scorers.items()}
         results[method]["seconds_per_sample"] = seconds / total
         directions = {name: bool(scorer.higher_is_better) for name, scorer in scorers.items()}
-    return Comparison(methods=results, num_samples=total, higher_is_better=directions)
+    return Comparison(methods=results, num_samples=total, higher_is_better=directions, protocol=protocol)
 
 
 def comparison_grid(

@@ -147,6 +147,11 @@ class ImageTokens(Modality):
         Raises:
             ValueError: if the token count does not fit ``patch_size`` and ``prefix_tokens``.
         """
+        grid = self._patch_grid(tokens, inputs)[:, None]
+        return F.interpolate(grid, size=tuple(inputs.shape[-2:]), mode="bilinear", align_corners=False)[:, 0]
+
+    def _patch_grid(self, tokens: Tensor, inputs: Tensor) -> Tensor:
+        """The patch tokens' relevance as float32 ``[B, rows, cols]``, the prefix dropped."""
         if not isinstance(inputs, Tensor) or inputs.dim() != 4:
             raise ValueError(f"ImageTokens needs images [B, C, H, W]; got {getattr(inputs, 'shape', type(inputs).__name__)}")
         _check_tokens(tokens, inputs.shape[0])
@@ -160,8 +165,7 @@ class ImageTokens(Modality):
                 f"prefix_tokens={self.prefix_tokens}, which give {self.prefix_tokens} + {rows}x{cols} = "
                 f"{self.prefix_tokens + rows * cols} tokens{hint}"
             )
-        grid = tokens[:, self.prefix_tokens :].float().reshape(-1, 1, rows, cols)
-        return F.interpolate(grid, size=(height, width), mode="bilinear", align_corners=False)[:, 0]
+        return tokens[:, self.prefix_tokens :].float().reshape(-1, rows, cols)
 
     def pixel_map(self, attributions: Tensor, inputs: Tensor) -> Tensor:
         """Any attribution of ``inputs [B, C, H, W]`` as float32 ``[B, H, W]``.
@@ -183,7 +187,14 @@ class ImageTokens(Modality):
         )
 
     def unit_scores(self, attributions: Tensor, inputs: Tensor) -> Tensor:
-        """Pixels ``[B, H*W]`` (row-major) or, with ``removal="patch"``, patch means ``[B, rows*cols]``."""
+        """Pixels ``[B, H*W]`` (row-major) or, with ``removal="patch"``, patches ``[B, rows*cols]``.
+
+        Patches are ranked by their own token's relevance (token relevance ``[B, N]``), or by the
+        mean of a pixel map's patch (Captum's maps): the bilinear upsampling of :meth:`to_input`
+        blends neighbouring tokens and could reorder the patches.
+        """
+        if self.removal == "patch" and attributions.dim() == 2:
+            return self._patch_grid(attributions, inputs).flatten(1)
         pixels = self.pixel_map(attributions, inputs)
         if self.removal == "patch":
             rows, cols = pixels.shape[-2] // self.patch_size, pixels.shape[-1] // self.patch_size
@@ -438,12 +449,13 @@ class TabularTokens(Modality):
     Args:
         feature_names: one name per feature, in token order.
         prefix_tokens: tokens before the features (1 for a CLS token).
-        means: the value a removed feature takes (its mean over the training data, in the scale the
-            model sees); None: its mean over the batch being scored.
+        means: the value a removed feature takes, one per feature: its mean over the training
+            data, in the scale the model sees (:meth:`fit` computes them). Without it, mapping
+            and drawing work, but the faithfulness metrics cannot remove features.
 
     Example::
 
-        modality = TabularTokens(["age", "income", "height"])
+        modality = TabularTokens(["age", "income", "height"]).fit(train_features)
         per_feature = modality.to_input(explain(ft_transformer, x).tokens, x)   # [B, 3]
     """
 
@@ -458,6 +470,16 @@ class TabularTokens(Modality):
 
     def __repr__(self) -> str:
         return f"TabularTokens({len(self.feature_names)} features, prefix_tokens={self.prefix_tokens})"
+
+    def fit(self, features: Tensor) -> TabularTokens:
+        """Set ``means`` to the column means of the training features ``[n, F]`` (as the model sees them); returns self.
+
+        A fixed fill makes a removed feature mean the same in every batch: the batch's own mean
+        would leave a batch of one unperturbed and make scores depend on the batch size.
+        """
+        features = self._features(features)
+        self.means = tuple(float(m) for m in features.detach().cpu().double().mean(dim=0))
+        return self
 
     def to_input(self, tokens: Tensor, inputs: Any = None) -> Tensor:
         """Relevance per feature.
@@ -497,10 +519,18 @@ class TabularTokens(Modality):
         return torch.ones_like(self._features(inputs), dtype=torch.bool)
 
     def remove(self, inputs: Tensor, drop: Tensor, fill: Tensor | None = None) -> Tensor:
-        """Dropped features take ``means`` (or the batch mean, or ``fill``'s values)."""
+        """Dropped features take ``means`` (or ``fill``'s values).
+
+        Raises:
+            ValueError: without ``means`` or ``fill`` (the message says how to give them).
+        """
         features = self._features(inputs)
         if fill is None:
-            fill = features.mean(dim=0, keepdim=True) if self.means is None else torch.tensor(self.means).to(features)
+            if self.means is None:
+                raise ValueError("TabularTokens has no value to put in place of a removed feature: pass "
+                                 "means=[...] (the training set's feature means, in the scale the model sees) "
+                                 "or call modality.fit(train_features)")
+            fill = torch.tensor(self.means).to(features)
         return torch.where(drop.to(features.device), fill, features)
 
     def render(self, x: Tensor | None, relevance: Tensor | None, title: str) -> np.ndarray:

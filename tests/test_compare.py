@@ -12,6 +12,7 @@ from torch import nn
 import lightning_gae as lg
 from lightning_gae.compare import ATTRIBUTION_METHODS, Comparison, attribute, compare, comparison_grid
 from lightning_gae.metrics import PERTURBATION_METRICS, perturbation_metric
+from lightning_gae.metrics.functional import PROTOCOLS
 from lightning_gae.modalities import ImageTokens, TextTokens
 from recipes.vit import ViTClassifier
 
@@ -208,6 +209,37 @@ def test_compare_ranks_the_known_evidence_above_random():
     assert all(v["seconds_per_sample"] > 0 for v in result.methods.values())
 
 
+def test_compare_protocols_explain_the_prediction_or_the_label_scored_against_the_label():
+    model = EvidenceViT()
+    images = torch.rand(12, 1, 8, 8, generator=torch.Generator().manual_seed(8))
+    predictions = model(images).argmax(dim=1)
+    labels = predictions.clone()
+    labels[:4] = 1 - labels[:4]                          # a third of the labels disagree with the model
+    metrics = ("positive_perturbation_auc", "deletion_auc")
+    modality = ImageTokens(2)
+    results = {p: compare(model, images, labels, methods=("gae",), metrics=metrics, batch_size=8, protocol=p)
+               for p in PROTOCOLS}
+    explained = {"predicted": predictions, "target": labels}
+    for protocol, result in results.items():
+        assert result.protocol == protocol and result.to_dict()["protocol"] == protocol
+        attributions = attribute("gae", model, images, explained[protocol])
+        for name in metrics:
+            reference = perturbation_metric(name, model, modality, protocol=protocol)
+            reference.update(images, attributions, labels)
+            assert result.methods["gae"][name] == pytest.approx(reference.compute().item(), abs=1e-5), (protocol, name)
+    # Scored against the labels, the "predicted" curve starts at the model's accuracy; "target" explains the label.
+    start = perturbation_metric("positive_perturbation_auc", model, modality, protocol="predicted")
+    start.update(images, attribute("gae", model, images, predictions), labels)
+    assert start.curve()[0].item() == pytest.approx(8 / 12)
+    assert results["predicted"].methods["gae"] != results["target"].methods["gae"]
+    # Without labels both protocols explain and score the predictions.
+    unlabelled = [compare(model, images, methods=("gae",), metrics=metrics, protocol=p).methods["gae"] for p in PROTOCOLS]
+    assert {k: v for k, v in unlabelled[0].items() if k != "seconds_per_sample"} == \
+        pytest.approx({k: v for k, v in unlabelled[1].items() if k != "seconds_per_sample"})
+    with pytest.raises(ValueError, match="protocol='label'"):
+        compare(model, images, labels, methods=("gae",), protocol="label")
+
+
 def test_compare_scores_every_method_with_every_metric_in_range(vit):
     images = torch.rand(10, 1, 8, 8, generator=torch.Generator().manual_seed(7))
     methods = ("gae", "attn_gradcam", "random", "input_x_gradient")
@@ -222,7 +254,7 @@ def test_compare_scores_every_method_with_every_metric_in_range(vit):
             assert low <= result.methods[method][name] <= high, (method, name)
 
     as_dict = json.loads(json.dumps(result.to_dict()))
-    assert as_dict == {"methods": result.methods, "num_samples": 10}
+    assert as_dict == {"methods": result.methods, "num_samples": 10, "protocol": "target"}
 
     table = result.to_markdown().strip().splitlines()
     assert len(table) == 2 + len(methods)

@@ -1,5 +1,6 @@
 """lightning_gae.metrics: hand-computed small cases, known evidence, torchmetrics plumbing and DDP."""
 
+import doctest
 import math
 import os
 import socket
@@ -11,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 from torchmetrics import MetricCollection
+from torchmetrics.wrappers import MetricTracker
 
 from lightning_gae import ImageTokens, TabularTokens, TextTokens
 from lightning_gae.metrics import (
@@ -18,12 +20,18 @@ from lightning_gae.metrics import (
     Comprehensiveness,
     DeletionAUC,
     ExplanationStability,
+    PERTURBATION_METRICS,
     InsertionAUC,
+    NegativePerturbationAUC,
     PerturbationAUC,
+    PositivePerturbationAUC,
     RationaleAgreement,
     RelevanceSegmentation,
     Sufficiency,
+    agreement,
     functional,
+    perturbation,
+    perturbation_metric,
     random_attribution,
 )
 
@@ -78,6 +86,33 @@ def test_perturbation_auc_by_hand():
     assert prob.compute().item() == pytest.approx(100 * area, rel=1e-5)
     assert functional.perturbation_auc(SumModel(), TAB, FEATURES, FEATURES.clone(), 1, "positive", fractions).item() == \
         pytest.approx(12.5)
+
+
+def test_protocols_score_the_prediction_or_the_target_against_the_label():
+    fractions = (0.0, 0.25, 0.5, 0.75)
+    # The model predicts 1 (sum 3.75 > 1.9); the label is 0. Removing the top features: 3.75, 1.75, 0.75, 0.25.
+    def auc(protocol, target, score="accuracy"):
+        metric = PositivePerturbationAUC(SumModel(), TAB, fractions=fractions, score=score, protocol=protocol)
+        metric.update(FEATURES, FEATURES.clone(), target)
+        return metric.curve().tolist(), metric.compute().item()
+
+    # "predicted" with the label: accuracy against the label starts at the model's accuracy (0 here).
+    assert auc("predicted", 0) == ([0.0, 1.0, 1.0, 1.0], pytest.approx(100 * (0.25 * 0.5 + 0.25 + 0.25)))
+    # "predicted" without labels: accuracy against the unperturbed prediction.
+    assert auc("predicted", None) == ([1.0, 0.0, 0.0, 0.0], pytest.approx(12.5))
+    # "target": the label is the class scored, so the accuracy is the same, but its probability is scored.
+    assert auc("target", 0)[0] == [0.0, 1.0, 1.0, 1.0]
+    predicted_probability = [sigmoid(s - 1.9) for s in (3.75, 1.75, 0.75, 0.25)]
+    assert auc("predicted", 0, "probability")[0] == pytest.approx(predicted_probability, rel=1e-5)
+    assert auc("target", 0, "probability")[0] == pytest.approx([1 - p for p in predicted_probability], rel=1e-5)
+    # Deletion and ERASER score the probability of the class the protocol names.
+    deletion = {p: DeletionAUC(SumModel(), TAB, fractions=(0.0, 1.0), protocol=p) for p in ("predicted", "target")}
+    for metric in deletion.values():
+        metric.update(FEATURES, FEATURES.clone(), 0)
+    assert deletion["predicted"].curve().tolist() == pytest.approx([sigmoid(3.75 - 1.9), sigmoid(-1.9)], rel=1e-5)
+    assert deletion["target"].curve().tolist() == pytest.approx([sigmoid(1.9 - 3.75), sigmoid(1.9)], rel=1e-5)
+    with pytest.raises(ValueError, match="protocol='label'.*'predicted'"):
+        perturbation_metric("aopc", SumModel(), TAB, protocol="label")
 
 
 def test_target_none_scores_the_unperturbed_prediction_and_states_accumulate():
@@ -196,14 +231,25 @@ def test_text_removal_never_touches_special_or_padded_tokens():
         dropped.remove(ids, torch.ones(2, 5, dtype=torch.bool))
 
 
-def test_tabular_removal_uses_the_given_means_or_the_batch_mean():
+def test_tabular_removal_uses_fixed_means_so_scores_do_not_depend_on_the_batch():
     x = torch.tensor([[1.0, 2.0], [3.0, 6.0]])
     drop = torch.tensor([[True, False], [False, True]])
     assert TabularTokens(["a", "b"], means=[10.0, 20.0]).remove(x, drop).tolist() == [[10.0, 2.0], [3.0, 20.0]]
-    assert TabularTokens(["a", "b"]).remove(x, drop).tolist() == [[2.0, 2.0], [3.0, 4.0]]
     # Token relevance [B, 1 + F] and a feature map [B, F] score the same features.
     tokens = torch.tensor([[9.0, 0.1, 0.2], [9.0, 0.3, 0.4]])
     assert torch.equal(TabularTokens(["a", "b"]).unit_scores(tokens, x), tokens[:, 1:])
+    # Scored one at a time or all together, each sample's curve is the same, and a lone sample is perturbed.
+    generator = torch.Generator().manual_seed(5)
+    features = torch.rand(6, 4, generator=generator) * 2
+    modality = TabularTokens(["a", "b", "c", "d"], prefix_tokens=0).fit(torch.rand(100, 4, generator=generator))
+    attributions = torch.rand(6, 4, generator=generator)
+    curve = functional.perturbation_curve(SumModel(threshold=2.0), modality, features, attributions, score="probability")
+    alone = torch.stack([functional.perturbation_curve(SumModel(threshold=2.0), modality, features[i : i + 1],
+                                                       attributions[i : i + 1], score="probability") for i in range(6)])
+    torch.testing.assert_close(alone.mean(dim=0), curve)
+    assert (alone[:, -1] < alone[:, 0] - 0.05).all()
+    with pytest.raises(ValueError, match="fit"):
+        functional.perturbation_auc(SumModel(), TabularTokens(["a", "b", "c", "d"], prefix_tokens=0), FEATURES, FEATURES)
 
 
 def test_removal_counts_and_ranking():
@@ -252,6 +298,56 @@ def test_an_oracle_attribution_beats_random_where_the_evidence_is_known():
     assert positive.curve()[2:].max() == 0.0 and positive.curve()[0] == 1.0
 
 
+def test_a_metric_collection_keeps_every_metric_apart():
+    # The first batch sits at the removal value: nothing any metric removes changes the model, so
+    # positive and negative curves, deletion and insertion, and the three ERASER means start equal.
+    # torchmetrics merges metrics whose states are equal after the first update into one compute
+    # group and from then on updates only its first member.
+    blind, target = torch.zeros(3, 4), torch.tensor([1, 1, 0])
+    updates = [(blind, torch.rand(3, 4, generator=torch.Generator().manual_seed(0)), target),
+               (FEATURES, FEATURES.clone(), 1)]
+    collection = MetricCollection({name: perturbation_metric(name, SumModel(), TAB) for name in PERTURBATION_METRICS})
+    for update in updates:
+        collection.update(*update)
+    together = {k: v.item() for k, v in collection.compute().items()}
+    assert len(collection.compute_groups) == len(PERTURBATION_METRICS)
+    for name in PERTURBATION_METRICS:
+        alone = perturbation_metric(name, SumModel(), TAB)
+        for update in updates:
+            alone.update(*update)
+        assert together[name] == pytest.approx(alone.compute().item(), abs=1e-6), name
+    assert together["positive_perturbation_auc"] != pytest.approx(together["negative_perturbation_auc"])
+    assert together["deletion_auc"] != pytest.approx(together["insertion_auc"])
+    # Class attributes, as torchmetrics declares them; PerturbationAUC(order=...) builds the right class.
+    assert (PositivePerturbationAUC.higher_is_better, NegativePerturbationAUC.higher_is_better) == (False, True)
+    assert type(PerturbationAUC(SumModel(), TAB, order="negative")) is NegativePerturbationAUC
+    # Same order, another score or protocol: other state names, never one group.
+    pair = MetricCollection({"accuracy": PositivePerturbationAUC(SumModel(), TAB),
+                             "probability": PositivePerturbationAUC(SumModel(), TAB, score="probability"),
+                             "predicted": PositivePerturbationAUC(SumModel(), TAB, protocol="predicted")})
+    pair.update(*updates[0])
+    assert len(pair.compute_groups) == 3
+
+
+def test_clones_share_the_model_and_keep_their_own_states():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    metric = NegativePerturbationAUC(model, TAB, score="probability")
+    tracker = MetricTracker(metric)
+    tracker.increment()
+    clones = [metric.clone(), MetricCollection({"m": metric}).clone()["m"], tracker[-1]]
+    x = torch.rand(3, 4, generator=torch.Generator().manual_seed(1))
+    metric.update(x, x)
+    for clone in clones:
+        assert clone.forward_fn is model
+        assert {id(p) for p in clone.forward_fn.parameters()} == {id(p) for p in model.parameters()}
+        assert type(clone) is NegativePerturbationAUC and clone.score == "probability"
+        clone.update(x, x)
+        assert clone.compute().item() == pytest.approx(metric.compute().item())
+    clones[0].update(x, x)
+    assert clones[0].negative_probability_target_count.item() == 6
+    assert metric.negative_probability_target_count.item() == 3
+
+
 def test_random_attribution_is_seeded():
     like = torch.zeros(3, 17)
     assert torch.equal(random_attribution(like, 1), random_attribution(like, 1))
@@ -267,13 +363,15 @@ def test_relevance_segmentation_by_hand():
     metric = RelevanceSegmentation()
     metric.update(maps[:1], masks[:1])
     first = metric.compute()
-    assert first["pixel_accuracy"] == 1.0 and first["miou"] == 1.0 and first["average_precision"] == 1.0
+    assert first["pixel_accuracy"] == 1.0 and first["miou"] == 1.0 and first["mean_ap"] == 1.0
     metric.update(maps[1:], masks[1:])
     out = metric.compute()
-    # Over both: TP 1, FP 1, FN 1, TN 5. AP of the second map: the true pixel ties with two negatives at 0 -> 1/4.
+    # Over both: TP 1, FP 1, FN 1, TN 5. AP of the second map, both channels in one ranking: at 1
+    # the foreground pixel 1 and background pixel 0 (negatives) tie with background pixels 2 and 3
+    # (positives): precision 1/2 at recall 1/2; then everything: 4/8 at recall 1.
     assert out["pixel_accuracy"].item() == pytest.approx(6 / 8)
     assert out["miou"].item() == pytest.approx((1 / 3 + 5 / 7) / 2)
-    assert out["average_precision"].item() == pytest.approx((1.0 + 0.25) / 2)
+    assert out["mean_ap"].item() == pytest.approx((1.0 + 0.5) / 2)
     assert functional.relevance_segmentation(maps, masks)["miou"].item() == pytest.approx(out["miou"].item())
     # Token relevance through the modality: the CLS token dropped, 2x2 patches of a 4x4 mask.
     tokens = torch.tensor([[5.0, 1.0, 0.0, 0.0, 0.0]])
@@ -281,9 +379,54 @@ def test_relevance_segmentation_by_hand():
     mask[0, :2, :2] = 1
     seg = RelevanceSegmentation(ImageTokens(patch_size=2))
     seg.update(tokens, mask)
-    assert seg.compute()["average_precision"].item() == pytest.approx(1.0)
+    assert seg.compute()["mean_ap"].item() == pytest.approx(1.0)
     with pytest.raises(ValueError, match="modality=ImageTokens"):
         RelevanceSegmentation().update(tokens, mask)
+
+
+def average_precision_oracle(scores, labels):
+    """Sum over the distinct thresholds, high to low, of the recall gained times the precision there."""
+    positives, ap, recalled = sum(labels), 0.0, 0.0
+    for threshold in sorted(set(scores), reverse=True):
+        chosen = [label for score, label in zip(scores, labels) if score >= threshold]
+        recall = sum(chosen) / positives
+        ap += (recall - recalled) * sum(chosen) / len(chosen)
+        recalled = recall
+    return ap
+
+
+def segmentation_ap_oracle(relevance, mask):
+    """One sample, float64: min-max, then the background channel 1 - m and the foreground channel m ranked together."""
+    m = relevance.double().flatten()
+    m = ((m - m.min()) / (m.max() - m.min())).tolist()
+    foreground = (mask.flatten() != 0).tolist()
+    return average_precision_oracle([1 - v for v in m] + m, [not f for f in foreground] + foreground)
+
+
+@pytest.mark.parametrize("scale, offset", [(1e3, 5e3), (1e-7, 0.0)], ids=["large", "tiny-signed"])
+def test_average_precision_ranks_maps_of_any_scale(scale, offset):
+    # Maps far outside [0, 1]: torchmetrics would put them through a sigmoid, which saturates large
+    # values to 1.0 and rounds tiny signed ones to 0.5, tying every pixel.
+    generator = torch.Generator().manual_seed(3)
+    masks = torch.zeros(4, 8, 8)
+    masks[:, 2:6, 1:5] = 1
+    signal = masks + 0.8 * torch.randn(4, 8, 8, generator=generator)
+    maps = offset + scale * signal
+    out = functional.relevance_segmentation(maps, masks)
+    expected = sum(segmentation_ap_oracle(m, t) for m, t in zip(signal, masks)) / 4
+    assert 0.6 < expected < 0.99
+    assert out["mean_ap"].item() == pytest.approx(expected, abs=1e-5)
+    # The threshold at the mean and the ranking do not depend on the scale.
+    unscaled = functional.relevance_segmentation(signal, masks)
+    assert {k: v.item() for k, v in out.items()} == pytest.approx({k: v.item() for k, v in unscaled.items()}, abs=1e-5)
+    # Rationale AUPRC: the same ranking of the valid tokens, whatever their scale.
+    tokens, rationale = maps.flatten(1)[:, :20], masks.flatten(1)[:, :20].long()
+    rationale[:, 3] = 1
+    valid = torch.ones_like(rationale, dtype=torch.bool)
+    valid[:, -2:] = False
+    expected = sum(average_precision_oracle(s[v].double().tolist(), r[v].tolist())
+                   for s, r, v in zip(tokens, rationale, valid)) / 4
+    assert functional.rationale_agreement(tokens, rationale, valid)["auprc"].item() == pytest.approx(expected, abs=1e-5)
 
 
 def test_rationale_agreement_by_hand():
@@ -309,12 +452,27 @@ def test_explanation_stability_by_hand():
     assert out["spearman"].item() == pytest.approx(0.0)          # (1 + -1) / 2
     assert out["topk_iou"].item() == pytest.approx(0.5)          # {2,3} vs {2,3}: 1; vs {0,1}: 0
     assert out["topk_overlap"].item() == pytest.approx(0.5)
-    # A constant explanation has no rank correlation; it is left out of the mean, not counted as 0.
-    metric.update(torch.ones(1, 4), torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
-    assert metric.compute()["spearman"].item() == pytest.approx(0.0)
+    # A constant explanation (first or second) has no rank correlation: it is left out of the mean,
+    # not counted as 0; the top-k scores still count it.
+    agreeing = ExplanationStability(top_fraction=0.5)
+    agreeing.update(a[:1], a[:1] * 2)
+    agreeing.update(torch.ones(1, 4), a[:1])
+    agreeing.update(a[:1], torch.zeros(1, 4))
+    out = agreeing.compute()
+    assert out["spearman"].item() == pytest.approx(1.0, abs=1e-5)
+    assert agreeing.spearman_count.item() == 1 and agreeing.count.item() == 3
+    only_constant = functional.explanation_stability(torch.ones(2, 4), a)
+    assert math.isnan(only_constant["spearman"].item())
 
 
 # --- torchmetrics plumbing ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("module", [functional.perturbation, functional.segmentation, functional.stability,
+                                    perturbation, agreement], ids=lambda m: m.__name__)
+def test_docstring_examples_compute_what_they_say(module):
+    result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0
 
 
 def test_metrics_plot_and_keep_the_model_out_of_their_state():
@@ -373,8 +531,13 @@ def _ddp_worker(rank, world, port, x, attributions, masks, result):
         metrics["seg"].update(attributions[part], masks[part])
         metrics["stab"].update(attributions[part].flatten(1), x[part].flatten(1))
         out = {"auc": metrics["auc"].compute(), **metrics["seg"].compute(), **metrics["stab"].compute()}
+        # curve() after compute(): compute's sync is undone, so curve must sync by itself.
+        curve = metrics["auc"].curve().tolist()
         if rank == 0:
             result.update({k: float(v) for k, v in out.items()})
+            result["curve"] = curve
+            # The states stay local, so accumulation goes on after a synced curve.
+            result["local_count"] = int(metrics["auc"].positive_probability_target_count)
     finally:
         dist.destroy_process_group()
 
@@ -396,6 +559,7 @@ def test_ddp_synced_values_equal_the_single_process_value():
     single["stab"].update(attributions.flatten(1), x.flatten(1))
     expected = {"auc": float(single["auc"].compute()), **{k: float(v) for k, v in single["seg"].compute().items()},
                 **{k: float(v) for k, v in single["stab"].compute().items()}}
+    expected_curve = single["auc"].curve()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -403,10 +567,14 @@ def test_ddp_synced_values_equal_the_single_process_value():
         result = manager.dict()
         mp.spawn(_ddp_worker, args=(2, port, x, attributions, masks, result), nprocs=2)
         synced = dict(result)
+    curve, local_count = synced.pop("curve"), synced.pop("local_count")
     assert synced.keys() == expected.keys()
     # Rank 0 alone (its half) would give another value: the equality below needs the sync.
     half = _ddp_metrics(SumModel(threshold=4.0, region=(slice(0, 4), slice(0, 4))))["auc"]
     half.update(x[:4], attributions[:4], 1)
     assert float(half.compute()) != pytest.approx(expected["auc"], rel=1e-3)
+    assert not torch.allclose(half.curve(), expected_curve, rtol=1e-3)
+    torch.testing.assert_close(torch.tensor(curve), expected_curve, rtol=1e-5, atol=1e-6)
+    assert local_count == 4
     for key, value in expected.items():
         assert synced[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key

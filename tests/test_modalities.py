@@ -35,6 +35,22 @@ def test_one_relevant_patch_lands_on_its_pixels(prefix):
         assert outside.max() < region.min() + 1e-6
 
 
+def test_patch_removal_ranks_patches_by_their_own_tokens():
+    # A 1x4 patch grid. Bilinear upsampling blends neighbours: the patch means of the upsampled map
+    # would put patch 2 (4.9, next to 100) above patch 1 (5.0, next to 0).
+    modality = ImageTokens(patch_size=2, prefix_tokens=1, removal="patch")
+    images = torch.zeros(1, 1, 2, 8)
+    tokens = torch.tensor([[7.0, 0.0, 5.0, 4.9, 100.0]])
+    upsampled = torch.nn.functional.avg_pool2d(modality.to_input(tokens, images)[:, None], 2).flatten(1)
+    assert upsampled[0, 2] > upsampled[0, 1]
+    assert modality.unit_scores(tokens, images)[0].tolist() == pytest.approx([0.0, 5.0, 4.9, 100.0])
+    # Pixel maps (Captum's) are still scored by their patch means; token counts are still checked.
+    pixel_map = torch.arange(16.0).reshape(1, 1, 2, 8)
+    assert modality.unit_scores(pixel_map, images).tolist() == [[4.5, 6.5, 8.5, 10.5]]
+    with pytest.raises(ValueError, match="5 tokens do not fit"):
+        ImageTokens(patch_size=2, prefix_tokens=2, removal="patch").unit_scores(tokens, images)
+
+
 def test_uniform_patches_give_a_uniform_map():
     tokens = torch.cat([torch.zeros(1, 1), torch.full((1, 16), 0.3)], dim=1)
     pixels = ImageTokens(patch_size=2).to_input(tokens, torch.zeros(1, 1, 8, 8))
@@ -193,6 +209,26 @@ def test_tabular_drops_the_prefix_and_checks_the_names():
     torch.testing.assert_close(TabularTokens(["a", "b", "c", "d"], prefix_tokens=0).to_input(tokens), tokens)
     with pytest.raises(ValueError, match=r"feature_names has 3: \['age', 'income', 'score'\]"):
         modality.to_input(torch.zeros(1, 3), None)
+
+
+def test_tabular_removal_fills_the_training_means_whatever_the_batch():
+    generator = torch.Generator().manual_seed(4)
+    train = torch.randn(200, 3, generator=generator) + torch.tensor([1.0, -2.0, 0.5])
+    modality = TabularTokens(["a", "b", "c"], prefix_tokens=0).fit(train)
+    assert modality.means == pytest.approx(train.double().mean(dim=0).tolist())
+    x = torch.randn(5, 3, generator=generator)
+    drop = torch.tensor([[True, False, True]]).expand(5, 3)
+    whole = modality.remove(x, drop)
+    assert torch.equal(whole[:, 1], x[:, 1])
+    torch.testing.assert_close(whole[:, [0, 2]], torch.tensor(modality.means, dtype=torch.float32)[[0, 2]].expand(5, 2))
+    # One sample alone is removed to the same values as in the batch: the batch's own mean would leave it unchanged.
+    for i in range(5):
+        assert torch.equal(modality.remove(x[i : i + 1], drop[i : i + 1]), whole[i : i + 1])
+    assert not torch.equal(modality.remove(x[:1], drop[:1]), x[:1])
+    with pytest.raises(ValueError, match=r"means=\[\.\.\.\].*modality\.fit\(train_features\)"):
+        TabularTokens(["a", "b", "c"]).remove(x, drop)
+    with pytest.raises(ValueError, match=r"features \[B, 3\]"):
+        TabularTokens(["a", "b", "c"]).fit(torch.zeros(4, 2))
 
 
 def test_tabular_render_draws_bars_that_follow_relevance():

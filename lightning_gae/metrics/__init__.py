@@ -1,8 +1,10 @@
 """Faithfulness metrics as ``torchmetrics.Metric`` classes; their maths in :mod:`lightning_gae.metrics.functional`.
 
 Perturbation protocols run the model on inputs with units removed in relevance order
-(``update(inputs, attributions, target=None)``); the others compare relevance with ground truth or
-with another explanation. Every state reduces by sum across processes.
+(``update(inputs, attributions, target=None)``; ``protocol="target"`` or ``"predicted"`` says
+which class is scored and against what); the others compare relevance with ground truth or with
+another explanation. Every state reduces by sum across processes, and every metric names its
+states after what they hold, so any of them can share a ``MetricCollection`` (compute groups on).
 """
 
 from collections.abc import Callable
@@ -16,13 +18,15 @@ from lightning_gae.metrics.perturbation import (
     Comprehensiveness,
     DeletionAUC,
     InsertionAUC,
+    NegativePerturbationAUC,
     PerturbationAUC,
+    PositivePerturbationAUC,
     Sufficiency,
 )
 
 PERTURBATION_METRICS: dict[str, Callable[..., Any]] = {
-    "positive_perturbation_auc": lambda f, m, **kw: PerturbationAUC(f, m, order="positive", **kw),
-    "negative_perturbation_auc": lambda f, m, **kw: PerturbationAUC(f, m, order="negative", **kw),
+    "positive_perturbation_auc": PositivePerturbationAUC,
+    "negative_perturbation_auc": NegativePerturbationAUC,
     "deletion_auc": DeletionAUC,
     "insertion_auc": InsertionAUC,
     "comprehensiveness": Comprehensiveness,
@@ -30,13 +34,13 @@ PERTURBATION_METRICS: dict[str, Callable[..., Any]] = {
     "aopc": AOPC,
 }
 """The perturbation metrics by the names the callback, ``compare`` and the CLI use (all take
-``update(inputs, attributions, target)``)."""
+``update(inputs, attributions, target)``; the classes declare ``higher_is_better``)."""
 
 
 def perturbation_metric(name: str, forward_fn: Callable[..., Any], modality: Any, **kwargs: Any) -> Any:
     """A perturbation metric by name, e.g. ``perturbation_metric("negative_perturbation_auc", model, modality)``.
 
-    ``kwargs`` go to the class (``max_batch``, ``sync_on_compute``, ...).
+    ``kwargs`` go to the class (``protocol``, ``max_batch``, ``sync_on_compute``, ...).
 
     Raises:
         ValueError: for an unknown name (the message lists the known ones).

@@ -32,11 +32,14 @@ class _DictMetric(Metric):
 
 
 class RelevanceSegmentation(_DictMetric):
-    r"""Relevance maps scored as a segmentation of ground-truth masks.
+    r"""Relevance maps scored as a segmentation of ground-truth masks (the ImageNet-segmentation protocol).
 
-    Each map is thresholded at its own mean; pixel accuracy and mIoU over {background, foreground}
-    come from a confusion matrix over all pixels seen (torchmetrics'), average precision of the
-    continuous map is computed per sample (torchmetrics') and averaged.
+    Each map is min-max normalised per sample and thresholded at its own mean; pixel accuracy and
+    mIoU over {background, foreground} come from a confusion matrix over all pixels seen
+    (torchmetrics'); ``mean_ap`` is the mean over samples of the average precision of the
+    background channel :math:`1 - m` (against the background) and the foreground channel
+    :math:`m` (against the foreground) ranked together, as the authors' code scores them. See
+    :func:`~lightning_gae.metrics.functional.relevance_segmentation`.
 
     Args:
         modality: an ``ImageTokens`` to turn token relevance ``[B, N]`` into pixels; not needed for
@@ -46,12 +49,17 @@ class RelevanceSegmentation(_DictMetric):
         ``update(attributions, masks)``: ``masks [B, H, W]``, nonzero = foreground.
 
     Compute:
-        ``{"pixel_accuracy", "miou", "average_precision"}``.
+        ``{"pixel_accuracy", "miou", "mean_ap"}``.
 
-    Example::
+    Normalised, the map below is [1, 0, 1/3, 2/3]; above its mean: pixels 0 and 3 (TP 1, FP 1,
+    TN 2), so accuracy 3/4 and mIoU (1/2 + 2/3) / 2. Ranked together, the 8 channel scores give
+    precision 2/2, 3/4 and 4/6 at recall 1/2, 3/4 and 1: AP = 1/2 + 1/4 * 3/4 + 1/4 * 4/6.
 
-        metric = RelevanceSegmentation(ImageTokens(patch_size=16))
-        metric.update(explain(vit, images).tokens, masks)
+    >>> import torch
+    >>> metric = RelevanceSegmentation()
+    >>> metric.update(torch.tensor([[[4.0, 1.0], [2.0, 3.0]]]), torch.tensor([[[1, 0], [0, 0]]]))
+    >>> {k: round(v.item(), 4) for k, v in metric.compute().items()}
+    {'pixel_accuracy': 0.75, 'miou': 0.5833, 'mean_ap': 0.8542}
     """
 
     plot_lower_bound = 0.0
@@ -61,7 +69,7 @@ class RelevanceSegmentation(_DictMetric):
         super().__init__(**kwargs)
         self.modality = modality
         self.add_state("confusion", default=torch.zeros(2, 2, dtype=torch.long), dist_reduce_fx="sum")
-        self.add_state("ap_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("ap_sum", default=torch.tensor(0.0, dtype=torch.float32), dist_reduce_fx="sum")
         self.add_state("ap_count", default=torch.tensor(0), dist_reduce_fx="sum")
 
     def update(self, attributions: Tensor, masks: Tensor) -> None:
@@ -96,7 +104,8 @@ class RationaleAgreement(_DictMetric):
         ``TextTokens.removable(batch)``: not padding, not special).
 
     Compute:
-        ``{"token_f1", "auprc"}``, averaged over samples that have a rationale.
+        ``{"token_f1", "auprc"}``, averaged over samples that have a rationale; AUPRC of the scores
+        min-max normalised per sample (see :func:`~lightning_gae.metrics.functional.rationale_agreement`).
     """
 
     plot_lower_bound = 0.0
@@ -107,8 +116,8 @@ class RationaleAgreement(_DictMetric):
         if k is not None and k < 1:
             raise ValueError(f"k must be >= 1 (or None for the rationale's length); got {k}")
         self.k = k
-        self.add_state("f1_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("auprc_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("f1_sum", default=torch.tensor(0.0, dtype=torch.float32), dist_reduce_fx="sum")
+        self.add_state("auprc_sum", default=torch.tensor(0.0, dtype=torch.float32), dist_reduce_fx="sum")
         self.add_state("count", default=torch.tensor(0), dist_reduce_fx="sum")
 
     def update(self, attributions: Tensor, rationales: Tensor, valid: Tensor | None = None) -> None:
@@ -134,7 +143,8 @@ class ExplanationStability(_DictMetric):
 
     Compute:
         ``{"spearman", "topk_iou", "topk_overlap"}``: means over samples (Spearman from torchmetrics;
-        samples with a constant explanation are left out of it).
+        samples where either explanation is constant are left out of it). See
+        :func:`~lightning_gae.metrics.functional.explanation_stability`.
 
     Example::
 
@@ -151,7 +161,7 @@ class ExplanationStability(_DictMetric):
             raise ValueError(f"top_fraction must be in (0, 1]; got {top_fraction}")
         self.top_fraction = top_fraction
         for name in ("spearman_sum", "iou_sum", "overlap_sum"):
-            self.add_state(name, default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+            self.add_state(name, default=torch.tensor(0.0, dtype=torch.float32), dist_reduce_fx="sum")
         for name in ("spearman_count", "count"):
             self.add_state(name, default=torch.tensor(0), dist_reduce_fx="sum")
 

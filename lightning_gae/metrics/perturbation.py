@@ -1,9 +1,16 @@
-"""Perturbation protocols as ``torchmetrics.Metric`` classes (maths in ``functional/perturbation.py``)."""
+"""Perturbation protocols as ``torchmetrics.Metric`` classes (maths in ``functional/perturbation.py``).
+
+Every class names its states after what they hold (the protocol, and the score and order where
+they vary), so a ``MetricCollection`` never merges two metrics that compute different things into
+one compute group: torchmetrics merges metrics whose states have the same names and equal values
+after the first update, and then updates only the first of them.
+"""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -14,9 +21,11 @@ from lightning_gae.metrics.functional.perturbation import (
     PERTURBATION_FRACTIONS,
     RISE_FRACTIONS,
     Order,
+    Protocol,
     Score,
     Target,
     _check_fractions,
+    _check_protocol,
     _deletion_update,
     _eraser_update,
     _mean_compute,
@@ -25,7 +34,16 @@ from lightning_gae.metrics.functional.perturbation import (
 )
 from lightning_gae.modalities import Modality
 
-__all__ = ["AOPC", "Comprehensiveness", "DeletionAUC", "InsertionAUC", "PerturbationAUC", "Sufficiency"]
+__all__ = [
+    "AOPC",
+    "Comprehensiveness",
+    "DeletionAUC",
+    "InsertionAUC",
+    "NegativePerturbationAUC",
+    "PerturbationAUC",
+    "PositivePerturbationAUC",
+    "Sufficiency",
+]
 
 
 class _ModelMetric(Metric):
@@ -34,7 +52,8 @@ class _ModelMetric(Metric):
     is_differentiable = False
     full_state_update = False
 
-    def __init__(self, forward_fn: Callable[..., Any], modality: Modality, max_batch: int = 256, **kwargs: Any) -> None:
+    def __init__(self, forward_fn: Callable[..., Any], modality: Modality, max_batch: int = 256,
+                 protocol: Protocol = "target", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not callable(forward_fn):
             raise ValueError(f"forward_fn must be the model or a callable returning logits; got {type(forward_fn).__name__}")
@@ -43,166 +62,225 @@ class _ModelMetric(Metric):
                              f"got {type(modality).__name__}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1; got {max_batch}")
+        _check_protocol(protocol)
         # Kept out of the module tree: moving, saving or syncing the metric must not touch the model.
         self.__dict__["forward_fn"] = forward_fn
         self.modality = modality
         self.max_batch = max_batch
+        self.protocol = protocol
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _ModelMetric:
+        # clone(), MetricTracker and MetricCollection.clone deep-copy the metric: the copy must
+        # score the same model, not a private copy of its weights.
+        memo[id(self.forward_fn)] = self.forward_fn
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(self.__getstate__(), memo))
+        return new
 
 
 class _CurveMetric(_ModelMetric):
     plot_lower_bound = 0.0
 
-    def _curve_states(self, fractions: Sequence[float]) -> None:
+    def _curve_states(self, name: str, fractions: Sequence[float]) -> None:
         _check_fractions(fractions, "fractions")
         self.fractions = tuple(float(f) for f in fractions)
-        self.add_state("curve_sum", default=torch.zeros(len(self.fractions), dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", default=torch.tensor(0), dist_reduce_fx="sum")
+        self._sum_name, self._count_name = f"{name}_curve_sum", f"{name}_count"
+        self.add_state(self._sum_name, default=torch.zeros(len(self.fractions)), dist_reduce_fx="sum")
+        self.add_state(self._count_name, default=torch.tensor(0), dist_reduce_fx="sum")
 
     def _add(self, curve_sum: Tensor, count: int) -> None:
-        self.curve_sum += curve_sum.to(self.curve_sum)
-        self.count += count
+        total = getattr(self, self._sum_name)
+        setattr(self, self._sum_name, total + curve_sum.to(total))
+        setattr(self, self._count_name, getattr(self, self._count_name) + count)
+
+    def _area(self, scale: float) -> Tensor:
+        return _perturbation_auc_compute(getattr(self, self._sum_name), getattr(self, self._count_name),
+                                         self.fractions, scale).float()
 
     def curve(self) -> Tensor:
-        """The mean score at each fraction ``[S]`` over every sample seen so far."""
-        return (self.curve_sum / self.count).float()
+        """The mean score at each fraction ``[S]`` over every sample seen so far (by every process, as ``compute``)."""
+        # compute() syncs the states across processes; so must the curve it integrates.
+        synced_already = self._is_synced
+        with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync and not synced_already,
+                               should_unsync=self._should_unsync and not synced_already):
+            return (getattr(self, self._sum_name) / getattr(self, self._count_name)).float()
+
+    def plot(self, val: Tensor | Sequence[Tensor] | None = None, ax: Any = None) -> Any:
+        """Plot the value (or a sequence of values) with matplotlib; returns ``(figure, axes)``."""
+        return self._plot(val, ax)
 
 
 class PerturbationAUC(_CurveMetric):
     r"""Perturbation test of Chefer et al.: remove units in relevance order, area under the accuracy curve.
 
-    For each fraction :math:`f_s` (default 0, 10, ..., 90%) the top :math:`\lfloor f_s n \rfloor` of
-    a sample's :math:`n` removable units (pixels, patches, tokens, features: the ``modality``'s) are
-    removed by the modality, most relevant first (``order="positive"``: lower is better) or least
-    relevant first (``"negative"``: higher is better). The AUC is the trapezoid over the fractions
-    of the mean score, the 0 step included, times 100 (so at most 90 with the defaults).
+    For each fraction :math:`f_s` (default 0, 10, ..., 90%) the top :math:`\lfloor f_s n_b \rfloor`
+    of sample :math:`b`'s :math:`n_b` removable units (pixels, patches, tokens, features: the
+    ``modality``'s) are removed, most relevant first (:class:`PositivePerturbationAUC`: lower is
+    better) or least relevant first (:class:`NegativePerturbationAUC`: higher is better). With
+    :math:`c_s` the mean score over samples,
+
+    .. math:: \mathrm{AUC} = 100 \sum_s \tfrac{1}{2}(c_s + c_{s+1})(f_{s+1} - f_s)
+
+    (so at most 90 with the default fractions). ``PerturbationAUC(..., order=...)`` builds the
+    class of that order.
 
     Args:
         forward_fn: the model (put in eval mode while scoring, then restored) or a callable
             returning logits ``[B, C]``; called as ``f(x)``, ``f(*x)`` or ``f(**x)`` like ``explain``.
+            A clone of the metric shares it.
         modality: ``ImageTokens`` (black pixels in [0, 1] space, normalised by its mean/std; or
             patches), ``TextTokens`` (mask/pad ids or the attention mask; special tokens kept) or
             ``TabularTokens`` (feature means).
-        order: ``"positive"`` or ``"negative"``.
+        order: ``"positive"`` or ``"negative"``; only needed when building ``PerturbationAUC`` itself.
         fractions: increasing fractions in [0, 1].
-        score: ``"accuracy"`` (prediction still equals the target) or the target's ``"probability"``.
+        score: ``"accuracy"`` (the prediction still equals the reference class) or the scored
+            class's ``"probability"``.
+        protocol: ``"target"`` (score the class given as ``target``, the prediction for None) or
+            ``"predicted"`` (score the unperturbed prediction, checked against the labels given as
+            ``target``); :data:`~lightning_gae.metrics.functional.perturbation.PROTOCOLS`.
         max_batch: at most this many perturbed inputs per forward pass.
         kwargs: ``torchmetrics.Metric`` options (``sync_on_compute``, ...).
 
     Update:
         ``update(inputs, attributions, target=None)``: ``attributions`` token relevance ``[B, N]``
-        or an input-shaped map (Captum's convention); ``target`` the class scored, None for the
-        unperturbed prediction.
+        or an input-shaped map (Captum's convention); ``target`` as ``protocol`` says.
 
-    Example::
+    Example (class 1 while the features sum above 0.9):
 
-        metric = PerturbationAUC(vit, ImageTokens(patch_size=16), order="negative")
-        exp = explain(vit, images)
-        metric.update(images, exp.tokens, exp.target)
-        metric.compute()        # e.g. tensor(54.2)
+    >>> import torch
+    >>> from lightning_gae import TabularTokens
+    >>> model = lambda x: torch.stack([torch.full((len(x),), 0.9), x.sum(dim=1)], dim=1)
+    >>> x = torch.tensor([[1.0, 0.5, 0.25]])
+    >>> modality = TabularTokens(["a", "b", "c"], prefix_tokens=0, means=[0.0, 0.0, 0.0])
+    >>> metric = PerturbationAUC(model, modality, order="positive", fractions=(0, 1 / 3, 2 / 3))
+    >>> type(metric).__name__, metric.higher_is_better
+    ('PositivePerturbationAUC', False)
+    >>> metric.update(x, x)     # the features as their own relevance: "a" goes first and flips class 1
+    >>> metric.curve(), round(metric.compute().item(), 2)
+    (tensor([1., 0., 0.]), 16.67)
     """
 
+    order: ClassVar[Order]
     plot_upper_bound = 100.0
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> PerturbationAUC:
+        if cls is PerturbationAUC:
+            order = kwargs.get("order", args[2] if len(args) > 2 else "positive")
+            if order not in _BY_ORDER:
+                raise ValueError(f"order={order!r}; use 'positive' (most relevant removed first) or 'negative'")
+            cls = _BY_ORDER[order]
+        return super().__new__(cls)
 
     def __init__(
         self,
         forward_fn: Callable[..., Any],
         modality: Modality,
-        order: Order = "positive",
+        order: Order | None = None,
         fractions: Sequence[float] = PERTURBATION_FRACTIONS,
         score: Score = "accuracy",
         max_batch: int = 256,
+        protocol: Protocol = "target",
         **kwargs: Any,
     ) -> None:
-        super().__init__(forward_fn, modality, max_batch, **kwargs)
-        if order not in ("positive", "negative"):
-            raise ValueError(f"order={order!r}; use 'positive' (most relevant removed first) or 'negative'")
+        super().__init__(forward_fn, modality, max_batch, protocol, **kwargs)
+        if order is not None and order != self.order:
+            raise ValueError(f"{type(self).__name__} removes in {self.order} order; got order={order!r} "
+                             f"(use PerturbationAUC(..., order={order!r}) or leave order out)")
         if score not in ("accuracy", "probability"):
             raise ValueError(f"score={score!r}; use 'accuracy' or 'probability'")
-        self.order = order
         self.score = score
-        self._curve_states(fractions)
-
-    @property
-    def higher_is_better(self) -> bool:  # type: ignore[override]
-        """Negative perturbation keeps accuracy when the explanation is faithful; positive loses it."""
-        return self.order == "negative"
+        self._curve_states(f"{self.order}_{score}_{protocol}", fractions)
 
     def update(self, inputs: Any, attributions: Tensor, target: Target = None) -> None:
         self._add(*_perturbation_auc_update(self.forward_fn, self.modality, inputs, attributions, target, self.order,
-                                            self.fractions, self.score, self.max_batch))
+                                            self.fractions, self.score, self.max_batch, self.protocol))
 
     def compute(self) -> Tensor:
-        return _perturbation_auc_compute(self.curve_sum, self.count, self.fractions).float()
+        return self._area(100.0)
 
-    def plot(self, val: Tensor | Sequence[Tensor] | None = None, ax: Any = None) -> Any:
-        """Plot the value (or a sequence of values) with matplotlib; returns ``(figure, axes)``."""
-        return self._plot(val, ax)
+
+class PositivePerturbationAUC(PerturbationAUC):
+    """:class:`PerturbationAUC`, most relevant units removed first: a faithful explanation loses accuracy fast."""
+
+    order = "positive"
+    higher_is_better = False
+
+
+class NegativePerturbationAUC(PerturbationAUC):
+    """:class:`PerturbationAUC`, least relevant units removed first: a faithful explanation keeps accuracy."""
+
+    order = "negative"
+    higher_is_better = True
+
+
+_BY_ORDER: dict[str, type[PerturbationAUC]] = {"positive": PositivePerturbationAUC, "negative": NegativePerturbationAUC}
 
 
 class DeletionAUC(_CurveMetric):
-    r"""Deletion (RISE): area under the target probability as the most relevant units are removed first.
+    r"""Deletion (RISE): area under the scored class's probability as the most relevant units are removed first.
 
-    Fractions default to 0, 5, ..., 100%; the area (trapezoid over the fractions) is in [0, 1];
-    lower is better. Arguments and ``update(inputs, attributions, target=None)`` as in
-    :class:`PerturbationAUC`.
+    :math:`\sum_s \tfrac{1}{2}(p_s + p_{s+1})(f_{s+1} - f_s)` with :math:`p_s` the mean probability
+    once the top :math:`\lfloor f_s n_b \rfloor` units are removed; fractions default to 0, 5, ...,
+    100%, so the area is in [0, 1]; lower is better. Arguments (``protocol`` included) and
+    ``update(inputs, attributions, target=None)`` as in :class:`PerturbationAUC`.
     """
 
     higher_is_better = False
     plot_upper_bound = 1.0
+    _insertion = False
 
     def __init__(self, forward_fn: Callable[..., Any], modality: Modality, fractions: Sequence[float] = RISE_FRACTIONS,
-                 max_batch: int = 256, **kwargs: Any) -> None:
-        super().__init__(forward_fn, modality, max_batch, **kwargs)
-        self._curve_states(fractions)
+                 max_batch: int = 256, protocol: Protocol = "target", **kwargs: Any) -> None:
+        super().__init__(forward_fn, modality, max_batch, protocol, **kwargs)
+        self._curve_states(f"{'insertion' if self._insertion else 'deletion'}_{protocol}", fractions)
 
     def update(self, inputs: Any, attributions: Tensor, target: Target = None) -> None:
         self._add(*_deletion_update(self.forward_fn, self.modality, inputs, attributions, target, self.fractions,
-                                    self.max_batch))
+                                    self.max_batch, insertion=self._insertion, protocol=self.protocol))
 
     def compute(self) -> Tensor:
-        return _perturbation_auc_compute(self.curve_sum, self.count, self.fractions, scale=1.0).float()
-
-    def plot(self, val: Tensor | Sequence[Tensor] | None = None, ax: Any = None) -> Any:
-        """Plot the value (or a sequence of values) with matplotlib; returns ``(figure, axes)``."""
-        return self._plot(val, ax)
+        return self._area(1.0)
 
 
 class InsertionAUC(DeletionAUC):
-    r"""Insertion (RISE): area under the target probability as the most relevant units are put back first.
+    r"""Insertion (RISE): area under the scored class's probability as the most relevant units are put back first.
 
     The curve starts from the modality's ``blurred`` input (a Gaussian blur for images; every
-    removable token or feature removed otherwise); higher is better. As :class:`DeletionAUC`.
+    removable token or feature removed otherwise) and puts the top :math:`\lfloor f_s n_b \rfloor`
+    units back at step :math:`s`; the area as in :class:`DeletionAUC`; higher is better.
     """
 
     higher_is_better = True
-
-    def update(self, inputs: Any, attributions: Tensor, target: Target = None) -> None:
-        self._add(*_deletion_update(self.forward_fn, self.modality, inputs, attributions, target, self.fractions,
-                                    self.max_batch, insertion=True))
+    _insertion = True
 
 
 class _EraserMetric(_ModelMetric):
     plot_lower_bound = -1.0
     plot_upper_bound = 1.0
+    _name: ClassVar[str]
     _keep_only = False
     _with_zero = False
 
     def __init__(self, forward_fn: Callable[..., Any], modality: Modality, bins: Sequence[float] = ERASER_BINS,
-                 max_batch: int = 256, **kwargs: Any) -> None:
-        super().__init__(forward_fn, modality, max_batch, **kwargs)
+                 max_batch: int = 256, protocol: Protocol = "target", **kwargs: Any) -> None:
+        super().__init__(forward_fn, modality, max_batch, protocol, **kwargs)
         _check_fractions(bins, "bins")
         self.bins = tuple(float(b) for b in bins)
-        self.add_state("total", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", default=torch.tensor(0), dist_reduce_fx="sum")
+        self._total_name, self._count_name = f"{self._name}_{protocol}_total", f"{self._name}_{protocol}_count"
+        self.add_state(self._total_name, default=torch.tensor(0.0), dist_reduce_fx="sum")
+        self.add_state(self._count_name, default=torch.tensor(0), dist_reduce_fx="sum")
 
     def update(self, inputs: Any, attributions: Tensor, target: Target = None) -> None:
         total, count = _eraser_update(self.forward_fn, self.modality, inputs, attributions, target, self.bins,
-                                      keep_only=self._keep_only, with_zero=self._with_zero, max_batch=self.max_batch)
-        self.total += total.to(self.total)
-        self.count += count
+                                      keep_only=self._keep_only, with_zero=self._with_zero, max_batch=self.max_batch,
+                                      protocol=self.protocol)
+        state = getattr(self, self._total_name)
+        setattr(self, self._total_name, state + total.to(state))
+        setattr(self, self._count_name, getattr(self, self._count_name) + count)
 
     def compute(self) -> Tensor:
-        return _mean_compute(self.total, self.count).float()
+        return _mean_compute(getattr(self, self._total_name), getattr(self, self._count_name)).float()
 
     def plot(self, val: Tensor | Sequence[Tensor] | None = None, ax: Any = None) -> Any:
         """Plot the value (or a sequence of values) with matplotlib; returns ``(figure, axes)``."""
@@ -213,11 +291,13 @@ class Comprehensiveness(_EraserMetric):
     r"""ERASER comprehensiveness: mean over bins of :math:`p(x) - p(x \setminus r_k)`; higher is better.
 
     :math:`r_k` is the top :math:`k` share (bins 1, 5, 10, 20, 50%; at least one unit) of the
-    removable units by relevance, :math:`p` the target's probability. Arguments and
-    ``update(inputs, attributions, target=None)`` as in :class:`PerturbationAUC`, with ``bins``.
+    removable units by relevance, :math:`p` the scored class's probability. Arguments
+    (``protocol`` included) and ``update(inputs, attributions, target=None)`` as in
+    :class:`PerturbationAUC`, with ``bins``.
     """
 
     higher_is_better = True
+    _name = "comprehensiveness"
 
 
 class Sufficiency(_EraserMetric):
@@ -227,6 +307,7 @@ class Sufficiency(_EraserMetric):
     """
 
     higher_is_better = False
+    _name = "sufficiency"
     _keep_only = True
 
 
@@ -238,4 +319,5 @@ class AOPC(_EraserMetric):
     """
 
     higher_is_better = True
+    _name = "aopc"
     _with_zero = True

@@ -3,6 +3,7 @@
 from lightning_gae.metrics.functional.perturbation import (
     ERASER_BINS,
     PERTURBATION_FRACTIONS,
+    PROTOCOLS,
     RISE_FRACTIONS,
     aopc,
     comprehensiveness,
@@ -19,6 +20,7 @@ from lightning_gae.metrics.functional.stability import explanation_stability
 __all__ = [
     "ERASER_BINS",
     "PERTURBATION_FRACTIONS",
+    "PROTOCOLS",
     "RISE_FRACTIONS",
     "aopc",
     "comprehensiveness",

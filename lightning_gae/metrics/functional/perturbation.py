@@ -26,6 +26,7 @@ from lightning_gae.modalities import Modality
 __all__ = [
     "ERASER_BINS",
     "PERTURBATION_FRACTIONS",
+    "PROTOCOLS",
     "RISE_FRACTIONS",
     "aopc",
     "comprehensiveness",
@@ -40,6 +41,18 @@ __all__ = [
 Target = Union[None, int, Sequence[int], Tensor]
 Order = Literal["positive", "negative"]
 Score = Literal["accuracy", "probability"]
+Protocol = Literal["target", "predicted"]
+PROTOCOLS: tuple[str, ...] = ("target", "predicted")
+"""Which class a perturbation test explains and scores (Chefer et al., CVPR 2021, Table 1):
+
+- ``"target"``: ``target`` is the class explained and scored (None: each sample's unperturbed
+  prediction); a perturbed input counts as correct while the model still predicts it. Given the
+  labels, this is the paper's *target* column.
+- ``"predicted"``: the class explained and scored is each sample's unperturbed prediction, and
+  ``target`` holds the labels a perturbed prediction is checked against (None: the prediction
+  itself). Given the labels, this is the paper's *predicted* column, whose 0% step is the model's
+  accuracy.
+"""
 
 PERTURBATION_FRACTIONS: tuple[float, ...] = tuple(round(0.1 * k, 1) for k in range(10))
 """Chefer et al.: 0%, 10%, ..., 90% of the units removed."""
@@ -121,17 +134,29 @@ def _class_index(target: Target, batch: int, device: torch.device, num_classes: 
     return index
 
 
-def _target_index(target: Target, logits: Tensor) -> Tensor:
-    if target is None:
-        return logits.argmax(dim=1)
-    return _class_index(target, logits.shape[0], logits.device, logits.shape[1])
+def _check_protocol(protocol: str) -> None:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol={protocol!r}; use 'target' (score the class given as target, the prediction "
+                         "for None) or 'predicted' (score the prediction, checked against the labels given as target)")
 
 
-def _score(logits: Tensor, target: Tensor, score: Score) -> Tensor:
+def _scored_classes(target: Target, logits: Tensor, protocol: Protocol) -> tuple[Tensor, Tensor]:
+    """``(explained [B], reference [B])``: the class whose probability is scored, and the class a
+    perturbed prediction must equal to count as correct (see :data:`PROTOCOLS`)."""
+    _check_protocol(protocol)
+    predicted = logits.argmax(dim=1)
+    given = None if target is None else _class_index(target, logits.shape[0], logits.device, logits.shape[1])
+    if protocol == "predicted":
+        return predicted, predicted if given is None else given
+    explained = predicted if given is None else given
+    return explained, explained
+
+
+def _score(logits: Tensor, explained: Tensor, reference: Tensor, score: Score) -> Tensor:
     if score == "accuracy":
-        return (logits.argmax(dim=1) == target).float()
+        return (logits.argmax(dim=1) == reference).float()
     if score == "probability":
-        return logits.softmax(dim=1).gather(1, target[:, None]).squeeze(1)
+        return logits.softmax(dim=1).gather(1, explained[:, None]).squeeze(1)
     raise ValueError(f"score={score!r}; use 'accuracy' or 'probability'")
 
 
@@ -144,6 +169,7 @@ def perturbed_scores(
     score: Score = "probability",
     fill: Any = None,
     max_batch: int = 256,
+    protocol: Protocol = "target",
 ) -> tuple[Tensor, Tensor]:
     """The model's score of every sample with every mask's units removed.
 
@@ -153,13 +179,15 @@ def perturbed_scores(
         modality: removes the units (:meth:`~lightning_gae.Modality.remove`).
         inputs: one batch of ``B`` samples.
         masks: bool ``[S, B, U]``, True for the units removed at step ``s``.
-        target: the class scored: None (the unperturbed prediction), an int, or one per sample.
-        score: ``"accuracy"`` (1 when the prediction is still the target) or the target's ``"probability"``.
+        target: None, an int, or one class per sample: the class scored, or the labels (``protocol``).
+        score: ``"accuracy"`` (1 while the prediction is still the reference class) or the scored
+            class's ``"probability"``.
         fill: inputs whose units replace removed ones (default: the modality's removal value).
         max_batch: at most this many perturbed inputs per forward pass.
+        protocol: ``"target"`` or ``"predicted"`` (:data:`PROTOCOLS`).
 
     Returns:
-        ``scores [S, B]`` float32 and ``clean [B]``, the unperturbed target probability.
+        ``scores [S, B]`` float32 and ``clean [B]``, the scored class's unperturbed probability.
     """
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1; got {max_batch}")
@@ -171,14 +199,15 @@ def perturbed_scores(
     with torch.no_grad(), modes:
         logits = torch.cat([_forward_logits(forward_fn, _select(inputs, idx, batch))
                             for idx in torch.arange(batch).split(max_batch)])
-        target_index = _target_index(target, logits)
-        clean = _score(logits, target_index, "probability")
+        explained, reference = _scored_classes(target, logits, protocol)
+        clean = _score(logits, explained, reference, "probability")
         out = torch.empty(steps * batch, device=logits.device)
         # Step-major pairs, so one chunk mixes steps and samples and the count of forwards is ceil(S*B / max_batch).
         for pairs in torch.arange(steps * batch).split(max_batch):
             step, sample = pairs // batch, pairs % batch
             chunk = modality.remove(_select(inputs, sample, batch), masks[step, sample], _select(fill, sample, batch))
-            out[pairs.to(out.device)] = _score(_forward_logits(forward_fn, chunk), target_index[sample.to(logits.device)], score)
+            index = sample.to(logits.device)
+            out[pairs.to(out.device)] = _score(_forward_logits(forward_fn, chunk), explained[index], reference[index], score)
     return out.reshape(steps, batch), clean
 
 
@@ -203,12 +232,14 @@ def _perturbation_auc_update(
     fractions: Sequence[float] = PERTURBATION_FRACTIONS,
     score: Score = "accuracy",
     max_batch: int = 256,
+    protocol: Protocol = "target",
 ) -> tuple[Tensor, int]:
     """``(curve_sum [S], count)``: the per-step score summed over the batch's samples."""
     _check_fractions(fractions, "fractions")
     scores, removable = _units(modality, inputs, attributions)
     masks = ranked_masks(scores, removable, removal_counts(fractions, removable), order)
-    curves, _ = perturbed_scores(forward_fn, modality, inputs, masks, target, score, max_batch=max_batch)
+    curves, _ = perturbed_scores(forward_fn, modality, inputs, masks, target, score, max_batch=max_batch,
+                                 protocol=protocol)
     return curves.sum(dim=1), curves.shape[1]
 
 
@@ -229,10 +260,11 @@ def perturbation_curve(
     fractions: Sequence[float] = PERTURBATION_FRACTIONS,
     score: Score = "accuracy",
     max_batch: int = 256,
+    protocol: Protocol = "target",
 ) -> Tensor:
     """The mean score ``[S]`` after removing each fraction of units (see :func:`perturbation_auc`)."""
     curve_sum, count = _perturbation_auc_update(forward_fn, modality, inputs, attributions, target, order,
-                                                fractions, score, max_batch)
+                                                fractions, score, max_batch, protocol)
     return curve_sum / count
 
 
@@ -246,6 +278,7 @@ def perturbation_auc(
     fractions: Sequence[float] = PERTURBATION_FRACTIONS,
     score: Score = "accuracy",
     max_batch: int = 256,
+    protocol: Protocol = "target",
 ) -> Tensor:
     r"""Perturbation test of Chefer et al.: area under the score curve as units are removed.
 
@@ -261,22 +294,33 @@ def perturbation_auc(
         modality: which units exist and how they are removed (e.g. ``ImageTokens`` sets pixels black).
         inputs: a batch (tensor, tuple or mapping, as for ``explain``).
         attributions: token relevance ``[B, N]`` or an input-shaped map.
-        target: the class whose accuracy (or probability) is scored; None: the unperturbed prediction.
+        target: with ``protocol="target"`` the class explained and scored (None: the unperturbed
+            prediction); with ``"predicted"`` the labels the prediction is checked against.
         order: ``"positive"`` or ``"negative"``.
         fractions: increasing fractions in [0, 1]; default 0, 0.1, ..., 0.9.
-        score: ``"accuracy"`` (the paper) or ``"probability"`` of the target.
+        score: ``"accuracy"`` (the paper) or ``"probability"`` of the scored class.
         max_batch: at most this many perturbed inputs per forward pass.
+        protocol: ``"target"`` or ``"predicted"`` (:data:`PROTOCOLS`).
 
     Returns:
         A scalar tensor; with the default fractions, in [0, 90].
 
-    Example::
+    Example (class 1 while the features sum above 0.9; removing the top third already flips it):
 
-        exp = explain(vit, images)
-        perturbation_auc(vit, ImageTokens(patch_size=16), images, exp.tokens, exp.target, order="negative")
+    >>> import torch
+    >>> from lightning_gae import TabularTokens
+    >>> model = lambda x: torch.stack([torch.full((len(x),), 0.9), x.sum(dim=1)], dim=1)
+    >>> x = torch.tensor([[1.0, 0.5, 0.25]])
+    >>> modality = TabularTokens(["a", "b", "c"], prefix_tokens=0, means=[0.0, 0.0, 0.0])
+    >>> perturbation_curve(model, modality, x, x, fractions=(0, 1 / 3, 2 / 3))
+    tensor([1., 0., 0.])
+    >>> round(perturbation_auc(model, modality, x, x, fractions=(0, 1 / 3, 2 / 3)).item(), 2)
+    16.67
+    >>> round(perturbation_auc(model, modality, x, x, order="negative", fractions=(0, 1 / 3, 2 / 3)).item(), 2)
+    66.67
     """
     curve_sum, count = _perturbation_auc_update(forward_fn, modality, inputs, attributions, target, order,
-                                                fractions, score, max_batch)
+                                                fractions, score, max_batch, protocol)
     return _perturbation_auc_compute(curve_sum, count, fractions)
 
 
@@ -292,17 +336,19 @@ def _deletion_update(
     fractions: Sequence[float] = RISE_FRACTIONS,
     max_batch: int = 256,
     insertion: bool = False,
+    protocol: Protocol = "target",
 ) -> tuple[Tensor, int]:
-    """``(curve_sum [S], count)`` of the target probability as units are deleted (or inserted)."""
+    """``(curve_sum [S], count)`` of the scored class's probability as units are deleted (or inserted)."""
     _check_fractions(fractions, "fractions")
     scores, removable = _units(modality, inputs, attributions)
     chosen = ranked_masks(scores, removable, removal_counts(fractions, removable), "positive")
     if insertion:
         # Inserting the top k into the blurred image = removing everything else, with blur as the fill.
         curves, _ = perturbed_scores(forward_fn, modality, inputs, removable[None] & ~chosen, target, "probability",
-                                     fill=modality.blurred(inputs), max_batch=max_batch)
+                                     fill=modality.blurred(inputs), max_batch=max_batch, protocol=protocol)
     else:
-        curves, _ = perturbed_scores(forward_fn, modality, inputs, chosen, target, "probability", max_batch=max_batch)
+        curves, _ = perturbed_scores(forward_fn, modality, inputs, chosen, target, "probability", max_batch=max_batch,
+                                     protocol=protocol)
     return curves.sum(dim=1), curves.shape[1]
 
 
@@ -314,14 +360,26 @@ def deletion_auc(
     target: Target = None,
     fractions: Sequence[float] = RISE_FRACTIONS,
     max_batch: int = 256,
+    protocol: Protocol = "target",
 ) -> Tensor:
-    r"""Deletion (RISE): area under the target probability as the most relevant units are removed first.
+    r"""Deletion (RISE): area under the scored class's probability as the most relevant units are removed first.
 
-    Units are removed the modality's way (black pixels, mask ids, feature means); the area is the
-    trapezoid over ``fractions`` (default 0, 0.05, ..., 1), so it lies in [0, 1]. Lower is better.
-    Arguments as in :func:`perturbation_auc`.
+    With :math:`p_s` the mean probability after removing the top :math:`\lfloor f_s n_b \rfloor`
+    units the modality's way (black pixels, mask ids, feature means),
+    :math:`\sum_s \tfrac{1}{2}(p_s + p_{s+1})(f_{s+1} - f_s)` over ``fractions`` (default 0, 0.05,
+    ..., 1), so it lies in [0, 1]. Lower is better. Arguments as in :func:`perturbation_auc`.
+
+    >>> import torch
+    >>> from lightning_gae import TabularTokens
+    >>> model = lambda x: torch.stack([torch.zeros(len(x)), x.sum(dim=1)], dim=1)
+    >>> x = torch.tensor([[3.0, 0.0]])
+    >>> modality = TabularTokens(["a", "b"], prefix_tokens=0, means=[0.0, 0.0])
+    >>> # p(class 1) = sigmoid(3) at 0%, sigmoid(0) = 0.5 once "a" is gone: 0.5 * (0.953 + 0.5) / 2 + 0.5 * 0.5
+    >>> round(deletion_auc(model, modality, x, x, target=1, fractions=(0, 0.5, 1)).item(), 3)
+    0.613
     """
-    curve_sum, count = _deletion_update(forward_fn, modality, inputs, attributions, target, fractions, max_batch)
+    curve_sum, count = _deletion_update(forward_fn, modality, inputs, attributions, target, fractions, max_batch,
+                                        protocol=protocol)
     return _perturbation_auc_compute(curve_sum, count, fractions, scale=1.0)
 
 
@@ -333,15 +391,26 @@ def insertion_auc(
     target: Target = None,
     fractions: Sequence[float] = RISE_FRACTIONS,
     max_batch: int = 256,
+    protocol: Protocol = "target",
 ) -> Tensor:
-    r"""Insertion (RISE): area under the target probability as the most relevant units are put back first.
+    r"""Insertion (RISE): area under the scored class's probability as the most relevant units are put back first.
 
     The curve starts from :meth:`~lightning_gae.Modality.blurred` (a Gaussian blur of an image;
-    every removable token or feature removed otherwise) and ends at the input. Higher is better.
-    Arguments as in :func:`perturbation_auc`.
+    every removable token or feature removed otherwise), puts the top :math:`\lfloor f_s n_b
+    \rfloor` units back at step :math:`s` and ends at the input; the area is the trapezoid as in
+    :func:`deletion_auc`. Higher is better. Arguments as in :func:`perturbation_auc`.
+
+    >>> import torch
+    >>> from lightning_gae import TabularTokens
+    >>> model = lambda x: torch.stack([torch.zeros(len(x)), x.sum(dim=1)], dim=1)
+    >>> x = torch.tensor([[3.0, 0.0]])
+    >>> modality = TabularTokens(["a", "b"], prefix_tokens=0, means=[0.0, 0.0])
+    >>> # sigmoid(0) = 0.5 from nothing, sigmoid(3) = 0.953 once "a" is back: 0.5 * (0.5 + 0.953) / 2 + 0.5 * 0.953
+    >>> round(insertion_auc(model, modality, x, x, target=1, fractions=(0, 0.5, 1)).item(), 3)
+    0.839
     """
     curve_sum, count = _deletion_update(forward_fn, modality, inputs, attributions, target, fractions, max_batch,
-                                        insertion=True)
+                                        insertion=True, protocol=protocol)
     return _perturbation_auc_compute(curve_sum, count, fractions, scale=1.0)
 
 
@@ -358,13 +427,15 @@ def _eraser_update(
     keep_only: bool = False,
     with_zero: bool = False,
     max_batch: int = 256,
+    protocol: Protocol = "target",
 ) -> tuple[Tensor, int]:
     """``(sum, count)`` over samples of the mean probability drop over ``bins``."""
     _check_fractions(bins, "bins")
     scores, removable = _units(modality, inputs, attributions)
     top = ranked_masks(scores, removable, removal_counts(bins, removable, at_least_one=True), "positive")
     masks = removable[None] & ~top if keep_only else top
-    probs, clean = perturbed_scores(forward_fn, modality, inputs, masks, target, "probability", max_batch=max_batch)
+    probs, clean = perturbed_scores(forward_fn, modality, inputs, masks, target, "probability", max_batch=max_batch,
+                                    protocol=protocol)
     drops = clean[None] - probs
     # AOPC's k = 0 term (nothing removed) is a drop of exactly 0: it only adds to the denominator.
     per_sample = drops.sum(dim=0) / (len(bins) + 1) if with_zero else drops.mean(dim=0)
@@ -383,14 +454,24 @@ def comprehensiveness(
     target: Target = None,
     bins: Sequence[float] = ERASER_BINS,
     max_batch: int = 256,
+    protocol: Protocol = "target",
 ) -> Tensor:
     r"""ERASER comprehensiveness: :math:`\frac{1}{|K|}\sum_{k \in K} p(x) - p(x \setminus r_k)`, higher is better.
 
     :math:`r_k` is the top :math:`k` share of the removable units (at least one unit), ``bins``
-    :math:`K` default to 1, 5, 10, 20 and 50%; :math:`p` is the target's probability.
+    :math:`K` default to 1, 5, 10, 20 and 50%; :math:`p` is the scored class's probability.
     Arguments as in :func:`perturbation_auc`.
+
+    >>> import torch
+    >>> from lightning_gae import TabularTokens
+    >>> model = lambda x: torch.stack([torch.zeros(len(x)), x.sum(dim=1)], dim=1)
+    >>> x = torch.tensor([[3.0, 0.0]])
+    >>> modality = TabularTokens(["a", "b"], prefix_tokens=0, means=[0.0, 0.0])
+    >>> round(comprehensiveness(model, modality, x, x, target=1, bins=(0.5,)).item(), 3)  # sigmoid(3) - sigmoid(0)
+    0.453
     """
-    total, count = _eraser_update(forward_fn, modality, inputs, attributions, target, bins, max_batch=max_batch)
+    total, count = _eraser_update(forward_fn, modality, inputs, attributions, target, bins, max_batch=max_batch,
+                                  protocol=protocol)
     return _mean_compute(total, count)
 
 
@@ -402,13 +483,22 @@ def sufficiency(
     target: Target = None,
     bins: Sequence[float] = ERASER_BINS,
     max_batch: int = 256,
+    protocol: Protocol = "target",
 ) -> Tensor:
     r"""ERASER sufficiency: :math:`\frac{1}{|K|}\sum_{k \in K} p(x) - p(r_k)`, only the top units kept; lower is better.
 
     Arguments as in :func:`comprehensiveness`.
+
+    >>> import torch
+    >>> from lightning_gae import TabularTokens
+    >>> model = lambda x: torch.stack([torch.zeros(len(x)), x.sum(dim=1)], dim=1)
+    >>> x = torch.tensor([[3.0, 0.0]])
+    >>> modality = TabularTokens(["a", "b"], prefix_tokens=0, means=[0.0, 0.0])
+    >>> sufficiency(model, modality, x, x, target=1, bins=(0.5,)).item()  # "a" alone keeps all of it
+    0.0
     """
     total, count = _eraser_update(forward_fn, modality, inputs, attributions, target, bins, keep_only=True,
-                                  max_batch=max_batch)
+                                  max_batch=max_batch, protocol=protocol)
     return _mean_compute(total, count)
 
 
@@ -420,12 +510,21 @@ def aopc(
     target: Target = None,
     bins: Sequence[float] = ERASER_BINS,
     max_batch: int = 256,
+    protocol: Protocol = "target",
 ) -> Tensor:
     r"""AOPC (Samek et al.), most relevant first: :math:`\frac{1}{|K|+1}\sum_{k \in \{0\} \cup K} p(x) - p(x \setminus r_k)`.
 
     The average over the removal steps of the probability drop, the unperturbed step included, on
     ERASER's bins; equal to :func:`comprehensiveness` times :math:`|K| / (|K| + 1)`. Higher is better.
+
+    >>> import torch
+    >>> from lightning_gae import TabularTokens
+    >>> model = lambda x: torch.stack([torch.zeros(len(x)), x.sum(dim=1)], dim=1)
+    >>> x = torch.tensor([[3.0, 0.0]])
+    >>> modality = TabularTokens(["a", "b"], prefix_tokens=0, means=[0.0, 0.0])
+    >>> round(aopc(model, modality, x, x, target=1, bins=(0.5,)).item(), 4)  # (0 + 0.453) / 2
+    0.2263
     """
     total, count = _eraser_update(forward_fn, modality, inputs, attributions, target, bins, with_zero=True,
-                                  max_batch=max_batch)
+                                  max_batch=max_batch, protocol=protocol)
     return _mean_compute(total, count)

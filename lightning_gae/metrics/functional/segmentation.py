@@ -6,52 +6,72 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.classification import binary_average_precision, binary_confusion_matrix
 
-__all__ = ["rationale_agreement", "relevance_segmentation"]
+__all__ = ["min_max", "rationale_agreement", "relevance_segmentation"]
+
+
+def min_max(scores: Tensor) -> Tensor:
+    """Each row of ``[B, U]`` mapped onto [0, 1] by its own minimum and maximum (a constant row: 0).
+
+    Rank-preserving, so it changes no ranking; torchmetrics' average precision needs it, because
+    it passes scores outside [0, 1] through a sigmoid, which saturates large relevance to 1.0 and
+    rounds tiny signed (Captum-scale) relevance to 0.5, tying everything.
+    """
+    low = scores.amin(dim=-1, keepdim=True)
+    span = scores.amax(dim=-1, keepdim=True) - low
+    return (scores - low) / torch.where(span > 0, span, torch.ones_like(span))
 
 
 def _relevance_segmentation_update(maps: Tensor, masks: Tensor) -> tuple[Tensor, Tensor, int]:
     """``(confusion [2, 2], ap_sum, count)`` of maps ``[B, H, W]`` thresholded at each map's mean."""
     if maps.shape != masks.shape:
         raise ValueError(f"relevance maps {tuple(maps.shape)} and masks {tuple(masks.shape)} must have the same shape")
-    maps = maps.detach().float().flatten(1)
-    truth = (masks.flatten(1) != 0).long()
+    maps = min_max(maps.detach().float().flatten(1))
+    truth = masks.flatten(1) != 0
     predicted = (maps > maps.mean(dim=1, keepdim=True)).long()
-    confusion = binary_confusion_matrix(predicted, truth)
-    ap = torch.stack([binary_average_precision(m, t) for m, t in zip(maps, truth)])
-    # A mask with no foreground has no precision-recall curve: it counts for accuracy and IoU only.
-    ap = ap.nan_to_num(0.0) * (truth.sum(dim=1) > 0)
-    return confusion, ap.sum(), int((truth.sum(dim=1) > 0).sum())
+    confusion = binary_confusion_matrix(predicted, truth.long())
+    # Both channels in one ranking, as the authors' ImageNet-segmentation code scores them: the
+    # background channel 1 - map against the background, the foreground channel map against the
+    # foreground. Half the entries are positive, so every sample has a precision-recall curve.
+    scores = torch.cat([1 - maps, maps], dim=1)
+    labels = torch.cat([~truth, truth], dim=1).long()
+    ap = torch.stack([binary_average_precision(s, t) for s, t in zip(scores, labels)])
+    return confusion, ap.sum(), maps.shape[0]
 
 
 def _relevance_segmentation_compute(confusion: Tensor, ap_sum: Tensor, ap_count: Tensor | int) -> dict[str, Tensor]:
-    confusion = confusion.double()
+    confusion = confusion.float()
     hits = confusion.diagonal()
     iou = hits / (confusion.sum(dim=0) + confusion.sum(dim=1) - hits)
     return {
-        "pixel_accuracy": (hits.sum() / confusion.sum()).float(),
-        "miou": iou.nanmean().float(),
-        "average_precision": (ap_sum / ap_count).float() if ap_count else torch.tensor(float("nan")),
+        "pixel_accuracy": hits.sum() / confusion.sum(),
+        "miou": iou.nanmean(),
+        "mean_ap": (ap_sum / ap_count).float() if ap_count else torch.tensor(float("nan")),
     }
 
 
 def relevance_segmentation(maps: Tensor, masks: Tensor) -> dict[str, Tensor]:
-    r"""Relevance maps as a segmentation: pixel accuracy, mIoU over {background, foreground}, AP.
+    r"""Relevance maps as a segmentation of ground-truth masks, the ImageNet-segmentation way (Chefer et al.).
 
-    Each map is thresholded at its own mean (foreground = above the mean). Pixel accuracy and the
-    IoU of each class are computed over all pixels of all samples (a confusion matrix from
-    torchmetrics), mIoU is the mean of the two IoUs; average precision of the continuous map is
-    computed per sample (torchmetrics) and averaged over samples whose mask has foreground.
+    Each map :math:`m` is min-max normalised per sample and thresholded at its own mean
+    (foreground = above it). ``pixel_accuracy`` and the IoU of each class, :math:`TP / (TP + FP +
+    FN)`, are computed over all pixels of all samples (a confusion matrix from torchmetrics);
+    ``miou`` is the mean of the background and foreground IoUs. ``mean_ap`` is the mean over
+    samples of the average precision (torchmetrics) of one ranking of :math:`2HW` scores: the
+    background channel :math:`1 - m` labelled by the background and the foreground channel
+    :math:`m` labelled by the foreground, as the authors' evaluation code scores them.
 
     Args:
-        maps: relevance ``[B, H, W]`` (any scale).
+        maps: relevance ``[B, H, W]`` (any scale and sign).
         masks: ground truth ``[B, H, W]``, nonzero = foreground.
 
     Returns:
-        ``{"pixel_accuracy", "miou", "average_precision"}``, scalar tensors in [0, 1].
+        ``{"pixel_accuracy", "miou", "mean_ap"}``, scalar tensors in [0, 1].
 
-    Example::
-
-        relevance_segmentation(ImageTokens(16).to_input(exp.tokens, images), masks)
+    >>> import torch
+    >>> maps = torch.tensor([[[9.0, 1.0], [2.0, 3.0]]])     # any scale: only the ranking matters
+    >>> masks = torch.tensor([[[1, 0], [0, 0]]])
+    >>> {k: round(v.item(), 4) for k, v in relevance_segmentation(maps, masks).items()}
+    {'pixel_accuracy': 1.0, 'miou': 1.0, 'mean_ap': 1.0}
     """
     return _relevance_segmentation_compute(*_relevance_segmentation_update(maps, masks))
 
@@ -79,7 +99,7 @@ def _rationale_agreement_update(
         chosen[s.topk(top).indices] = True
         hits = (chosen & t).sum()
         f1_sum += 2 * hits / (top + wanted)
-        auprc_sum += binary_average_precision(s, t.long())
+        auprc_sum += binary_average_precision(min_max(s), t.long())
         count += 1
     return f1_sum, auprc_sum, count
 
@@ -93,9 +113,11 @@ def rationale_agreement(
 ) -> dict[str, Tensor]:
     r"""Agreement of token relevance with ground-truth rationale tokens (ERASER).
 
-    Token F1: the top-:math:`k` tokens (default: as many as the sample's rationale has) against the
-    rationale, :math:`2|P \cap R| / (|P| + |R|)`; AUPRC: average precision of the continuous scores
-    (torchmetrics). Both are averaged over samples that have a rationale.
+    Token F1: the top-:math:`k` tokens :math:`P` (default: as many as the sample's rationale
+    :math:`R` has) against the rationale, :math:`2|P \cap R| / (|P| + |R|)`; AUPRC: average
+    precision (torchmetrics) of the scores of the valid tokens, min-max normalised per sample,
+    :math:`\sum_n (R_n - R_{n-1}) P_n` over the distinct thresholds. Both are averaged over
+    samples that have a rationale.
 
     Args:
         scores: token relevance ``[B, T]`` (or ``[B, T, D]``, summed over D).
@@ -105,5 +127,11 @@ def rationale_agreement(
 
     Returns:
         ``{"token_f1", "auprc"}``.
+
+    >>> import torch
+    >>> scores = torch.tensor([[3e-9, -1e-9, 2e-9, 1e-9]])   # Captum-scale: the ranking is what counts
+    >>> out = rationale_agreement(scores, torch.tensor([[1, 0, 0, 1]]))
+    >>> round(out["token_f1"].item(), 4), round(out["auprc"].item(), 4)   # hits at ranks 1 and 3
+    (0.5, 0.8333)
     """
     return _rationale_agreement_compute(*_rationale_agreement_update(scores, rationales, valid, k))
