@@ -11,15 +11,16 @@ import torch
 from torch import Tensor, nn
 
 from lightning_gae import rules
+from lightning_gae.attn_gradcam_vit import attn_gradcam_vit_row
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.streams import Streams, TokenSets, assign_token_sets, check_batch
 
 __all__ = ["Explanation", "explain", "eval_mode", "METHODS", "map_tensors", "model_logits"]
 
-Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam"]
-METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam")
-_NEEDS_GRAD = {"gae", "attn_gradcam"}
-_LAST_LAYER_ONLY = {"raw_attention", "attn_gradcam"}
+Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit"]
+METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit")
+_NEEDS_GRAD = {"gae", "attn_gradcam", "attn_gradcam_vit"}
+_LAST_LAYER_ONLY = {"raw_attention", "attn_gradcam", "attn_gradcam_vit"}
 Target = Union[None, int, Sequence[int], Tensor, Callable[[Any], Tensor]]
 Query = Union[int, Literal["last", "mean"], Sequence[int], Tensor]
 
@@ -242,6 +243,10 @@ def _relevance_row(method: str, layers: list[AttentionRecord], grads: list[Tenso
         return rules.rollout_row(attns, query)
     if method == "raw_attention":
         return rules.raw_attention_row(attns[-1], query)
+    if method == "attn_gradcam_vit":
+        if query.is_floating_point():
+            raise ValueError("method='attn_gradcam_vit' weighs heads by the gradient of one query row; pass a token index, not query='mean'")
+        return attn_gradcam_vit_row(attns[-1], grads[-1], query, keep)
     return rules.attn_gradcam_row(attns[-1], grads[-1], query, keep)
 
 
@@ -295,6 +300,8 @@ def _multi_set_rows(method: str, sets: TokenSets, grads: list[Tensor], keeps: di
     start rows/indices. A set joined to the query set by cross-attention is read from ``R^{Q,x}``;
     a tower is read from its own ``R^{xx}``; a pooled tower from its pooling token's ``R^{p,x}``.
     """
+    if method == "attn_gradcam_vit":
+        raise ValueError("method='attn_gradcam_vit' is defined on one token set (the ViT baseline); use 'attn_gradcam' for models with several sets")
     maps = _set_maps(method, sets, grads, keeps, abars)
     steps = list(zip(sets.query_sets, sets.key_sets, maps))
     reader = _readers(sets)
@@ -340,7 +347,9 @@ def explain(
             ``src_key_padding_mask`` / ``key_padding_mask`` (True = pad) among them marks padding.
         target: what to explain: None (each sample's argmax), an int, one class per sample, or a
             callable ``output -> Tensor[B]`` returning any scalar per sample.
-        method: ``"gae"`` (Eq. 5-11), ``"rollout"``, ``"raw_attention"`` or ``"attn_gradcam"``.
+        method: ``"gae"`` (Eq. 5-11), ``"rollout"``, ``"raw_attention"``, ``"attn_gradcam"`` (heads
+            weighted by their whole gradient map's mean, the LXMERT/GAE code) or ``"attn_gradcam_vit"``
+            (weighted by the readout row's gradient mean, the ViT baseline of the CVPR 2021 table).
         query: the token of the query set whose relevance row is read: an index (a decoder
             position for encoder-decoders; default: the family's readout where a preset knows it,
             such as BART classifiers' last EOS, else 0, the CLS token), ``"last"`` (the last real token),
