@@ -10,7 +10,9 @@ only adapts its arguments and maps its token relevance ``[B, N]`` onto each inpu
 Which input receives the relevance (``N`` is the number of tokens the model attends over):
 
 * an image ``[B, C, H, W]`` (floating point): the patch grid of an :class:`ImageTokens` modality
-  (given, or inferred from ``H``, ``W`` and ``N``), bilinearly upsampled, the same for every channel;
+  (given, or inferred from ``H``, ``W`` and ``N``), upsampled to the pixels (``interpolate_mode``:
+  ``"nearest"`` by default, so each patch's pixels carry its token's relevance and patch means keep
+  the token order; ``"bilinear"`` for display), the same for every channel;
 * a tensor whose dim 1 holds one entry per token: token ids ``[B, T]`` get one value per id,
   embeddings ``[B, T, D]`` (e.g. Hugging Face ``inputs_embeds``) the token's value across ``D``;
   with :class:`TextTokens` padding ids are 0;
@@ -25,11 +27,12 @@ for every argument that is not explained (and so that ``NoiseTunnel`` does not a
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import torch
-from captum.attr import GradientAttribution
+from captum.attr import GradientAttribution, LayerAttribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
@@ -39,6 +42,7 @@ from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextT
 __all__ = ["AttentionAttribution", "AttentionGradCAM", "AttentionRollout", "GenericAttention", "RawAttention"]
 
 TensorOrTuple = Union[Tensor, tuple[Tensor, ...]]
+InterpolateMode = Literal["nearest", "bilinear"]
 AttributionTarget = Union[None, int, Sequence[int], Tensor, Callable[[Any], Tensor]]
 
 
@@ -118,7 +122,19 @@ def _broadcast(relevance: Tensor, x: Tensor) -> Tensor:
     return relevance.reshape(relevance.shape + (1,) * (x.dim() - lead)).expand(x.shape)
 
 
-def _relevance_on(x: Tensor, tokens: Tensor, modality: Modality | None, position: int) -> Tensor | None:
+def _patch_pixels(image: ImageTokens, tokens: Tensor, x: Tensor, mode: InterpolateMode) -> Tensor:
+    """Patch relevance ``[B, N]`` on the pixels of ``x``: ``[B, H, W]``."""
+    rows, cols = x.shape[-2] // image.patch_size, x.shape[-1] // image.patch_size
+    if mode == "bilinear" or tokens.shape[1] != image.prefix_tokens + rows * cols:
+        # The modality's display upsampling, which also explains a token count that does not fit.
+        return image.to_input(tokens, x)
+    grid = tokens[:, image.prefix_tokens :].float().reshape(-1, 1, rows, cols)
+    return LayerAttribution.interpolate(grid, tuple(x.shape[-2:]), interpolate_mode=mode)[:, 0]
+
+
+def _relevance_on(
+    x: Tensor, tokens: Tensor, modality: Modality | None, position: int, mode: InterpolateMode = "nearest"
+) -> Tensor | None:
     """Token relevance ``[B, N]`` in the shape of input ``x``, or None when ``x`` is not laid out like the tokens."""
     num_tokens = tokens.shape[1]
     if isinstance(modality, ImageTokens) or (modality is None and _is_image(x)):
@@ -131,8 +147,7 @@ def _relevance_on(x: Tensor, tokens: Tensor, modality: Modality | None, position
                 f"{x.shape[-2]}x{x.shape[-1]} pixels cannot be inferred (square images with 0, 1 or 2 prefix "
                 "tokens are); pass modality=ImageTokens(patch_size=..., prefix_tokens=...)"
             )
-        pixels = image.to_input(tokens, x)
-        return pixels[:, None].expand(x.shape)
+        return _patch_pixels(image, tokens, x, mode)[:, None].expand(x.shape)
     if isinstance(modality, TabularTokens):
         if x.dim() < 2 or x.shape[1] != len(modality.feature_names):
             return None
@@ -173,12 +188,26 @@ class AttentionAttribution(GradientAttribution):
         query: Query = 0,
         attention_modules: Sequence[str] | str | None = None,
         model: nn.Module | None = None,
+        interpolate_mode: InterpolateMode = "nearest",
     ) -> None:
+        if interpolate_mode not in ("nearest", "bilinear"):
+            raise ValueError(
+                f"interpolate_mode={interpolate_mode!r}; use 'nearest' (one value per patch, for metrics) or "
+                "'bilinear' (smooth, for display)"
+            )
         self._module = _explained_module(forward_func, model)
         GradientAttribution.__init__(self, forward_func)
         self.modality = modality
         self.query = query
         self.attention_modules = attention_modules
+        self.interpolate_mode = interpolate_mode
+        if isinstance(modality, ImageTokens) and modality.prefix_tokens == 0 and isinstance(query, int) and query == 0:
+            warnings.warn(
+                f"{modality!r} has no CLS token, so query=0 explains the first patch, not the prediction; "
+                "explain the pooled patches with query=\"mean\"",
+                UserWarning,
+                stacklevel=2,
+            )
 
     @log_usage(part_of_slo=True)
     def attribute(
@@ -240,7 +269,7 @@ class AttentionAttribution(GradientAttribution):
             attention_modules=self.attention_modules,
         )
 
-        relevances = [_relevance_on(x, exp.tokens, self.modality, i) for i, x in enumerate(inputs_tuple)]
+        relevances = [_relevance_on(x, exp.tokens, self.modality, i, self.interpolate_mode) for i, x in enumerate(inputs_tuple)]
         if all(r is None for r in relevances):
             raise _no_input_matches(inputs_tuple, exp.tokens.shape[1], self.modality)
         attributions = []
@@ -290,10 +319,15 @@ class GenericAttention(AttentionAttribution):
         model: the ``nn.Module`` that a plain-callable ``forward_func`` runs, needed to record its
             attention by module path and to put it in eval mode. Inferred for a bound method such as
             ``model.forward``; must be left out when ``forward_func`` is itself a module.
+        interpolate_mode: how an image's patch relevance reaches its pixels: ``"nearest"`` (default;
+            every pixel of a patch gets the patch's value, so the mean over a patch is its token's
+            relevance, which Captum's metrics and perturbation tests rely on) or ``"bilinear"``
+            (smooth, for display only).
 
     Raises:
         TypeError: a plain-callable ``forward_func`` without ``model``.
-        ValueError: ``model`` given together with an ``nn.Module`` ``forward_func``.
+        ValueError: ``model`` given together with an ``nn.Module`` ``forward_func``; an unknown
+            ``interpolate_mode``.
 
     Example::
 

@@ -57,8 +57,11 @@ def bert_on_embeddings(bert):
     return GenericAttention(lambda embeds, mask: bert(inputs_embeds=embeds, attention_mask=mask).logits, model=bert)
 
 
-def pixels(tokens, images):
-    return ImageTokens(patch_size=2).to_input(tokens, images)[:, None].expand_as(images)
+def pixels(tokens, images, patch=2):
+    """Each patch's pixels carry its token's relevance (CLS dropped): the default, nearest upsampling."""
+    rows, cols = images.shape[-2] // patch, images.shape[-1] // patch
+    grid = tokens[:, 1:].reshape(-1, rows, cols).repeat_interleave(patch, 1).repeat_interleave(patch, 2)
+    return grid[:, None].expand_as(images)
 
 
 def relative_change(a, b):
@@ -76,6 +79,26 @@ def test_image_attribution_is_the_explanation_on_pixels(vit, images, target):
     assert torch.equal(attr, pixels(exp.tokens, images))
     assert torch.equal(attr[:, 0], attr[:, 2]), "every channel carries the pixel's relevance"
     assert attr.abs().max() > 0
+
+
+def test_patch_means_are_the_token_relevance(vit, images):
+    # Captum's metrics and the perturbation tests rank pixels or patches: the attribution must keep
+    # the explanation's patch order, which bilinear smoothing across patch borders does not.
+    exp = lg.explain(vit, images, target=2)
+    patches = exp.tokens[:, 1:].reshape(3, 4, 4)
+    attr = GenericAttention(vit).attribute(images, target=2)
+    means = torch.nn.functional.avg_pool2d(attr[:, :1], 2)[:, 0]
+    torch.testing.assert_close(means, patches, rtol=0, atol=0)
+    smooth = GenericAttention(vit, interpolate_mode="bilinear").attribute(images, target=2)
+    assert torch.equal(smooth[:, 0], ImageTokens(patch_size=2).to_input(exp.tokens, images))
+    assert not torch.equal(torch.nn.functional.avg_pool2d(smooth[:, :1], 2)[:, 0], patches)
+    with pytest.raises(ValueError, match=r"interpolate_mode='bicubic'; use 'nearest'.*or 'bilinear'"):
+        GenericAttention(vit, interpolate_mode="bicubic")
+
+
+def test_no_cls_token_warns_and_points_to_the_mean_query(vit):
+    with pytest.warns(UserWarning, match=r"ImageTokens\(patch_size=2, prefix_tokens=0\) has no CLS token.*query=\"mean\""):
+        GenericAttention(vit, modality=ImageTokens(patch_size=2, prefix_tokens=0))
 
 
 @pytest.mark.parametrize("method", list(CLASSES))
@@ -323,7 +346,7 @@ def test_image_patching_that_cannot_be_inferred_asks_for_the_modality(vit, image
     with pytest.raises(ValueError, match=r"input 0 looks like images.*20 tokens.*modality=ImageTokens"):
         GenericAttention(model).attribute(images, target=0)
     modality = ImageTokens(patch_size=2, prefix_tokens=4)
-    attr = GenericAttention(model, modality=modality).attribute(images, target=0)
+    attr = GenericAttention(model, modality=modality, interpolate_mode="bilinear").attribute(images, target=0)
     expected = modality.to_input(lg.explain(model, images, target=0).tokens, images)
     torch.testing.assert_close(attr, expected[:, None].expand_as(images))
 
