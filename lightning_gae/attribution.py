@@ -28,7 +28,7 @@ for every argument that is not explained (and so that ``NoiseTunnel`` does not a
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Union
 
 import torch
@@ -37,6 +37,7 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from lightning_gae.explain import Query, explain
+from lightning_gae.streams import Streams
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 
 __all__ = ["AttentionAttribution", "AttentionGradCAM", "AttentionRollout", "GenericAttention", "RawAttention"]
@@ -63,6 +64,11 @@ class _ForwardFunction(nn.Module):
 
     def forward(self, *args: Any) -> Any:
         return self.forward_func(*args)
+
+    @property
+    def wrapped_model(self) -> nn.Module:
+        """The model whose family presets apply (:func:`lightning_gae.streams.preset_streams`)."""
+        return self.model
 
     def named_modules(
         self, memo: set[nn.Module] | None = None, prefix: str = "", remove_duplicate: bool = True
@@ -161,6 +167,46 @@ def _relevance_on(
     return _broadcast(modality.to_input(tokens, x), x)
 
 
+def _set_relevances(
+    inputs: tuple[Tensor, ...], relevance: dict[str, Tensor], modality: Modality | Mapping[str, Modality] | None,
+    mode: InterpolateMode,
+) -> list[Tensor | None]:
+    """Each input's attribution from the token set laid out like it (models with several token sets).
+
+    With a mapping ``{set: modality}`` each set is mapped by its own modality; otherwise images take
+    the set whose token count tiles them, and other inputs the one set with their length in dim 1.
+    A set goes to one input at most; an input two sets could fit raises and asks for the mapping.
+    """
+    out: list[Tensor | None] = [None] * len(inputs)
+    free = dict(relevance)
+    mods = dict(modality) if isinstance(modality, Mapping) else {}
+    unknown = [k for k in mods if k not in relevance]
+    if unknown:
+        raise ValueError(f"modality names token sets {unknown}; this model's sets are {list(relevance)}")
+    order = sorted(range(len(inputs)), key=lambda i: not _is_image(inputs[i]))   # images first
+    for i in order:
+        x = inputs[i]
+        fits = []
+        for name, tokens in free.items():
+            mod = mods.get(name) if mods else (modality if not isinstance(modality, Mapping) else None)
+            try:
+                mapped = _relevance_on(x, tokens, mod, i, mode)
+            except ValueError:
+                mapped = None
+            if mapped is not None:
+                fits.append((name, mapped))
+        if len(fits) > 1 and not mods:
+            raise ValueError(
+                f"input {i} {tuple(x.shape)} fits token sets {[n for n, _ in fits]} alike; pass "
+                "modality={set: ImageTokens(...)/TextTokens(...)} naming which set each input belongs to"
+            )
+        if fits:
+            name, mapped = fits[0]
+            out[i] = mapped
+            del free[name]
+    return out
+
+
 def _no_input_matches(inputs: tuple[Tensor, ...], num_tokens: int, modality: Modality | None) -> ValueError:
     shapes = ", ".join(f"input {i}: {tuple(x.shape)}" for i, x in enumerate(inputs))
     if modality is not None:
@@ -184,11 +230,12 @@ class AttentionAttribution(GradientAttribution):
     def __init__(
         self,
         forward_func: nn.Module | Callable[..., Any],
-        modality: Modality | None = None,
-        query: Query = 0,
+        modality: Modality | Mapping[str, Modality] | None = None,
+        query: Query | Mapping[str, Query] | None = None,
         attention_modules: Sequence[str] | str | None = None,
         model: nn.Module | None = None,
         interpolate_mode: InterpolateMode = "nearest",
+        streams: Streams | None = None,
     ) -> None:
         if interpolate_mode not in ("nearest", "bilinear"):
             raise ValueError(
@@ -201,7 +248,8 @@ class AttentionAttribution(GradientAttribution):
         self.query = query
         self.attention_modules = attention_modules
         self.interpolate_mode = interpolate_mode
-        if isinstance(modality, ImageTokens) and modality.prefix_tokens == 0 and isinstance(query, int) and query == 0:
+        self.streams = streams
+        if isinstance(modality, ImageTokens) and modality.prefix_tokens == 0 and (query is None or (isinstance(query, int) and query == 0)):
             warnings.warn(
                 f"{modality!r} has no CLS token, so query=0 explains the first patch, not the prediction; "
                 "explain the pooled patches with query=\"mean\"",
@@ -267,9 +315,13 @@ class AttentionAttribution(GradientAttribution):
             method=self.method,
             query=self.query,
             attention_modules=self.attention_modules,
+            streams=self.streams,
         )
 
-        relevances = [_relevance_on(x, exp.tokens, self.modality, i, self.interpolate_mode) for i, x in enumerate(inputs_tuple)]
+        if len(exp.relevance) > 1 or isinstance(self.modality, Mapping):
+            relevances = _set_relevances(inputs_tuple, exp.relevance, self.modality, self.interpolate_mode)
+        else:
+            relevances = [_relevance_on(x, exp.tokens, self.modality, i, self.interpolate_mode) for i, x in enumerate(inputs_tuple)]
         if all(r is None for r in relevances):
             raise _no_input_matches(inputs_tuple, exp.tokens.shape[1], self.modality)
         attributions = []
@@ -308,8 +360,13 @@ class GenericAttention(AttentionAttribution):
         modality: how the model made its tokens from the input: :class:`ImageTokens`,
             :class:`TextTokens`, :class:`TabularTokens` or another :class:`Modality` (whose
             ``to_input`` is then called for every input). None infers: images by their patching,
-            other inputs by having one entry per token in dim 1.
-        query: the token whose relevance row is read: an index (default 0, the CLS token),
+            other inputs by having one entry per token in dim 1. For models with several token
+            sets (encoder-decoders, dual encoders, co-attention) a mapping ``{set: modality}``
+            says which set each input belongs to (e.g. ``{"image": ImageTokens(16), "text":
+            TextTokens(tokenizer)}``); each input gets its own set's relevance
+            (``Explanation.relevance``).
+        query: the token whose relevance row is read: an index (default: the model family's
+            readout, else 0, the CLS token), ``"mean"`` (mean-pooled models), a mapping ``{set: query}``,
             ``"last"`` (the last real token, for decoder-only models), or one index per example
             (which ``NoiseTunnel`` and the Captum metrics do not expand; prefer an int or ``"last"``
             with them).
@@ -323,6 +380,7 @@ class GenericAttention(AttentionAttribution):
             every pixel of a patch gets the patch's value, so the mean over a patch is its token's
             relevance, which Captum's metrics and perturbation tests rely on) or ``"bilinear"``
             (smooth, for display only).
+        streams: a :class:`~lightning_gae.Streams` declaring token sets no preset or inference finds.
 
     Raises:
         TypeError: a plain-callable ``forward_func`` without ``model``.

@@ -421,12 +421,12 @@ def _explain(model: nn.Module, inputs: Any, target: Target, method: str, query: 
         main_query = per_set.pop(sets.query_set, None) if isinstance(query, Mapping) else query
         if main_query is None:
             main_query = sets.queries.get(sets.query_set, 0)
-        starts = {sets.query_set: _query_index(_resolve(main_query, kwargs), batch, sets.sizes[sets.query_set],
+        starts = {sets.query_set: _query_index(_resolve(main_query, kwargs, args), batch, sets.sizes[sets.query_set],
                                                keeps[sets.query_set], device)}
         for x in sets.sizes:
             if x != sets.query_set:
                 readout = per_set.get(x, sets.queries.get(x, 0))
-                starts[x] = _query_index(_resolve(readout, kwargs), batch, sets.sizes[x], keeps[x], device)
+                starts[x] = _query_index(_resolve(readout, kwargs, args), batch, sets.sizes[x], keeps[x], device)
         query_index = starts[sets.query_set]
         score, target_index = _target_scores(output, logits, target, query_index, batch)
 
@@ -473,6 +473,6 @@ def _explain(model: nn.Module, inputs: Any, target: Target, method: str, query: 
     )
 
 
-def _resolve(readout: Any, kwargs: Mapping[str, Any]) -> Any:
-    """A preset's readout may be a function of the keyword inputs (CLIP's text EOS position)."""
-    return readout(kwargs) if callable(readout) else readout
+def _resolve(readout: Any, kwargs: Mapping[str, Any], args: Sequence[Any] = ()) -> Any:
+    """A preset's readout may be a function of the inputs (CLIP's text EOS position)."""
+    return readout(kwargs, args) if callable(readout) else readout

@@ -13,7 +13,7 @@ from torch import nn
 
 import lightning_gae as lg
 from lightning_gae.attribution import AttentionGradCAM, AttentionRollout, GenericAttention, RawAttention
-from lightning_gae.modalities import ImageTokens, TabularTokens
+from lightning_gae.modalities import ImageTokens, TabularTokens, TextTokens
 from models import TinyViT
 from recipes.vit import ViTClassifier
 
@@ -364,3 +364,44 @@ def test_embeddings_whose_length_is_not_the_token_count(bert, text):
 def test_inputs_must_be_tensors(vit, images):
     with pytest.raises(TypeError, match="additional_forward_args"):
         GenericAttention(WithBias(vit)).attribute((images, 1.0))
+
+
+# --- several token sets ------------------------------------------------------------------------
+
+
+def test_dual_encoder_inputs_each_get_their_own_towers_relevance():
+    from test_token_sets import _clip
+
+    model = _clip()
+    ids = torch.tensor([[3, 4, 49, 0, 0], [5, 6, 7, 8, 49]])
+    pixels = torch.randn(2, 3, 8, 8)
+
+    def similarity(pixel_values, input_ids):
+        return model(input_ids=input_ids, pixel_values=pixel_values).logits_per_image.diagonal()[:, None]
+
+    gae = GenericAttention(similarity, model=model,
+                           modality={"image": ImageTokens(patch_size=4), "text": TextTokens(pad_id=0)})
+    image_map, text_map = gae.attribute((pixels, ids), target=0)
+    exp = lg.explain(model, {"input_ids": ids, "pixel_values": pixels}, target=lambda o: o.logits_per_image.diagonal())
+    # Nearest upsampling: every pixel of a patch holds its image token's relevance.
+    patches = exp.relevance["image"][:, 1:].reshape(2, 2, 2)
+    torch.testing.assert_close(image_map[:, 0, ::4, ::4], patches, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(text_map, exp.relevance["text"], rtol=1e-4, atol=1e-7)
+    # Without the mapping, 5 text tokens and 5 image tokens (4 patches + CLS) both tile the image:
+    # which tower it belongs to cannot be told from shapes, so it is not guessed.
+    with pytest.raises(ValueError, match=r"input 0 \(2, 3, 8, 8\) fits token sets \['image', 'text'\] alike"):
+        GenericAttention(similarity, model=model).attribute((pixels, ids), target=0)
+
+
+def test_seq2seq_source_and_target_inputs_of_equal_length_need_the_mapping():
+    from models import TinySeq2Seq
+
+    torch.manual_seed(0)
+    model = TinySeq2Seq().eval()
+    src, tgt = torch.randint(0, 11, (2, 6)), torch.randint(0, 11, (2, 6))
+    with pytest.raises(ValueError, match=r"input 0 \(2, 6\) fits token sets \['encoder', 'decoder'\] alike; pass modality=\{set"):
+        GenericAttention(model, query=3).attribute((src, tgt), target=1)
+    source, target = GenericAttention(model, query=3, modality={"encoder": TextTokens(), "decoder": TextTokens()}).attribute((src, tgt), target=1)
+    exp = lg.explain(model, (src, tgt), query=3, target=1)
+    torch.testing.assert_close(source, exp.relevance["encoder"])
+    torch.testing.assert_close(target, exp.relevance["decoder"])
