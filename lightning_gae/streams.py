@@ -248,7 +248,7 @@ class _Ancestry:
     def __init__(self, records: Sequence[AttentionRecord]) -> None:
         self.stops: dict[Any, int] = {}
         for rec in records:
-            node = None if rec.output is None else rec.output.grad_fn
+            node = None if rec.output is None else _node_of(rec.output)
             if node is not None:
                 self.stops.setdefault(node, rec.index)
         self.memo: dict[Any, int] = {}
@@ -281,15 +281,25 @@ class _Ancestry:
 
     def of(self, t: Tensor | None, own: int | None = None) -> int:
         """Ancestors of ``t``; ``own`` (a record index) is looked through, not counted."""
-        if t is None or t.grad_fn is None:
+        node = None if t is None else _node_of(t)
+        if node is None:
             return 0
-        node = t.grad_fn
         if own is not None and self.stops.get(node) == own:
             mask = 0
             for c, _ in node.next_functions:
                 mask |= self._node(c)
             return mask
         return self._node(node)
+
+
+def _node_of(t: Tensor) -> Any:
+    """``t``'s node in the autograd graph: its ``grad_fn``, or for a leaf that requires grad (the
+    probabilities of a frozen model, made leaves by the capture) the node that accumulates into it."""
+    if t.grad_fn is not None:
+        return t.grad_fn
+    if t.requires_grad:
+        return t.view_as(t).grad_fn.next_functions[0][0]
+    return None
 
 
 def _latest(mask: int) -> int | None:

@@ -516,3 +516,14 @@ def test_batch_equals_one_by_one(case):
             n = rows.shape[1]
             torch.testing.assert_close(batch.relevance[name][b, :n], rows[0], rtol=1e-4, atol=1e-6)
             assert torch.all(batch.relevance[name][b, n:] == 0)
+
+
+def test_a_frozen_model_named_by_attention_modules_stays_one_set():
+    """Hook-recorded probabilities of a frozen model are leaves: later layers still descend from them."""
+    torch.manual_seed(18)
+    model = TinyViT(impl="einsum").eval().requires_grad_(False)
+    x = torch.rand(2, 1, 8, 8)
+    exp = lg.explain(model, x, attention_modules=["blocks.*.attn.attn_drop"])
+    assert list(exp.relevance) == ["tokens"] and exp.layers == [f"blocks.{i}.attn.attn_drop" for i in range(3)]
+    model.requires_grad_(True)
+    torch.testing.assert_close(exp.tokens, lg.explain(model, x, attention_modules=["blocks.*.attn.attn_drop"]).tokens)
