@@ -15,13 +15,15 @@ class DigitsDataModule(pl.LightningDataModule):
     There is no separate test set; ``test_dataloader`` serves the validation split.
     """
 
-    def __init__(self, batch_size: int = 64, val_fraction: float = 0.2, seed: int = 0, num_workers: int = 0) -> None:
+    def __init__(self, batch_size: int = 64, val_fraction: float = 0.2, seed: int = 0, num_workers: int = 0,
+                 persistent_workers: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.batch_size = batch_size
         self.val_fraction = val_fraction
         self.seed = seed
         self.num_workers = num_workers
+        self.persistent_workers = persistent_workers and num_workers > 0
         self.class_names = [str(i) for i in range(10)]
         self.train_set: TensorDataset | None = None
         self.val_set: TensorDataset | None = None
@@ -41,10 +43,12 @@ class DigitsDataModule(pl.LightningDataModule):
         self.val_set = TensorDataset(x[idx_val], y[idx_val])
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers)
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers,
+                          persistent_workers=self.persistent_workers)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers)
+        return DataLoader(self.val_set, batch_size=self.batch_size, num_workers=self.num_workers,
+                          persistent_workers=self.persistent_workers)
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()
