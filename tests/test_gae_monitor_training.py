@@ -359,7 +359,7 @@ def test_tabular_model_on_breast_cancer_features(tmp_path):
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
     train, val = order[:450], order[450:]
     callback = GAECallback(num_samples=2, methods=("gae", "rollout"),
-                           modality=TabularTokens(feature_names=list(data.feature_names)))
+                           modality=TabularTokens(feature_names=list(data.feature_names)).fit(x[train]))
     trainer = make_trainer(tmp_path, [callback])
     with no_skipped_explanation():
         trainer.fit(FTTransformer(x.shape[1]),
