@@ -10,7 +10,9 @@ only adapts its arguments and maps its token relevance ``[B, N]`` onto each inpu
 Which input receives the relevance (``N`` is the number of tokens the model attends over):
 
 * an image ``[B, C, H, W]`` (floating point): the patch grid of an :class:`ImageTokens` modality
-  (given, or inferred from ``H``, ``W`` and ``N``), bilinearly upsampled, the same for every channel;
+  (given, or inferred from ``H``, ``W`` and ``N``), upsampled to the pixels (``interpolate_mode``:
+  ``"nearest"`` by default, so each patch's pixels carry its token's relevance and patch means keep
+  the token order; ``"bilinear"`` for display), the same for every channel;
 * a tensor whose dim 1 holds one entry per token: token ids ``[B, T]`` get one value per id,
   embeddings ``[B, T, D]`` (e.g. Hugging Face ``inputs_embeds``) the token's value across ``D``;
   with :class:`TextTokens` padding ids are 0;
@@ -25,20 +27,23 @@ for every argument that is not explained (and so that ``NoiseTunnel`` does not a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Union
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Literal, Union
 
 import torch
-from captum.attr import GradientAttribution
+from captum.attr import GradientAttribution, LayerAttribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
 from lightning_gae.explain import Query, explain
+from lightning_gae.streams import Streams
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 
 __all__ = ["AttentionAttribution", "AttentionGradCAM", "AttentionRollout", "GenericAttention", "RawAttention"]
 
 TensorOrTuple = Union[Tensor, tuple[Tensor, ...]]
+InterpolateMode = Literal["nearest", "bilinear"]
 AttributionTarget = Union[None, int, Sequence[int], Tensor, Callable[[Any], Tensor]]
 
 
@@ -59,6 +64,11 @@ class _ForwardFunction(nn.Module):
 
     def forward(self, *args: Any) -> Any:
         return self.forward_func(*args)
+
+    @property
+    def wrapped_model(self) -> nn.Module:
+        """The model whose family presets apply (:func:`lightning_gae.streams.preset_streams`)."""
+        return self.model
 
     def named_modules(
         self, memo: set[nn.Module] | None = None, prefix: str = "", remove_duplicate: bool = True
@@ -118,7 +128,19 @@ def _broadcast(relevance: Tensor, x: Tensor) -> Tensor:
     return relevance.reshape(relevance.shape + (1,) * (x.dim() - lead)).expand(x.shape)
 
 
-def _relevance_on(x: Tensor, tokens: Tensor, modality: Modality | None, position: int) -> Tensor | None:
+def _patch_pixels(image: ImageTokens, tokens: Tensor, x: Tensor, mode: InterpolateMode) -> Tensor:
+    """Patch relevance ``[B, N]`` on the pixels of ``x``: ``[B, H, W]``."""
+    rows, cols = x.shape[-2] // image.patch_size, x.shape[-1] // image.patch_size
+    if mode == "bilinear" or tokens.shape[1] != image.prefix_tokens + rows * cols:
+        # The modality's display upsampling, which also explains a token count that does not fit.
+        return image.to_input(tokens, x)
+    grid = tokens[:, image.prefix_tokens :].float().reshape(-1, 1, rows, cols)
+    return LayerAttribution.interpolate(grid, tuple(x.shape[-2:]), interpolate_mode=mode)[:, 0]
+
+
+def _relevance_on(
+    x: Tensor, tokens: Tensor, modality: Modality | None, position: int, mode: InterpolateMode = "nearest"
+) -> Tensor | None:
     """Token relevance ``[B, N]`` in the shape of input ``x``, or None when ``x`` is not laid out like the tokens."""
     num_tokens = tokens.shape[1]
     if isinstance(modality, ImageTokens) or (modality is None and _is_image(x)):
@@ -131,8 +153,7 @@ def _relevance_on(x: Tensor, tokens: Tensor, modality: Modality | None, position
                 f"{x.shape[-2]}x{x.shape[-1]} pixels cannot be inferred (square images with 0, 1 or 2 prefix "
                 "tokens are); pass modality=ImageTokens(patch_size=..., prefix_tokens=...)"
             )
-        pixels = image.to_input(tokens, x)
-        return pixels[:, None].expand(x.shape)
+        return _patch_pixels(image, tokens, x, mode)[:, None].expand(x.shape)
     if isinstance(modality, TabularTokens):
         if x.dim() < 2 or x.shape[1] != len(modality.feature_names):
             return None
@@ -144,6 +165,46 @@ def _relevance_on(x: Tensor, tokens: Tensor, modality: Modality | None, position
             return modality.to_input(tokens, x)
         return _broadcast(tokens, x)
     return _broadcast(modality.to_input(tokens, x), x)
+
+
+def _set_relevances(
+    inputs: tuple[Tensor, ...], relevance: dict[str, Tensor], modality: Modality | Mapping[str, Modality] | None,
+    mode: InterpolateMode,
+) -> list[Tensor | None]:
+    """Each input's attribution from the token set laid out like it (models with several token sets).
+
+    With a mapping ``{set: modality}`` each set is mapped by its own modality; otherwise images take
+    the set whose token count tiles them, and other inputs the one set with their length in dim 1.
+    A set goes to one input at most; an input two sets could fit raises and asks for the mapping.
+    """
+    out: list[Tensor | None] = [None] * len(inputs)
+    free = dict(relevance)
+    mods = dict(modality) if isinstance(modality, Mapping) else {}
+    unknown = [k for k in mods if k not in relevance]
+    if unknown:
+        raise ValueError(f"modality names token sets {unknown}; this model's sets are {list(relevance)}")
+    order = sorted(range(len(inputs)), key=lambda i: not _is_image(inputs[i]))   # images first
+    for i in order:
+        x = inputs[i]
+        fits = []
+        for name, tokens in free.items():
+            mod = mods.get(name) if mods else (modality if not isinstance(modality, Mapping) else None)
+            try:
+                mapped = _relevance_on(x, tokens, mod, i, mode)
+            except ValueError:
+                mapped = None
+            if mapped is not None:
+                fits.append((name, mapped))
+        if len(fits) > 1 and not mods:
+            raise ValueError(
+                f"input {i} {tuple(x.shape)} fits token sets {[n for n, _ in fits]} alike; pass "
+                "modality={set: ImageTokens(...)/TextTokens(...)} naming which set each input belongs to"
+            )
+        if fits:
+            name, mapped = fits[0]
+            out[i] = mapped
+            del free[name]
+    return out
 
 
 def _no_input_matches(inputs: tuple[Tensor, ...], num_tokens: int, modality: Modality | None) -> ValueError:
@@ -169,16 +230,32 @@ class AttentionAttribution(GradientAttribution):
     def __init__(
         self,
         forward_func: nn.Module | Callable[..., Any],
-        modality: Modality | None = None,
-        query: Query = 0,
+        modality: Modality | Mapping[str, Modality] | None = None,
+        query: Query | Mapping[str, Query] | None = None,
         attention_modules: Sequence[str] | str | None = None,
         model: nn.Module | None = None,
+        interpolate_mode: InterpolateMode = "nearest",
+        streams: Streams | None = None,
     ) -> None:
+        if interpolate_mode not in ("nearest", "bilinear"):
+            raise ValueError(
+                f"interpolate_mode={interpolate_mode!r}; use 'nearest' (one value per patch, for metrics) or "
+                "'bilinear' (smooth, for display)"
+            )
         self._module = _explained_module(forward_func, model)
         GradientAttribution.__init__(self, forward_func)
         self.modality = modality
         self.query = query
         self.attention_modules = attention_modules
+        self.interpolate_mode = interpolate_mode
+        self.streams = streams
+        if isinstance(modality, ImageTokens) and modality.prefix_tokens == 0 and (query is None or (isinstance(query, int) and query == 0)):
+            warnings.warn(
+                f"{modality!r} has no CLS token, so query=0 explains the first patch, not the prediction; "
+                "explain the pooled patches with query=\"mean\"",
+                UserWarning,
+                stacklevel=2,
+            )
 
     @log_usage(part_of_slo=True)
     def attribute(
@@ -238,9 +315,13 @@ class AttentionAttribution(GradientAttribution):
             method=self.method,
             query=self.query,
             attention_modules=self.attention_modules,
+            streams=self.streams,
         )
 
-        relevances = [_relevance_on(x, exp.tokens, self.modality, i) for i, x in enumerate(inputs_tuple)]
+        if len(exp.relevance) > 1 or isinstance(self.modality, Mapping):
+            relevances = _set_relevances(inputs_tuple, exp.relevance, self.modality, self.interpolate_mode)
+        else:
+            relevances = [_relevance_on(x, exp.tokens, self.modality, i, self.interpolate_mode) for i, x in enumerate(inputs_tuple)]
         if all(r is None for r in relevances):
             raise _no_input_matches(inputs_tuple, exp.tokens.shape[1], self.modality)
         attributions = []
@@ -279,8 +360,13 @@ class GenericAttention(AttentionAttribution):
         modality: how the model made its tokens from the input: :class:`ImageTokens`,
             :class:`TextTokens`, :class:`TabularTokens` or another :class:`Modality` (whose
             ``to_input`` is then called for every input). None infers: images by their patching,
-            other inputs by having one entry per token in dim 1.
-        query: the token whose relevance row is read: an index (default 0, the CLS token),
+            other inputs by having one entry per token in dim 1. For models with several token
+            sets (encoder-decoders, dual encoders, co-attention) a mapping ``{set: modality}``
+            says which set each input belongs to (e.g. ``{"image": ImageTokens(16), "text":
+            TextTokens(tokenizer)}``); each input gets its own set's relevance
+            (``Explanation.relevance``).
+        query: the token whose relevance row is read: an index (default: the model family's
+            readout, else 0, the CLS token), ``"mean"`` (mean-pooled models), a mapping ``{set: query}``,
             ``"last"`` (the last real token, for decoder-only models), or one index per example
             (which ``NoiseTunnel`` and the Captum metrics do not expand; prefer an int or ``"last"``
             with them).
@@ -290,10 +376,16 @@ class GenericAttention(AttentionAttribution):
         model: the ``nn.Module`` that a plain-callable ``forward_func`` runs, needed to record its
             attention by module path and to put it in eval mode. Inferred for a bound method such as
             ``model.forward``; must be left out when ``forward_func`` is itself a module.
+        interpolate_mode: how an image's patch relevance reaches its pixels: ``"nearest"`` (default;
+            every pixel of a patch gets the patch's value, so the mean over a patch is its token's
+            relevance, which Captum's metrics and perturbation tests rely on) or ``"bilinear"``
+            (smooth, for display only).
+        streams: a :class:`~lightning_gae.Streams` declaring token sets no preset or inference finds.
 
     Raises:
         TypeError: a plain-callable ``forward_func`` without ``model``.
-        ValueError: ``model`` given together with an ``nn.Module`` ``forward_func``.
+        ValueError: ``model`` given together with an ``nn.Module`` ``forward_func``; an unknown
+            ``interpolate_mode``.
 
     Example::
 

@@ -36,6 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from lightning_gae.lean import LeanCall, LeanState, lean_attention
+
 __all__ = [
     "AttentionRecord",
     "AttentionRecorder",
@@ -67,6 +69,7 @@ class AttentionRecord:
     key_input: Tensor | None = None
     output: Tensor | None = None
     run: int = 0
+    lean: LeanCall | None = None
 
     @property
     def num_queries(self) -> int:
@@ -229,6 +232,7 @@ def explicit_multi_head_attention_forward(*args: Any, **kwargs: Any) -> tuple[tu
     return (out, weights), probs
 
 
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _SOFTMAX = {F.softmax, torch.softmax, Tensor.softmax}
 _PASS_THROUGH = {
     F.dropout,
@@ -266,9 +270,31 @@ class _CaptureMode(TorchFunctionMode):
     def _tag(self, t: Tensor) -> None:
         self._probs[id(t)] = t
 
+    def _lean_sdpa(self, args: tuple, kwargs: dict) -> Tensor | None:
+        """SDPA through :func:`lean_attention`; None when the call does not fit it (not ``[B, H, N, E]``)."""
+        p = dict(zip(_SDPA_ARGS, args))
+        p.update(kwargs)
+        q, k, v = p["query"], p["key"], p["value"]
+        if not all(isinstance(t, Tensor) and t.dim() == 4 for t in (q, k, v)) or not torch.is_grad_enabled():
+            return None
+        state, token = self.recorder.lean
+        call = LeanCall(index=len(self.recorder.records))
+        out = lean_attention(q, k, v, state, token.to(q.device), call, attn_mask=p.get("attn_mask"),
+                             is_causal=p.get("is_causal", False), scale=p.get("scale"), enable_gqa=p.get("enable_gqa", False))
+        # A stand-in with the probabilities' shape and no storage: nothing N x N is kept.
+        shape = (q.shape[0], q.shape[1], q.shape[-2], k.shape[-2])
+        stand_in = torch.zeros((), dtype=torch.float32, device=q.device).expand(shape)
+        self.recorder._add(stand_in, "sdpa", query_input=q, key_input=k, output=out)
+        self.recorder.records[-1].lean = call
+        return out
+
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
+            if self.recorder.lean is not None:
+                lean = self._lean_sdpa(args, kwargs)
+                if lean is not None:
+                    return lean
             out, probs = explicit_scaled_dot_product_attention(*args, **kwargs)
             query = kwargs.get("query", args[0] if args else None)
             key = kwargs.get("key", args[1] if len(args) > 1 else None)
@@ -323,8 +349,12 @@ class AttentionRecorder:
         [r.path for r in rec.records]   # ['blocks.0.attn', 'blocks.1.attn', ...]
     """
 
-    def __init__(self, model: nn.Module, attention_modules: Sequence[str] | str | None = None) -> None:
+    def __init__(self, model: nn.Module, attention_modules: Sequence[str] | str | None = None, lean: bool = False) -> None:
         self.model = model
+        # lean=True: SDPA calls keep no probabilities; their Ā is made in the backward pass
+        # (lightning_gae.lean), driven by ``lean_state`` once ``lean_token``'s gradient is asked for.
+        self.lean_state = LeanState() if lean else None
+        self.lean_token = torch.zeros((), requires_grad=True) if lean else None
         if isinstance(attention_modules, str):
             attention_modules = [attention_modules]
         self.attention_modules = list(attention_modules) if attention_modules else None
@@ -349,6 +379,10 @@ class AttentionRecorder:
                 )
             targets.extend(t for t in found if t not in targets)
         return targets
+
+    @property
+    def lean(self) -> tuple[LeanState, Tensor] | None:
+        return None if self.lean_state is None else (self.lean_state, self.lean_token)
 
     @property
     def current_path(self) -> str:

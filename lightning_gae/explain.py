@@ -11,15 +11,16 @@ import torch
 from torch import Tensor, nn
 
 from lightning_gae import rules
+from lightning_gae.attn_gradcam_vit import attn_gradcam_vit_row
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.streams import Streams, TokenSets, assign_token_sets, check_batch
 
 __all__ = ["Explanation", "explain", "eval_mode", "METHODS", "map_tensors", "model_logits"]
 
-Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam"]
-METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam")
-_NEEDS_GRAD = {"gae", "attn_gradcam"}
-_LAST_LAYER_ONLY = {"raw_attention", "attn_gradcam"}
+Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit"]
+METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit")
+_NEEDS_GRAD = {"gae", "attn_gradcam", "attn_gradcam_vit"}
+_LAST_LAYER_ONLY = {"raw_attention", "attn_gradcam", "attn_gradcam_vit"}
 Target = Union[None, int, Sequence[int], Tensor, Callable[[Any], Tensor]]
 Query = Union[int, Literal["last", "mean"], Sequence[int], Tensor]
 
@@ -120,7 +121,16 @@ def _attended(layers: Sequence[AttentionRecord]) -> Tensor:
     recognised keyword marks, e.g. a mask the model extends with its own prefix tokens.
     """
     with torch.no_grad():
-        return torch.stack([(rec.as_heads() > 0).any(dim=1).any(dim=1) for rec in layers]).any(dim=0)
+        seen = []
+        for rec in layers:
+            if rec.lean is not None:
+                # A lean call keeps no probabilities; its mask told which keys are open.
+                attended = rec.lean.attended
+                seen.append(torch.ones(rec.batch_size, rec.num_keys, dtype=torch.bool, device=rec.tensor.device)
+                            if attended is None else attended.to(rec.tensor.device))
+            else:
+                seen.append((rec.as_heads() > 0).any(dim=1).any(dim=1))
+        return torch.stack(seen).any(dim=0)
 
 
 def _query_index(query: Query, batch: int, num_tokens: int, keep: Tensor, device: torch.device) -> Tensor:
@@ -186,16 +196,57 @@ def _target_scores(output: Any, logits: Tensor | None, target: Target, query: Te
 
 
 
-def _relevance_row(method: str, layers: list[AttentionRecord], grads: list[Tensor], query: Tensor, keep: Tensor) -> Tensor:
+def _gae_backward(score: Tensor, layers: list[AttentionRecord], recorder: AttentionRecorder,
+                  row_start: Tensor | None) -> tuple[list[Tensor] | None, Tensor | None]:
+    """The one backward pass of GAE: ``(Ā per call, None)``, or ``(None, relevance row)``.
+
+    With ``row_start`` (a single token set whose calls are all lean), the row form of Eq. 6 runs
+    inside the backward pass (:mod:`lightning_gae.lean`) and nothing ``N x N`` is kept. Otherwise
+    lean calls leave their ``Ā`` in the backward pass and recorded probabilities get theirs from
+    their gradient (Eq. 5).
+    """
+    state = recorder.lean_state
+    lean = [r for r in layers if r.lean is not None]
+    explicit = [r for r in layers if r.lean is None]
+    if state is not None and row_start is not None:
+        state.mode, state.row = "row", row_start
+    wanted = ([recorder.lean_token] if lean else []) + [r.tensor for r in explicit]
+    found = torch.autograd.grad(score.sum(), wanted, allow_unused=True)
+    if state is not None and row_start is not None:
+        if state.order != sorted(state.order, reverse=True):
+            raise _OutOfOrder
+        return None, state.row
+    grads = dict(zip((r.index for r in explicit), found[1:] if lean else found))
+    abars = []
+    for rec in layers:
+        if rec.lean is not None:
+            abar = state.abars.get(rec.lean.index)
+            abars.append(abar if abar is not None else
+                         torch.zeros(rec.batch_size, rec.num_queries, rec.num_keys, device=rec.tensor.device))
+        else:
+            g = grads[rec.index]
+            abars.append(rules.avg_heads(rec.as_heads(), rec.as_heads(torch.zeros_like(rec.tensor) if g is None else g)))
+    return abars, None
+
+
+class _OutOfOrder(Exception):
+    """The backward pass did not visit the attention calls last first; the row form cannot run in it."""
+
+
+def _relevance_row(method: str, layers: list[AttentionRecord], grads: list[Tensor], query: Tensor, keep: Tensor,
+                   abars: list[Tensor] | None = None) -> Tensor:
     """One token set: the row form (the fast path). ``query`` is ``[B]`` indices or a float start row."""
-    attns = [rec.as_heads() for rec in layers]
     if method == "gae":
-        abars = [rules.avg_heads(a, g) for a, g in zip(attns, grads)]
         return rules.gae_relevance_row(abars, query)
+    attns = [rec.as_heads() for rec in layers]
     if method == "rollout":
         return rules.rollout_row(attns, query)
     if method == "raw_attention":
         return rules.raw_attention_row(attns[-1], query)
+    if method == "attn_gradcam_vit":
+        if query.is_floating_point():
+            raise ValueError("method='attn_gradcam_vit' weighs heads by the gradient of one query row; pass a token index, not query='mean'")
+        return attn_gradcam_vit_row(attns[-1], grads[-1], query, keep)
     return rules.attn_gradcam_row(attns[-1], grads[-1], query, keep)
 
 
@@ -208,14 +259,15 @@ def _hide_own(row: Tensor, query: Tensor) -> Tensor:
     return row
 
 
-def _set_maps(method: str, sets: TokenSets, grads: list[Tensor], keeps: dict[str, Tensor]) -> list[Tensor]:
+def _set_maps(method: str, sets: TokenSets, grads: list[Tensor], keeps: dict[str, Tensor],
+              abars: list[Tensor] | None = None) -> list[Tensor]:
     """Per call, the ``[B, Nq, Nk]`` map the rules propagate: ``Ā`` (Eq. 5) or the head-mean attention."""
+    if method == "gae":
+        return list(abars)
     maps = []
     for i, rec in enumerate(sets.records):
         attn = rec.as_heads()
-        if method == "gae":
-            maps.append(rules.avg_heads(attn, grads[i]))
-        elif method == "attn_gradcam":
+        if method == "attn_gradcam":
             q, k = keeps[sets.query_sets[i]], keeps[sets.key_sets[i]]
             pairs = (q[:, :, None] & k[:, None, :])[:, None].to(torch.float32)
             g = grads[i].to(torch.float32)
@@ -241,14 +293,16 @@ def _readers(sets: TokenSets) -> dict[str, str]:
 
 
 def _multi_set_rows(method: str, sets: TokenSets, grads: list[Tensor], keeps: dict[str, Tensor],
-                    starts: dict[str, Tensor]) -> dict[str, Tensor]:
+                    starts: dict[str, Tensor], abars: list[Tensor] | None = None) -> dict[str, Tensor]:
     """Readout rows of every set for a model with several token sets (section 6-7b of GAE_SPEC.md).
 
     ``starts`` maps the sets read at their own token (the query set, towers, pooling sets) to their
     start rows/indices. A set joined to the query set by cross-attention is read from ``R^{Q,x}``;
     a tower is read from its own ``R^{xx}``; a pooled tower from its pooling token's ``R^{p,x}``.
     """
-    maps = _set_maps(method, sets, grads, keeps)
+    if method == "attn_gradcam_vit":
+        raise ValueError("method='attn_gradcam_vit' is defined on one token set (the ViT baseline); use 'attn_gradcam' for models with several sets")
+    maps = _set_maps(method, sets, grads, keeps, abars)
     steps = list(zip(sets.query_sets, sets.key_sets, maps))
     reader = _readers(sets)
     rows: dict[str, Tensor] = {}
@@ -293,7 +347,9 @@ def explain(
             ``src_key_padding_mask`` / ``key_padding_mask`` (True = pad) among them marks padding.
         target: what to explain: None (each sample's argmax), an int, one class per sample, or a
             callable ``output -> Tensor[B]`` returning any scalar per sample.
-        method: ``"gae"`` (Eq. 5-11), ``"rollout"``, ``"raw_attention"`` or ``"attn_gradcam"``.
+        method: ``"gae"`` (Eq. 5-11), ``"rollout"``, ``"raw_attention"``, ``"attn_gradcam"`` (heads
+            weighted by their whole gradient map's mean, the LXMERT/GAE code) or ``"attn_gradcam_vit"``
+            (weighted by the readout row's gradient mean, the ViT baseline of the CVPR 2021 table).
         query: the token of the query set whose relevance row is read: an index (a decoder
             position for encoder-decoders; default: the family's readout where a preset knows it,
             such as BART classifiers' last EOS, else 0, the CLS token), ``"last"`` (the last real token),
@@ -323,12 +379,20 @@ def explain(
     """
     if method not in METHODS:
         raise ValueError(f"method={method!r}; choose one of {METHODS}")
+    try:
+        return _explain(model, inputs, target, method, query, attention_modules, streams, lean=method == "gae")
+    except _OutOfOrder:
+        return _explain(model, inputs, target, method, query, attention_modules, streams, lean=False)
+
+
+def _explain(model: nn.Module, inputs: Any, target: Target, method: str, query: Any,
+             attention_modules: Sequence[str] | str | None, streams: Streams | None, lean: bool) -> Explanation:
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     # The graph is built for every method: token sets are told apart by following it.
     with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
         # Fresh copies: inference-mode tensors cannot enter an autograd graph.
         args, kwargs = _call_args(map_tensors(inputs, lambda t: t.detach().clone()))
-        with AttentionRecorder(model, attention_modules) as recorder:
+        with AttentionRecorder(model, attention_modules, lean=lean) as recorder:
             output = model(*args, **kwargs)
         if not recorder.records:
             raise ValueError(
@@ -357,27 +421,35 @@ def explain(
         main_query = per_set.pop(sets.query_set, None) if isinstance(query, Mapping) else query
         if main_query is None:
             main_query = sets.queries.get(sets.query_set, 0)
-        starts = {sets.query_set: _query_index(_resolve(main_query, kwargs), batch, sets.sizes[sets.query_set],
+        starts = {sets.query_set: _query_index(_resolve(main_query, kwargs, args), batch, sets.sizes[sets.query_set],
                                                keeps[sets.query_set], device)}
         for x in sets.sizes:
             if x != sets.query_set:
                 readout = per_set.get(x, sets.queries.get(x, 0))
-                starts[x] = _query_index(_resolve(readout, kwargs), batch, sets.sizes[x], keeps[x], device)
+                starts[x] = _query_index(_resolve(readout, kwargs, args), batch, sets.sizes[x], keeps[x], device)
         query_index = starts[sets.query_set]
         score, target_index = _target_scores(output, logits, target, query_index, batch)
 
         used_layers = layers[-1:] if single and method in _LAST_LAYER_ONLY else layers
         grads: list[Tensor] = []
-        if method in _NEEDS_GRAD:
-            if not score.requires_grad:
-                raise ValueError("the explained score does not depend on the attention (no gradient path); check target")
+        abars: list[Tensor] | None = None
+        lean_row: Tensor | None = None
+        if method in _NEEDS_GRAD and not score.requires_grad:
+            raise ValueError("the explained score does not depend on the attention (no gradient path); check target")
+        if method == "gae":
+            all_lean = all(r.lean is not None for r in used_layers)
+            row_start = rules.start_rows(query_index, sets.sizes[sets.query_set]) if single and all_lean else None
+            abars, lean_row = _gae_backward(score, used_layers, recorder, row_start)
+        elif method in _NEEDS_GRAD:
             found = torch.autograd.grad(score.sum(), [r.tensor for r in used_layers], allow_unused=True)
             grads = [rec.as_heads(torch.zeros_like(rec.tensor) if g is None else g) for rec, g in zip(used_layers, found)]
         with torch.no_grad():
-            if single:
-                rows = {sets.query_set: _relevance_row(method, used_layers, grads, query_index, keeps[sets.query_set])}
+            if lean_row is not None:
+                rows = {sets.query_set: lean_row}
+            elif single:
+                rows = {sets.query_set: _relevance_row(method, used_layers, grads, query_index, keeps[sets.query_set], abars)}
             else:
-                rows = _multi_set_rows(method, sets, grads, keeps, starts)
+                rows = _multi_set_rows(method, sets, grads, keeps, starts, abars)
             relevance = {}
             for x, row in rows.items():
                 if x in sets.pools.values():
@@ -401,6 +473,6 @@ def explain(
     )
 
 
-def _resolve(readout: Any, kwargs: Mapping[str, Any]) -> Any:
-    """A preset's readout may be a function of the keyword inputs (CLIP's text EOS position)."""
-    return readout(kwargs) if callable(readout) else readout
+def _resolve(readout: Any, kwargs: Mapping[str, Any], args: Sequence[Any] = ()) -> Any:
+    """A preset's readout may be a function of the inputs (CLIP's text EOS position)."""
+    return readout(kwargs, args) if callable(readout) else readout

@@ -140,8 +140,13 @@ def _under(prefix: str) -> str:
 def _clip_text_readout(config: Any) -> Callable[[Mapping[str, Any]], Tensor]:
     eos = getattr(config, "eos_token_id", None)
 
-    def readout(kwargs: Mapping[str, Any]) -> Tensor:
-        ids = kwargs["input_ids"]
+    def readout(kwargs: Mapping[str, Any], args: Sequence[Any] = ()) -> Tensor:
+        ids = kwargs.get("input_ids")
+        if ids is None:
+            # Positional inputs (the Captum classes' forward functions): the integer ids among them.
+            ids = next((a for a in args if isinstance(a, Tensor) and a.dim() == 2 and not a.is_floating_point()), None)
+        if ids is None:
+            raise ValueError("CLIP's text tower is read at its EOS token, found in input_ids; pass input_ids, or query={'text': ...}")
         if eos is None or eos == 2:
             # CLIP's original vocabulary has the EOS token at the largest id, and pools at argmax.
             return ids.argmax(dim=-1)
@@ -166,7 +171,7 @@ def _hf_encoder_decoder(model: nn.Module) -> Streams | None:
     if type(model).__name__.endswith("ForSequenceClassification") and eos is not None:
         # BART-style classifiers read the decoder at the last EOS of input_ids (the decoder input is
         # input_ids shifted right, so positions line up).
-        queries["decoder"] = lambda kwargs: _last_index(kwargs["input_ids"] == eos)
+        queries["decoder"] = lambda kwargs, args=(): _last_index(kwargs["input_ids"] == eos)
     return Streams(
         self_attention={"encoder": [_under(enc)], "decoder": [_under(dec)]},
         cross_attention=cross,
@@ -216,7 +221,12 @@ PRESETS: tuple[Callable[[nn.Module], Streams | None], ...] = (_hf_encoder_decode
 
 
 def preset_streams(model: nn.Module) -> Streams | None:
-    """The preset :class:`Streams` of a known family (see :data:`PRESETS`), or None."""
+    """The preset :class:`Streams` of a known family (see :data:`PRESETS`), or None.
+
+    A wrapper that stands for a model (the Captum classes' forward function) names it as
+    ``wrapped_model``; the wrapper reports the model's own module paths.
+    """
+    model = getattr(model, "wrapped_model", None) or model
     for preset in PRESETS:
         found = preset(model)
         if found is not None:

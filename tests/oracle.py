@@ -61,7 +61,22 @@ def readout(matrix: torch.Tensor, query: int) -> torch.Tensor:
     return row
 
 
+def gradcam_vit_row(attns: list[torch.Tensor], grads: list[torch.Tensor], query: int) -> torch.Tensor:
+    """The ViT baseline's Grad-CAM: head weight = mean gradient over the query's row, other tokens only."""
+    attn, grad = attns[-1].double(), grads[-1].double()
+    n = attn.shape[-1]
+    others = [k for k in range(n) if k != query]
+    row = torch.zeros(n, dtype=torch.float64)
+    for h in range(attn.shape[0]):
+        weight = sum(grad[h, query, k] for k in others) / len(others)
+        for k in others:
+            row[k] += weight * attn[h, query, k]
+    return torch.clamp(row / attn.shape[0], min=0)
+
+
 def reference_row(method: str, attns: list[torch.Tensor], grads: list[torch.Tensor], query: int) -> torch.Tensor:
+    if method == "attn_gradcam_vit":
+        return gradcam_vit_row(attns, grads, query)
     matrices = {
         "gae": lambda: gae_matrix(attns, grads),
         "rollout": lambda: rollout_matrix(attns),

@@ -13,7 +13,7 @@ from torch import nn
 
 import lightning_gae as lg
 from lightning_gae.attribution import AttentionGradCAM, AttentionRollout, GenericAttention, RawAttention
-from lightning_gae.modalities import ImageTokens, TabularTokens
+from lightning_gae.modalities import ImageTokens, TabularTokens, TextTokens
 from models import TinyViT
 from recipes.vit import ViTClassifier
 
@@ -57,8 +57,11 @@ def bert_on_embeddings(bert):
     return GenericAttention(lambda embeds, mask: bert(inputs_embeds=embeds, attention_mask=mask).logits, model=bert)
 
 
-def pixels(tokens, images):
-    return ImageTokens(patch_size=2).to_input(tokens, images)[:, None].expand_as(images)
+def pixels(tokens, images, patch=2):
+    """Each patch's pixels carry its token's relevance (CLS dropped): the default, nearest upsampling."""
+    rows, cols = images.shape[-2] // patch, images.shape[-1] // patch
+    grid = tokens[:, 1:].reshape(-1, rows, cols).repeat_interleave(patch, 1).repeat_interleave(patch, 2)
+    return grid[:, None].expand_as(images)
 
 
 def relative_change(a, b):
@@ -76,6 +79,26 @@ def test_image_attribution_is_the_explanation_on_pixels(vit, images, target):
     assert torch.equal(attr, pixels(exp.tokens, images))
     assert torch.equal(attr[:, 0], attr[:, 2]), "every channel carries the pixel's relevance"
     assert attr.abs().max() > 0
+
+
+def test_patch_means_are_the_token_relevance(vit, images):
+    # Captum's metrics and the perturbation tests rank pixels or patches: the attribution must keep
+    # the explanation's patch order, which bilinear smoothing across patch borders does not.
+    exp = lg.explain(vit, images, target=2)
+    patches = exp.tokens[:, 1:].reshape(3, 4, 4)
+    attr = GenericAttention(vit).attribute(images, target=2)
+    means = torch.nn.functional.avg_pool2d(attr[:, :1], 2)[:, 0]
+    torch.testing.assert_close(means, patches, rtol=0, atol=0)
+    smooth = GenericAttention(vit, interpolate_mode="bilinear").attribute(images, target=2)
+    assert torch.equal(smooth[:, 0], ImageTokens(patch_size=2).to_input(exp.tokens, images))
+    assert not torch.equal(torch.nn.functional.avg_pool2d(smooth[:, :1], 2)[:, 0], patches)
+    with pytest.raises(ValueError, match=r"interpolate_mode='bicubic'; use 'nearest'.*or 'bilinear'"):
+        GenericAttention(vit, interpolate_mode="bicubic")
+
+
+def test_no_cls_token_warns_and_points_to_the_mean_query(vit):
+    with pytest.warns(UserWarning, match=r"ImageTokens\(patch_size=2, prefix_tokens=0\) has no CLS token.*query=\"mean\""):
+        GenericAttention(vit, modality=ImageTokens(patch_size=2, prefix_tokens=0))
 
 
 @pytest.mark.parametrize("method", list(CLASSES))
@@ -323,7 +346,7 @@ def test_image_patching_that_cannot_be_inferred_asks_for_the_modality(vit, image
     with pytest.raises(ValueError, match=r"input 0 looks like images.*20 tokens.*modality=ImageTokens"):
         GenericAttention(model).attribute(images, target=0)
     modality = ImageTokens(patch_size=2, prefix_tokens=4)
-    attr = GenericAttention(model, modality=modality).attribute(images, target=0)
+    attr = GenericAttention(model, modality=modality, interpolate_mode="bilinear").attribute(images, target=0)
     expected = modality.to_input(lg.explain(model, images, target=0).tokens, images)
     torch.testing.assert_close(attr, expected[:, None].expand_as(images))
 
@@ -341,3 +364,44 @@ def test_embeddings_whose_length_is_not_the_token_count(bert, text):
 def test_inputs_must_be_tensors(vit, images):
     with pytest.raises(TypeError, match="additional_forward_args"):
         GenericAttention(WithBias(vit)).attribute((images, 1.0))
+
+
+# --- several token sets ------------------------------------------------------------------------
+
+
+def test_dual_encoder_inputs_each_get_their_own_towers_relevance():
+    from test_token_sets import _clip
+
+    model = _clip()
+    ids = torch.tensor([[3, 4, 49, 0, 0], [5, 6, 7, 8, 49]])
+    pixels = torch.randn(2, 3, 8, 8)
+
+    def similarity(pixel_values, input_ids):
+        return model(input_ids=input_ids, pixel_values=pixel_values).logits_per_image.diagonal()[:, None]
+
+    gae = GenericAttention(similarity, model=model,
+                           modality={"image": ImageTokens(patch_size=4), "text": TextTokens(pad_id=0)})
+    image_map, text_map = gae.attribute((pixels, ids), target=0)
+    exp = lg.explain(model, {"input_ids": ids, "pixel_values": pixels}, target=lambda o: o.logits_per_image.diagonal())
+    # Nearest upsampling: every pixel of a patch holds its image token's relevance.
+    patches = exp.relevance["image"][:, 1:].reshape(2, 2, 2)
+    torch.testing.assert_close(image_map[:, 0, ::4, ::4], patches, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(text_map, exp.relevance["text"], rtol=1e-4, atol=1e-7)
+    # Without the mapping, 5 text tokens and 5 image tokens (4 patches + CLS) both tile the image:
+    # which tower it belongs to cannot be told from shapes, so it is not guessed.
+    with pytest.raises(ValueError, match=r"input 0 \(2, 3, 8, 8\) fits token sets \['image', 'text'\] alike"):
+        GenericAttention(similarity, model=model).attribute((pixels, ids), target=0)
+
+
+def test_seq2seq_source_and_target_inputs_of_equal_length_need_the_mapping():
+    from models import TinySeq2Seq
+
+    torch.manual_seed(0)
+    model = TinySeq2Seq().eval()
+    src, tgt = torch.randint(0, 11, (2, 6)), torch.randint(0, 11, (2, 6))
+    with pytest.raises(ValueError, match=r"input 0 \(2, 6\) fits token sets \['encoder', 'decoder'\] alike; pass modality=\{set"):
+        GenericAttention(model, query=3).attribute((src, tgt), target=1)
+    source, target = GenericAttention(model, query=3, modality={"encoder": TextTokens(), "decoder": TextTokens()}).attribute((src, tgt), target=1)
+    exp = lg.explain(model, (src, tgt), query=3, target=1)
+    torch.testing.assert_close(source, exp.relevance["encoder"])
+    torch.testing.assert_close(target, exp.relevance["decoder"])

@@ -30,7 +30,7 @@ def test_compare_writes_table_json_and_grid(checkpoint, tmp_path, monkeypatch, c
 
     assert os.listdir(tmp_path) == ["out"], "building the fit's objects leaves no logs or checkpoints behind"
     report = json.loads((tmp_path / "out" / "comparison.json").read_text())
-    assert set(report) == {"methods", "num_samples"} and report["num_samples"] == 16
+    assert set(report) == {"methods", "num_samples", "protocol"} and report["num_samples"] == 16
     assert list(report["methods"]) == list(DEFAULT_METHODS)
     for scores in report["methods"].values():
         assert set(scores) == {*COMPARE_METRICS, "seconds_per_sample"}

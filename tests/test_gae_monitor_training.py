@@ -92,6 +92,12 @@ def weights(module):
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
+# Lightning logs at `_batches_that_stepped`, which a validation at the end of an epoch still sees one
+# below global_step (it is incremented after the validation); self.log("val_loss") lands there, and so
+# do the callback's explanations. Two epochs of 2 batches: global steps 2 and 4, logged at 1 and 3.
+EPOCH_END_STEPS = [1, 3]
+
+
 # --- precision ----------------------------------------------------------------------------------
 
 
@@ -106,7 +112,7 @@ def test_bf16_training_logs_heatmaps_and_finite_scalars(tmp_path, precision):
     # bf16-true trains bf16 weights: the tracked float32 samples must be cast like the batches are.
     assert model.model.head.weight.dtype == (torch.bfloat16 if precision == "bf16-true" else torch.float32)
     acc = events(trainer.logger.log_dir)
-    assert_heatmaps_at_steps(acc, callback, [2, 4], methods=("gae", "rollout"))
+    assert_heatmaps_at_steps(acc, callback, EPOCH_END_STEPS, methods=("gae", "rollout"))
     for method in ("gae", "rollout"):
         values = [e.value for e in acc.Scalars(f"gae/{method}/concentration")]
         assert len(values) == 2 and all(math.isfinite(v) and 0.0 < v <= 1.0 for v in values)
@@ -118,22 +124,25 @@ def test_bf16_training_logs_heatmaps_and_finite_scalars(tmp_path, precision):
 
 def test_accumulation_explains_once_per_optimizer_step_multiple_of_n(tmp_path):
     # 8 micro-batches per epoch, 2 per optimizer step: steps 1..4, then 5..8. on_train_batch_end fires
-    # twice with the same global_step (3 and 6 included), but each step must be explained once.
+    # twice with the same global_step (3 and 6 included), but each step must be explained once. Steps 3
+    # and 6 are explained right after the optimizer stepped, where Lightning logs that batch at 2 and 5.
     callback = GAECallback(num_samples=2, every_n_epochs=None, every_n_train_steps=3)
     trainer = make_trainer(tmp_path, [callback], limit_train_batches=8, accumulate_grad_batches=2)
     with no_skipped_explanation():
         trainer.fit(vit(), DigitsDataModule(batch_size=16))
     assert trainer.global_step == 8
     acc = events(trainer.logger.log_dir)
-    assert_heatmaps_at_steps(acc, callback, [3, 6])
-    assert [e.step for e in acc.Scalars("gae/gae/concentration")] == [3, 6]
-    assert [e.step for e in acc.Scalars("gae/gae/stability_spearman")] == [6]
+    assert_heatmaps_at_steps(acc, callback, [2, 5])
+    assert [e.step for e in acc.Scalars("gae/gae/concentration")] == [2, 5]
+    assert [e.step for e in acc.Scalars("gae/gae/stability_spearman")] == [5]
 
 
 def test_accumulation_training_is_bitwise_unchanged_by_the_callback(tmp_path):
     # Validation every 3 micro-batches falls between the two halves of steps 2 and 5, so the epoch
     # explanations at steps 1 and 4 run while .grad holds half a step's gradient: they must not add
-    # to it. Steps 3 and 6 are explained by step, right after the optimizer stepped.
+    # to it. Steps 3 and 6 are explained by step, right after the optimizer stepped. Logged at Lightning's
+    # steps: 1 and 4 mid-accumulation, 2 and 5 for global steps 3 and 6 (the epoch ends' validations
+    # see the same weights and are not explained twice).
     results = []
     for callbacks in ([], [GAECallback(num_samples=2, every_n_train_steps=3, methods=("gae", "attn_gradcam"))]):
         seed_everything(3)
@@ -145,7 +154,7 @@ def test_accumulation_training_is_bitwise_unchanged_by_the_callback(tmp_path):
     without, with_callback = results
     assert without.keys() == with_callback.keys()
     assert all(torch.equal(without[k], with_callback[k]) for k in without)
-    assert image_steps(events(trainer.logger.log_dir), "gae/grid") == [1, 3, 4, 6]
+    assert image_steps(events(trainer.logger.log_dir), "gae/grid") == [1, 2, 4, 5]
 
 
 # --- loggers ------------------------------------------------------------------------------------
@@ -162,11 +171,11 @@ def test_pytorch_lightning_tensorboard_logger_together_with_a_csv_logger(tmp_pat
         trainer.fit(vit(), DigitsDataModule(batch_size=32))
 
     acc = events(tensorboard.log_dir)
-    assert_heatmaps_at_steps(acc, callback, [2, 4])
-    assert [e.step for e in acc.Scalars("gae/gae/concentration")] == [2, 4]
+    assert_heatmaps_at_steps(acc, callback, EPOCH_END_STEPS)
+    assert [e.step for e in acc.Scalars("gae/gae/concentration")] == EPOCH_END_STEPS
     with open(Path(table.log_dir) / "metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("gae/gae/concentration")]
-    assert [int(r["step"]) for r in rows] == [2, 4]
+    assert [int(r["step"]) for r in rows] == EPOCH_END_STEPS
     assert all(0.0 < float(r["gae/gae/concentration"]) <= 1.0 for r in rows)
     assert rows[-1]["gae/gae/stability_spearman"]
 
@@ -220,9 +229,10 @@ def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path):
             counts.update((tag, e.step) for e in acc.Images(tag))
     assert len(event_dirs) == 1
     samples = ranks[0]["samples"]
-    # Steps 2, 4, 6 by step, 3 and 6 by epoch (3 batches an epoch).
+    # Global steps 2, 4, 6 by step, 3 and 6 by epoch (3 batches an epoch); Lightning logs them at 1, 3, 5
+    # and 2 (6 is explained once).
     for sample in samples:
-        assert sorted(s for (t, s) in counts if t == f"gae/gae/heatmap/sample_{sample}") == [2, 3, 4, 6]
+        assert sorted(s for (t, s) in counts if t == f"gae/gae/heatmap/sample_{sample}") == [1, 2, 3, 5]
     assert set(counts.values()) == {1}
 
     # Each rank reads a shard of the validation set; the samples are nevertheless those one process picks.
@@ -328,7 +338,7 @@ def test_text_model_with_dict_batches_and_padding(tmp_path):
     with no_skipped_explanation():
         trainer.fit(TextClassifier(), train, val)
     acc = events(trainer.logger.log_dir)
-    assert_heatmaps_at_steps(acc, callback, [2, 4], methods=("gae", "rollout"))
+    assert_heatmaps_at_steps(acc, callback, EPOCH_END_STEPS, methods=("gae", "rollout"))
     sample = callback.sample_indices[0]
     strip = decoded(acc, f"gae/gae/heatmap/sample_{sample}")
     assert_rgb_picture(strip)
@@ -356,7 +366,7 @@ def test_tabular_model_on_breast_cancer_features(tmp_path):
                     DataLoader(TensorDataset(x[train], y[train]), batch_size=32, shuffle=True),
                     DataLoader(TensorDataset(x[val], y[val]), batch_size=64))
     acc = events(trainer.logger.log_dir)
-    assert_heatmaps_at_steps(acc, callback, [2, 4], methods=("gae", "rollout"))
+    assert_heatmaps_at_steps(acc, callback, EPOCH_END_STEPS, methods=("gae", "rollout"))
     bars = decoded(acc, f"gae/gae/heatmap/sample_{callback.sample_indices[0]}")
     assert_rgb_picture(bars)
     # One bar per feature, 30 of them: the chart is tall and the bars' colour covers a real area.

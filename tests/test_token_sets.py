@@ -463,3 +463,56 @@ def test_attention_pooling_probe_is_read_as_the_readout():
         steps.append(("p", "x", probs[-1][0].detach(), grads[-1][0]))
         rel = gae_token_sets(steps, {"x": 6, "p": 1})
         assert relative_error(exp.tokens[b], rel[("p", "x")][0]) < TOL
+
+
+# --- a batch explains each sample as it would be explained alone ---------------------------------
+
+
+def _batch_cases():
+    def t5():
+        model, _ = _t5("sdpa")
+        g = torch.Generator().manual_seed(15)
+        return model, {"input_ids": torch.randint(3, 40, (3, 5), generator=g),
+                       "decoder_input_ids": torch.randint(3, 40, (3, 4), generator=g)}, 2, None
+
+    def bart():
+        model, _ = _bart("eager")
+        model.set_attn_implementation("eager")
+        g = torch.Generator().manual_seed(16)
+        return model, {"input_ids": torch.randint(3, 40, (3, 6), generator=g),
+                       "decoder_input_ids": torch.randint(3, 40, (3, 6), generator=g)}, 3, None
+
+    def clip():
+        ids = torch.tensor([[3, 4, 49, 0, 0], [5, 6, 7, 8, 49], [9, 49, 0, 0, 0]])
+        return _clip(), {"input_ids": ids, "attention_mask": (ids != 0).long(),
+                         "pixel_values": torch.randn(3, 3, 8, 8)}, None, clip_similarity
+
+    def torch_transformer():
+        torch.manual_seed(17)
+        return TorchSeq2Seq().eval(), (torch.randint(0, 9, (3, 5)), torch.randint(0, 9, (3, 4))), 3, None
+
+    return {"t5": t5, "bart": bart, "clip": clip, "nn_transformer": torch_transformer}
+
+
+def _take(inputs, b):
+    if isinstance(inputs, dict):
+        return {k: v[b : b + 1] for k, v in inputs.items()}
+    return tuple(t[b : b + 1] for t in inputs)
+
+
+@pytest.mark.parametrize("case", ["t5", "bart", "clip", "nn_transformer"])
+def test_batch_equals_one_by_one(case):
+    model, inputs, query, target = _batch_cases()[case]()
+    batch = lg.explain(model, inputs, query=query, target=target)
+    for b in range(3):
+        one = _take(inputs, b)
+        if case == "clip":
+            # A sample alone is unpadded: drop its padding to compare the real tokens.
+            n = int(one["attention_mask"].sum())
+            one = {"input_ids": one["input_ids"][:, :n], "attention_mask": one["attention_mask"][:, :n],
+                   "pixel_values": one["pixel_values"]}
+        alone = lg.explain(model, one, query=query, target=target if target else int(batch.target[b]))
+        for name, rows in alone.relevance.items():
+            n = rows.shape[1]
+            torch.testing.assert_close(batch.relevance[name][b, :n], rows[0], rtol=1e-4, atol=1e-6)
+            assert torch.all(batch.relevance[name][b, n:] == 0)

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-import random
-from collections import defaultdict, deque
-from collections.abc import Callable, Mapping, Sequence
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
+from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
+from lightning.pytorch.utilities.seed import isolate_rng
+from PIL import Image
 from torch import Tensor
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler, Subset
 from torchmetrics import Metric
+from typing_extensions import override
 
 from lightning_gae.compare import ATTRIBUTION_METHODS, attribute
 from lightning_gae.explain import METHODS, Explanation, explain, map_tensors
@@ -32,6 +37,8 @@ __all__ = ["GAECallback"]
 
 _LABEL_KEYS = ("labels", "label")
 _TRUTH_KEYS = ("masks", "segmentation", "rationales")
+# Longest side of a logged picture: larger PNGs make TensorBoard's image panel and the browser stall.
+_MAX_IMAGE_SIDE = 4096
 
 
 def default_batch_inputs(batch: Any) -> Any:
@@ -104,6 +111,35 @@ def _balanced_choice(labels: Tensor | None, total: int, count: int, seed: int) -
     return chosen
 
 
+def _bounded(image: np.ndarray) -> np.ndarray:
+    """``image`` shrunk (aspect kept) so that neither side exceeds ``_MAX_IMAGE_SIDE`` pixels."""
+    if max(image.shape[:2]) <= _MAX_IMAGE_SIDE:
+        return image
+    picture = Image.fromarray(image)
+    picture.thumbnail((_MAX_IMAGE_SIDE, _MAX_IMAGE_SIDE))
+    return np.asarray(picture)
+
+
+def _private_reader(loader: Iterable[Any]) -> Iterable[Any]:
+    """Batches of a validation loader read without touching it: a new single-process DataLoader over its dataset.
+
+    Iterating the Trainer's own loader would reset its live iterator when ``persistent_workers=True``
+    (the validation loop would then run on what is left). The loader's sampler is not used, as it may
+    shuffle or shard; one that picks part of the dataset (a validation split) keeps that part, in order.
+    Other iterables (e.g. a list of batches) are read as they are.
+    """
+    if not isinstance(loader, DataLoader):
+        return loader
+    dataset = loader.dataset
+    whole = (SequentialSampler, RandomSampler, DistributedSampler)
+    if not isinstance(dataset, IterableDataset) and not isinstance(loader.sampler, whole):
+        dataset = Subset(dataset, sorted(set(loader.sampler)))
+    batch_size = loader.batch_size
+    if batch_size is None and loader.batch_sampler is not None:
+        batch_size = getattr(loader.batch_sampler, "batch_size", None) or 1
+    return DataLoader(dataset, batch_size=batch_size, collate_fn=loader.collate_fn)
+
+
 class GAECallback(Callback):
     r"""Explains a fixed set of validation samples every N epochs/steps and logs to TensorBoard.
 
@@ -113,7 +149,7 @@ class GAECallback(Callback):
 
     * ``gae/<method>/heatmap/sample_<i>``: one heatmap per tracked sample (image overlay, token
       strip or feature bars), titled with label, prediction, target and its probability;
-    * ``gae/grid``: tracked samples x (input | each method);
+    * ``gae/grid``: the first ``max_grid_rows`` tracked samples x (input | each method);
     * ``gae/<method>/evolution/sample_<i>``: the sample's last ``evolution_length`` heatmaps;
     * scalars ``gae/<method>/stability_spearman`` and ``gae/<method>/stability_topk_overlap``
       (versus the previous step) and ``gae/<method>/concentration`` (share of relevance in the
@@ -124,26 +160,43 @@ class GAECallback(Callback):
       truth, ``gae/<method>/segmentation_{pixel_accuracy,miou,average_precision}`` (image masks) or
       ``gae/<method>/rationale_{token_f1,auprc}`` (rationale tokens).
 
-    Explanations never change training: they run in eval mode on copies of the samples with
-    ``autograd.grad`` (no ``.grad`` is touched) and a forked RNG. A failing explanation warns once
-    with its reason and is skipped.
+    Everything is logged at the step Lightning's loggers use for the module's own ``self.log``
+    values at that moment (so ``val_loss`` and the explanations of a validation share a step);
+    ``trainer.validate()`` after ``trainer.fit()`` logs too. No picture is larger than 4096 pixels
+    on a side.
+
+    Explanations never change what the run computes. The samples are read once, before the loops
+    start, through a private single-process DataLoader over the validation dataset (never the
+    Trainer's own loader, whose persistent workers would be reset). The explanations run in eval
+    mode on copies of the samples with ``autograd.grad`` (no ``.grad`` is touched), and the
+    global torch, numpy and Python RNGs are restored after every read and explanation.
+
+    Whatever can be checked is checked when ``fit`` starts (for ``validate``: when validation
+    starts), by reading the samples and explaining them once: collection, the model's forward on
+    the batch's inputs, every method and Captum baseline, and the modality (inferred or given).
+    Any failure then stops the run with the fix. Later, a failing explanation warns once with its
+    reason and is skipped, and a step whose logits or relevance are not finite (NaN/inf) is skipped
+    with one warning: no non-finite value is ever logged.
 
     Args:
-        num_samples: how many validation samples to track.
+        num_samples: how many validation samples to track; more than the validation set holds warns
+            and tracks all of them.
         every_n_epochs: explain after every N-th validation epoch of ``fit`` (None: never by epoch).
         every_n_train_steps: also explain every N optimizer steps (None: never by step).
         methods: any of ``"gae"``, ``"rollout"``, ``"raw_attention"``, ``"attn_gradcam"``.
         modality: ``ImageTokens``, ``TextTokens`` or ``TabularTokens``; None infers ``ImageTokens``
             for image batches whose token count fits a square patch grid plus prefix tokens.
         target: ``"pred"`` explains the predicted class, ``"label"`` the true one.
-        sample_indices: explicit positions in the validation set instead of a seeded choice.
+        sample_indices: explicit positions in the validation dataset instead of a seeded choice.
         seed: seed of the sample choice.
         attention_modules: passed to :func:`~lightning_gae.explain`.
         query: passed to :func:`~lightning_gae.explain` (0: CLS; ``"last"`` for decoders).
         evolution_length: how many past heatmaps an evolution strip shows.
         top_fraction: the share of tokens counted as "top" by the overlap and concentration scalars.
         log_sanity_check: also explain during Lightning's sanity check.
-        dataloader_idx: which validation dataloader the samples come from.
+        dataloader_idx: which validation dataloader the samples come from: its position (in the
+            order Lightning numbers them, as in ``validation_step``'s ``dataloader_idx``) or, for a
+            mapping of dataloaders or a ``CombinedLoader`` over one, its key.
         batch_inputs: ``batch -> model inputs``; default: ``x`` of ``(x, y)``, a mapping minus labels.
         batch_labels: ``batch -> labels``; default: ``y`` of ``(x, y)``, a mapping's ``labels``.
         max_scan_batches: at most this many validation batches are read to choose the samples.
@@ -159,11 +212,19 @@ class GAECallback(Callback):
         metric_max_batch: at most this many perturbed inputs per forward pass of the metrics.
         batch_ground_truth: ``batch -> masks [B, H, W] or rationales [B, T]``; default: a mapping's
             ``masks``/``segmentation``/``rationales``, or ``z`` of ``(x, y, z)``.
+        max_grid_rows: at most this many tracked samples (the first ones) are drawn in ``gae/grid``;
+            every tracked sample still gets its own heatmap.
 
     Raises:
-        ValueError: in ``setup``, for an unknown method, metric, Captum baseline, a bad schedule or
-            target; at the first
-            validation, when the modality cannot be inferred (pass ``modality=``).
+        ValueError: in ``setup``: an unknown method, metric or Captum baseline, a bad schedule,
+            target, ``dataloader_idx`` or ``max_grid_rows``, or a strategy that shards the model
+            (FSDP, DeepSpeed stage 3, ``ModelParallelStrategy``): explanations run on rank zero
+            only, so a sharded forward would wait forever for the other ranks.
+            When ``fit`` starts (``validate``: when validation starts): no validation dataloader,
+            no ``dataloader_idx`` among them, a ``sample_indices`` outside the samples read,
+            ``target="label"`` without labels, a model that cannot be explained on the samples
+            (e.g. its forward rejects a batch key: pass ``batch_inputs``), or a modality that cannot
+            be inferred or does not fit the model's tokens (e.g. a wrong ``patch_size``).
 
     Example::
 
@@ -190,7 +251,7 @@ class GAECallback(Callback):
         evolution_length: int = 5,
         top_fraction: float = 0.1,
         log_sanity_check: bool = False,
-        dataloader_idx: int = 0,
+        dataloader_idx: int | str = 0,
         batch_inputs: Callable[[Any], Any] | None = None,
         batch_labels: Callable[[Any], Tensor | None] | None = None,
         max_scan_batches: int = 64,
@@ -200,6 +261,7 @@ class GAECallback(Callback):
         embedding_layer: str | None = None,
         metric_max_batch: int = 256,
         batch_ground_truth: Callable[[Any], Tensor | None] | None = None,
+        max_grid_rows: int = 16,
     ) -> None:
         self.num_samples = num_samples
         self.every_n_epochs = every_n_epochs
@@ -224,23 +286,29 @@ class GAECallback(Callback):
         self.embedding_layer = embedding_layer
         self.metric_max_batch = metric_max_batch
         self.batch_ground_truth = batch_ground_truth or default_batch_ground_truth
+        self.max_grid_rows = max_grid_rows
 
+        # Per run (fit or validate): read when it starts, freed in teardown.
         self._inputs: Any = None
         self._labels: Tensor | None = None
         self._truth: Tensor | None = None
+        self._modality: Modality | None = None
         self._metric_objects: dict[str, Metric] = {}
+        self._last_explained: tuple[str, int] | None = None
+        # Across runs: what the stability scalars and evolution strips compare with.
         self._previous: dict[str, Tensor] = {}
-        self._history: dict[tuple[str, int], deque] = defaultdict(lambda: deque(maxlen=self.evolution_length))
-        self._last_step: int | None = None
+        self._history: dict[tuple[str, int], deque] = {}
         self._warned: set[str] = set()
 
     @property
+    @override
     def state_key(self) -> str:
         # Not the seed: a resumed run keeps the samples it tracked, whatever seed it was given.
         return self._generate_state_key(num_samples=self.num_samples, methods=self.methods)
 
     # --- configuration ----------------------------------------------------------------------
 
+    @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown or not self.methods:
@@ -266,52 +334,93 @@ class GAECallback(Callback):
             raise ValueError(f"GAECallback(metric_max_batch={self.metric_max_batch}): use a positive integer")
         if not 0 < self.top_fraction <= 1:
             raise ValueError(f"GAECallback(top_fraction={self.top_fraction}): use a fraction in (0, 1]")
+        if self.max_grid_rows < 1:
+            raise ValueError(f"GAECallback(max_grid_rows={self.max_grid_rows}): use a positive integer")
+        index = self.dataloader_idx
+        if isinstance(index, bool) or not isinstance(index, (int, str)) or (isinstance(index, int) and index < 0):
+            raise ValueError(f"GAECallback(dataloader_idx={index!r}): use a position 0, 1, ... or the key of a "
+                             "mapping of validation dataloaders")
+        strategy = trainer.strategy
+        if isinstance(strategy, (FSDPStrategy, ModelParallelStrategy)) or (
+            isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3
+        ):
+            raise ValueError(
+                f"GAECallback cannot run with {type(strategy).__name__}: it shards the model's parameters across "
+                "processes, but explanations run on rank zero only, so that rank's forward would wait forever for "
+                "the other ranks' shards. Train with a strategy that keeps the whole model on every process "
+                "(e.g. strategy='ddp'), or explain a saved checkpoint after training with lightning_gae.explain()."
+            )
         if not trainer.loggers:
             rank_zero_warn(
                 "GAECallback: the Trainer has no logger, so nothing will be shown. Add one, e.g. "
                 "Trainer(logger=lightning.pytorch.loggers.TensorBoardLogger('runs'))."
             )
 
-    # --- choosing and keeping the samples ---------------------------------------------------------
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # The metric objects hold the module; the next fit or validate reads its own samples.
+        self._inputs = self._labels = self._truth = self._modality = None
+        self._metric_objects = {}
+        self._last_explained = None
 
-    def _loader(self, trainer: Trainer) -> Any:
-        loaders = trainer.val_dataloaders
-        loader = loaders[self.dataloader_idx] if isinstance(loaders, (list, tuple)) else loaders
-        if isinstance(getattr(loader, "sampler", None), DistributedSampler):
-            # Under DDP each rank reads only its shard; positions must mean the same as in one process.
-            return DataLoader(loader.dataset, batch_size=loader.batch_size, collate_fn=loader.collate_fn)
-        return loader
+    # --- reading the samples and checking them, before the loops -----------------------------------
+
+    def _validation_loaders(self, trainer: Trainer) -> Any:
+        """The validation dataloader(s) of the starting stage as the user gave them (no loop has iterated them)."""
+        loop = trainer.fit_loop.epoch_loop.val_loop if trainer.state.fn == "fit" else trainer.validate_loop
+        source = loop._data_source
+        loaders = source.dataloader() if source.is_defined() else None
+        if isinstance(loaders, CombinedLoader):
+            loaders = loaders.iterables
+        if loaders is None or (isinstance(loaders, (Mapping, list, tuple)) and not loaders):
+            raise ValueError("GAECallback: the Trainer has no validation dataloader to take samples from; pass "
+                             "val_dataloaders to fit() or define val_dataloader() on the module or datamodule")
+        return loaders
+
+    def _pick_loader(self, loaders: Any) -> Any:
+        index = self.dataloader_idx
+        if isinstance(index, str):
+            if not isinstance(loaders, Mapping):
+                raise ValueError(f"GAECallback(dataloader_idx={index!r}): the validation dataloaders are a "
+                                 f"{type(loaders).__name__}, not a mapping with keys; give the position as an int")
+            if index not in loaders:
+                raise ValueError(f"GAECallback(dataloader_idx={index!r}): the validation dataloaders are named "
+                                 f"{list(loaders)}")
+            return loaders[index]
+        # Lightning's own numbering: the leaves of the collection in order, as validation_step receives it.
+        flat = CombinedLoader(loaders).flattened
+        if index >= len(flat):
+            names = f" (named {list(loaders)})" if isinstance(loaders, Mapping) else ""
+            raise ValueError(f"GAECallback(dataloader_idx={index}): there are {len(flat)} validation dataloaders"
+                             f"{names}; use 0..{len(flat) - 1}" + (" or a name" if names else ""))
+        return flat[index]
 
     def _collect(self, trainer: Trainer) -> None:
         """Read validation batches once and keep the tracked samples (on the CPU)."""
-        loader = self._loader(trainer)
-        if loader is None:
-            raise ValueError("GAECallback: the Trainer has no validation dataloader to take samples from")
-        # Iterating a DataLoader draws from the global RNG; training must not notice.
-        state = random.getstate()
-        with torch.random.fork_rng(devices=[]):
-            inputs, labels, truths = [], [], []
-            for i, batch in enumerate(loader):
-                if i >= self.max_scan_batches:
-                    break
-                inputs.append(map_tensors(self.batch_inputs(batch), lambda t: t.detach().cpu().clone()))
-                batch_labels = self.batch_labels(batch)
-                labels.append(None if batch_labels is None else batch_labels.detach().cpu().clone())
-                truth = self.batch_ground_truth(batch)
-                truths.append(None if truth is None else truth.detach().cpu().clone())
-        random.setstate(state)
+        batches = _private_reader(self._pick_loader(self._validation_loaders(trainer)))
+        inputs, labels, truths = [], [], []
+        for batch in itertools.islice(batches, self.max_scan_batches):
+            inputs.append(map_tensors(self.batch_inputs(batch), lambda t: t.detach().cpu().clone()))
+            batch_labels = self.batch_labels(batch)
+            labels.append(None if batch_labels is None else batch_labels.detach().cpu().clone())
+            truth = self.batch_ground_truth(batch)
+            truths.append(None if truth is None else truth.detach().cpu().clone())
         if not inputs:
             raise ValueError("GAECallback: the validation dataloader is empty")
         all_inputs = _concat(inputs)
         all_labels = None if any(lbl is None for lbl in labels) else torch.cat(labels)
         all_truth = None if any(t is None for t in truths) else _concat(truths)
         total = _display_input(all_inputs).shape[0]
+        scanned = (f"the first {total} samples read (max_scan_batches={self.max_scan_batches})"
+                   if len(inputs) == self.max_scan_batches else f"the {total} samples of the validation set")
         if self.sample_indices is None:
+            if self.num_samples > total:
+                rank_zero_warn(f"GAECallback(num_samples={self.num_samples}): there are only {scanned}; "
+                               f"tracking all {total}")
             self.sample_indices = _balanced_choice(all_labels, total, self.num_samples, self.seed)
         bad = [i for i in self.sample_indices if not 0 <= i < total]
         if bad:
-            raise ValueError(f"GAECallback(sample_indices=...): {bad} are outside the {total} samples read "
-                             f"(max_scan_batches={self.max_scan_batches})")
+            raise ValueError(f"GAECallback(sample_indices=...): {bad} are outside {scanned}")
         index = torch.tensor(self.sample_indices)
         self._inputs = map_tensors(all_inputs, lambda t: t[index] if t.dim() and t.shape[0] == total else t)
         self._labels = None if all_labels is None else all_labels[index]
@@ -319,31 +428,69 @@ class GAECallback(Callback):
         if self.target == "label" and self._labels is None:
             raise ValueError("GAECallback(target='label'): the batches carry no labels; pass batch_labels=... or use target='pred'")
 
+    def _prepare(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Read the samples and explain them once, so that what cannot work stops the run now, with its fix.
+
+        Runs on every rank (all of them stop together); the RNGs are restored, so training is unchanged.
+        """
+        with isolate_rng():
+            try:
+                self._collect(trainer)
+            except ValueError:
+                raise
+            except Exception as err:
+                raise ValueError(f"GAECallback: reading the validation samples failed ({type(err).__name__}: {err}); "
+                                 "check dataloader_idx, batch_inputs, batch_labels and batch_ground_truth") from err
+            inputs = self._model_inputs(trainer, pl_module)
+            try:
+                explanations, maps = self._explain(pl_module, inputs)
+            except Exception as err:
+                hint = ""
+                if isinstance(err, TypeError) and isinstance(inputs, Mapping):
+                    hint = (f" The model is called as model(**inputs) with the batch keys {list(inputs)}; if its "
+                            "forward does not take all of them, pass batch_inputs=lambda batch: {...} that keeps "
+                            "only its inputs.")
+                raise ValueError(f"GAECallback: the tracked validation samples cannot be explained, so the run stops "
+                                 f"before training ({type(err).__name__}: {err}).{hint}") from err
+            first = next(iter(explanations.values()))
+            modality = self.modality
+            if modality is None:
+                modality = ImageTokens.infer(_display_input(inputs), first.tokens.shape[1])
+            if modality is None:
+                raise ValueError(
+                    "GAECallback: cannot infer the modality of these inputs; pass modality=ImageTokens(patch_size=...), "
+                    "TextTokens(tokenizer=...) or TabularTokens(feature_names=[...])"
+                )
+            try:
+                self._modality = modality
+                shown = _display_input(inputs).detach().cpu()
+                for values in self._relevance(explanations, maps, shown, inputs).values():
+                    modality.render(shown[0], values[0], "")
+                # What the metrics (and rationale agreement) ask of the modality before their forwards.
+                if self.metrics or (self._truth is not None and isinstance(modality, TextTokens)):
+                    cpu_inputs = map_tensors(inputs, lambda t: t.cpu())
+                    modality.removable(cpu_inputs)
+                    modality.unit_scores(first.tokens.cpu(), cpu_inputs)
+            except Exception as err:
+                self._modality = None
+                raise ValueError(f"GAECallback(modality={modality!r}) does not fit the model's explanations of these "
+                                 f"inputs: {type(err).__name__}: {err}") from err
+
     def _model_inputs(self, trainer: Trainer, pl_module: LightningModule) -> Any:
         # The loops cast every batch to the precision ("bf16-true", "16-true"); the kept samples need the same.
         return trainer.precision_plugin.convert_input(map_tensors(self._inputs, lambda t: t.to(pl_module.device)))
 
-    def _ensure_modality(self, exp: Explanation) -> None:
-        if self.modality is not None:
-            return
-        self.modality = ImageTokens.infer(_display_input(self._inputs), exp.tokens.shape[1])
-        if self.modality is None:
-            raise ValueError(
-                "GAECallback: cannot infer the modality of these inputs; pass modality=ImageTokens(patch_size=...), "
-                "TextTokens(tokenizer=...) or TabularTokens(feature_names=[...])"
-            )
-
     # --- when -----------------------------------------------------------------------------------
 
+    @override
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._prepare(trainer, pl_module)
+
+    @override
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self._inputs is None and self._wanted_now(trainer):
-            self._collect(trainer)
-            if self.modality is None:
-                # Inferring needs the token count, so one explanation runs now: a model that cannot be
-                # explained, or inputs no modality fits, fail here with the fix rather than warn later.
-                device_inputs = self._model_inputs(trainer, pl_module)
-                self._ensure_modality(explain(pl_module, device_inputs, method=self.methods[0], query=self.query,
-                                              attention_modules=self.attention_modules))
+        # trainer.validate() has no fit start; its loaders are known by now.
+        if self._inputs is None:
+            self._prepare(trainer, pl_module)
 
     def _wanted_now(self, trainer: Trainer) -> bool:
         if trainer.sanity_checking:
@@ -352,37 +499,42 @@ class GAECallback(Callback):
             return True
         return self.every_n_epochs is not None and (trainer.current_epoch + 1) % self.every_n_epochs == 0
 
+    @override
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._wanted_now(trainer):
             self._explain_and_log(trainer, pl_module)
 
+    @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         n = self.every_n_train_steps
         if n is not None and trainer.global_step > 0 and trainer.global_step % n == 0:
-            if self._inputs is None:
-                self._safely(trainer, lambda: self._collect(trainer))
             self._explain_and_log(trainer, pl_module)
 
     # --- what -----------------------------------------------------------------------------------
 
-    def _safely(self, trainer: Trainer, fn: Callable[[], None]) -> None:
-        try:
-            fn()
-        except Exception as err:  # noqa: BLE001 - an explanation must never take training down
-            reason = f"{type(err).__name__}: {err}"
-            if reason not in self._warned:
-                self._warned.add(reason)
-                rank_zero_warn(f"GAECallback: explanation at step {trainer.global_step} failed and was skipped ({reason})")
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            rank_zero_warn(message)
 
     def _explain_and_log(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        step = trainer.global_step
-        if self._inputs is None or self._last_step == step or not trainer.is_global_zero:
+        # The same weights are explained once: with gradient accumulation on_train_batch_end sees a
+        # global step several times. The stage is part of it: validate() after fit() starts at fit's last step.
+        explained = (str(trainer.state.fn), trainer.global_step)
+        if self._inputs is None or self._last_explained == explained or not trainer.is_global_zero:
             return
-        self._last_step = step
-        self._safely(trainer, lambda: self._run(trainer, pl_module, step))
+        self._last_explained = explained
+        # What the module's self.log uses at this moment (global_step runs ahead of it at epoch ends).
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        with isolate_rng():
+            try:
+                self._run(trainer, pl_module, step)
+            except Exception as err:  # noqa: BLE001 - an explanation must never take training down
+                reason = f"{type(err).__name__}: {err}"
+                self._warn_once(reason, f"GAECallback: explanation at step {step} failed and was skipped ({reason})")
 
-    def _run(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
-        inputs = self._model_inputs(trainer, pl_module)
+    def _explain(self, pl_module: LightningModule, inputs: Any) -> tuple[dict[str, Explanation], dict[str, Tensor]]:
+        """Each method's explanation and each Captum baseline's attribution of the tracked samples."""
         target = None if self.target == "pred" else self._labels.to(pl_module.device)
         explanations = {
             m: explain(pl_module, inputs, target=target, method=m, query=self.query,
@@ -390,10 +542,23 @@ class GAECallback(Callback):
             for m in self.methods
         }
         first = next(iter(explanations.values()))
-        self._ensure_modality(first)
         # Every method explains the same classes: the first explanation's (the prediction or the label).
         maps = {m: attribute(m, pl_module, inputs, first.target, embedding_layer=self.embedding_layer, seed=self.seed)
                 for m in self.captum_baselines}
+        return explanations, maps
+
+    def _run(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
+        inputs = self._model_inputs(trainer, pl_module)
+        explanations, maps = self._explain(pl_module, inputs)
+        first = next(iter(explanations.values()))
+        computed = [e.tokens for e in explanations.values()] + list(maps.values())
+        if first.logits is not None:
+            computed.append(first.logits)
+        if not all(torch.isfinite(t).all() for t in computed):
+            self._warn_once("non-finite", f"GAECallback: explanation at step {step} was skipped: the model's logits or "
+                                          "the relevance are not finite (NaN or inf). Such steps are skipped and "
+                                          "nothing non-finite is logged; this warning is not repeated.")
+            return
         scalars: dict[str, float] = {}
         for method, exp in explanations.items():
             scalars.update(self._scalars(method, exp.tokens))
@@ -401,6 +566,11 @@ class GAECallback(Callback):
         if self.random_baseline:
             scored["random"] = random_attribution(first.tokens, self.seed)
         scalars.update(self._faithfulness(pl_module, inputs, scored, first.target))
+        dropped = sorted(tag for tag, value in scalars.items() if not math.isfinite(value))
+        if dropped:
+            self._warn_once(f"non-finite scalars {dropped}",
+                            f"GAECallback: {dropped} came out not finite at step {step} and are not logged")
+            scalars = {tag: value for tag, value in scalars.items() if tag not in dropped}
         self._log(trainer, step, inputs, explanations, maps, scalars)
         self._previous = {m: e.tokens.detach().cpu() for m, e in explanations.items()}
 
@@ -431,26 +601,27 @@ class GAECallback(Callback):
     def _faithfulness(self, pl_module: LightningModule, inputs: Any, scored: dict[str, Tensor], target: Tensor) -> dict[str, float]:
         # Only rank zero explains, so no metric may sync across processes (sync_on_compute=False).
         out: dict[str, float] = {}
+        modality = self._modality
         for name in self.metrics:
             for method, attributions in scored.items():
                 metric = self._metric(name, pl_module, lambda: perturbation_metric(
-                    name, pl_module, self.modality, max_batch=self.metric_max_batch, sync_on_compute=False))
+                    name, pl_module, modality, max_batch=self.metric_max_batch, sync_on_compute=False))
                 metric.update(inputs, attributions, target)
                 out[f"gae/{method}/{name}"] = metric.compute().item()
         if self._truth is None:
             return out
         truth = self._truth.to(pl_module.device)
-        if isinstance(self.modality, ImageTokens) and truth.dim() == 3:
+        if isinstance(modality, ImageTokens) and truth.dim() == 3:
             for method, attributions in scored.items():
                 metric = self._metric("segmentation", pl_module,
-                                      lambda: RelevanceSegmentation(self.modality, sync_on_compute=False))
+                                      lambda: RelevanceSegmentation(modality, sync_on_compute=False))
                 metric.update(attributions, truth)
                 out.update({f"gae/{method}/segmentation_{k}": v.item() for k, v in metric.compute().items()})
-        elif isinstance(self.modality, TextTokens) and truth.dim() == 2:
-            valid = self.modality.removable(inputs)
+        elif isinstance(modality, TextTokens) and truth.dim() == 2:
+            valid = modality.removable(inputs)
             for method, attributions in scored.items():
                 metric = self._metric("rationale", pl_module, lambda: RationaleAgreement(sync_on_compute=False))
-                metric.update(self.modality.unit_scores(attributions, inputs), truth, valid)
+                metric.update(modality.unit_scores(attributions, inputs), truth, valid)
                 out.update({f"gae/{method}/rationale_{k}": v.item() for k, v in metric.compute().items()})
         return out
 
@@ -466,12 +637,18 @@ class GAECallback(Callback):
             parts.append(f"target {t}" + (f" (p={probs[i, t]:.2f})" if probs is not None else ""))
         return " | ".join(parts)
 
-    def _input_relevance(self, attributions: Tensor, shown: Tensor, inputs: Any) -> Tensor:
-        """A Captum-style map as the modality draws it: pixels ``[B, H, W]``, or one value per token/feature."""
-        attributions = attributions.detach().float().cpu()
-        if isinstance(self.modality, ImageTokens):
-            return self.modality.pixel_map(attributions, shown)
-        return self.modality.unit_scores(attributions, map_tensors(inputs, lambda t: t.cpu()))
+    def _relevance(self, explanations: dict[str, Explanation], maps: dict[str, Tensor], shown: Tensor,
+                   inputs: Any) -> dict[str, Tensor]:
+        """Every column's relevance as the modality draws it: pixels ``[B, H, W]``, or one value per token/feature."""
+        relevance = {m: self._modality.to_input(e.tokens.detach().cpu(), shown) for m, e in explanations.items()}
+        cpu_inputs = map_tensors(inputs, lambda t: t.cpu())
+        for method, attributions in maps.items():
+            attributions = attributions.detach().float().cpu()
+            if isinstance(self._modality, ImageTokens):
+                relevance[method] = self._modality.pixel_map(attributions, shown)
+            else:
+                relevance[method] = self._modality.unit_scores(attributions, cpu_inputs)
+        return relevance
 
     def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation],
              maps: dict[str, Tensor], scalars: dict[str, float]) -> None:
@@ -482,23 +659,23 @@ class GAECallback(Callback):
             return
         shown = _display_input(inputs).detach().cpu()
         first = next(iter(explanations.values()))
-        relevance = {m: self.modality.to_input(e.tokens.detach().cpu(), shown) for m, e in explanations.items()}
-        relevance.update({m: self._input_relevance(a, shown, inputs) for m, a in maps.items()})
+        relevance = self._relevance(explanations, maps, shown, inputs)
         rows: list[list[np.ndarray]] = []
         for i, sample in enumerate(self.sample_indices):
-            row = [self.modality.render(shown[i], None, f"sample {sample}")]
+            row = [self._modality.render(shown[i], None, f"sample {sample}")] if i < self.max_grid_rows else []
             for method, values in relevance.items():
-                image = self.modality.render(shown[i], values[i], f"{method}: {self._title(first, i)}")
+                image = _bounded(self._modality.render(shown[i], values[i], f"{method}: {self._title(first, i)}"))
                 row.append(image)
-                history = self._history[(method, sample)]
+                history = self._history.setdefault((method, sample), deque(maxlen=self.evolution_length))
                 history.append((step, image))
+                evolution = _bounded(side_by_side([im for _, im in history], [f"step {s}" for s, _ in history]))
                 for w in writers:
                     w.add_image(f"gae/{method}/heatmap/sample_{sample}", image, step, dataformats="HWC")
-                    w.add_image(f"gae/{method}/evolution/sample_{sample}",
-                                side_by_side([im for _, im in history], [f"step {s}" for s, _ in history]),
-                                step, dataformats="HWC")
-            rows.append(row)
-        picture = grid(rows, [f"sample {s}" for s in self.sample_indices], ["input", *relevance])
+                    w.add_image(f"gae/{method}/evolution/sample_{sample}", evolution, step, dataformats="HWC")
+            if i < self.max_grid_rows:
+                rows.append(row)
+        shown_samples = self.sample_indices[: len(rows)]
+        picture = _bounded(grid(rows, [f"sample {s}" for s in shown_samples], ["input", *relevance]))
         for w in writers:
             w.add_image("gae/grid", picture, step, dataformats="HWC")
             for method, exp in explanations.items():
@@ -507,9 +684,11 @@ class GAECallback(Callback):
 
     # --- checkpointing --------------------------------------------------------------------------
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         return {"sample_indices": self.sample_indices, "previous": self._previous}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         indices = state_dict.get("sample_indices")
         if indices is not None:

@@ -1,0 +1,169 @@
+"""GAE inside the backward pass: scaled-dot-product attention that keeps nothing ``N x N``.
+
+Recording every layer's ``[B, H, N, N]`` probabilities for ``autograd.grad`` costs ``L·B·H·N²``
+floats, far more than training's fused attention keeps. This module's attention runs the fused
+kernel forward and, in backward, recomputes the probabilities chunk by chunk over queries (the way
+fused kernels do), returns the exact gradients of ``q``, ``k``, ``v`` (and of an additive mask that
+requires grad, such as T5's position bias), and meanwhile computes ``Ā = E_h[(∇A ⊙ A)⁺]`` (Eq. 5)
+for that chunk, with ``∇A = dO · Vᵀ``. What happens to ``Ā`` is the :class:`LeanState`'s mode:
+
+* ``"row"``: the row form of Eq. 6, ``r ← r + r·Ā``, applied at once. The backward pass visits
+  the layers last first, which is the row form's order, so nothing per layer is kept;
+* ``"store"``: ``Ā`` is kept (``[B, Nq, Nk]``, heads already averaged) for the matrix form of
+  models with several token sets.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["LeanState", "LeanCall", "lean_attention"]
+
+# A chunk of queries holds at most this many float32 scores (B·H·chunk·Nk): 64 MiB.
+_CHUNK_ELEMENTS = 1 << 24
+
+
+@dataclass
+class LeanCall:
+    """One attention call made by :func:`lean_attention`: its place and what its keys can see."""
+
+    index: int
+    attended: Tensor | None = None  # [B, Nk] bool: keys some query may attend to (None: all)
+
+
+@dataclass
+class LeanState:
+    """What the backward pass does with each call's ``Ā``; shared by the calls of one forward."""
+
+    mode: str = "store"
+    row: Tensor | None = None
+    abars: dict[int, Tensor] = field(default_factory=dict)
+    order: list[int] = field(default_factory=list)
+
+
+def _reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:
+    """Sum a broadcast gradient back to ``shape`` (an additive mask broadcast over batch or heads)."""
+    while grad.dim() > len(shape):
+        grad = grad.sum(dim=0)
+    dims = [i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1]
+    return grad.sum(dim=dims, keepdim=True) if dims else grad
+
+
+def _rows(bias: Tensor | None, sl: slice, n_q: int) -> Tensor | None:
+    if bias is None:
+        return None
+    return bias if bias.shape[-2] == 1 or bias.shape[-2] != n_q else bias[..., sl, :]
+
+
+class _LeanAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, bias, token, scale, state, call):  # type: ignore[override]
+        del token  # only there so that autograd.grad(score, token) runs every call's backward
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+        ctx.save_for_backward(q, k, v, bias)
+        ctx.scale, ctx.state, ctx.call = scale, state, call
+        ctx.bias_grad = bias is not None and bias.requires_grad
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        q, k, v, bias = ctx.saved_tensors
+        state: LeanState = ctx.state
+        scale = ctx.scale
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        b, h, n_q, _ = q.shape
+        n_k = k.shape[-2]
+        kf, vf = k.to(dtype), v.to(dtype)
+        dq = torch.empty(q.shape, dtype=dtype, device=q.device)
+        dk = torch.zeros(k.shape, dtype=dtype, device=k.device)
+        dv = torch.zeros(v.shape, dtype=dtype, device=v.device)
+        dbias = torch.zeros(bias.shape, dtype=dtype, device=bias.device) if ctx.bias_grad else None
+        row = state.row if state.mode == "row" else None
+        update = None if row is None else torch.zeros_like(row)
+        abar = None if row is not None else torch.empty(b, n_q, n_k, dtype=torch.float32, device=q.device)
+        chunk = max(1, min(n_q, _CHUNK_ELEMENTS // max(1, b * h * n_k)))
+        for start in range(0, n_q, chunk):
+            sl = slice(start, min(start + chunk, n_q))
+            qc = q[:, :, sl].to(dtype)
+            scores = (qc @ kf.transpose(-2, -1)) * scale
+            bc = _rows(bias, sl, n_q)
+            if bc is not None:
+                scores = scores + bc.to(dtype)
+                dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
+                probs = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+            else:
+                probs = torch.softmax(scores, dim=-1)
+            doc = dout[:, :, sl].to(dtype)
+            dprobs = doc @ vf.transpose(-2, -1)
+            dv += probs.transpose(-2, -1) @ doc
+            weighted = dprobs * probs
+            dscores = weighted - probs * weighted.sum(dim=-1, keepdim=True)
+            dq[:, :, sl] = (dscores @ kf) * scale
+            dk += (dscores.transpose(-2, -1) @ qc) * scale
+            if dbias is not None:
+                if bias.shape[-2] == n_q:
+                    dbias[..., sl, :] += _reduce_to(dscores, bias[..., sl, :].shape)
+                else:
+                    dbias += _reduce_to(dscores, bias.shape)
+            a = weighted.clamp(min=0).mean(dim=1).to(torch.float32)  # Eq. 5 for these queries
+            if update is not None:
+                update += torch.bmm(row[:, sl].unsqueeze(1), a).squeeze(1)
+            else:
+                abar[:, sl] = a
+        if update is not None:
+            state.row = row + update
+        else:
+            state.abars[ctx.call.index] = abar
+        state.order.append(ctx.call.index)
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
+                None if dbias is None else dbias.to(bias.dtype), None, None, None, None)
+
+
+def _additive(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, -math.inf)
+
+
+def lean_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    state: LeanState,
+    token: Tensor,
+    call: LeanCall,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """``F.scaled_dot_product_attention`` (eval semantics) whose backward feeds ``state`` (see module doc).
+
+    ``query``/``key``/``value`` are ``[B, H, N, E]``. Boolean masks mark allowed keys; ``is_causal``
+    is the top-left aligned lower triangle, as in the fused op. ``call.attended`` is filled with the
+    keys some query may attend to, which tells padding without materialising the probabilities.
+    """
+    n_q, n_k = query.shape[-2], key.shape[-2]
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
+        value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    bias = _additive(attn_mask, dtype)
+    if is_causal:
+        causal = _additive(torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril(), dtype)
+        bias = causal if bias is None else bias + causal
+    if bias is not None:
+        bias = bias.to(query.dtype) if not bias.requires_grad else bias
+        with torch.no_grad():
+            # Keys whose score is pushed to -inf (or to a dtype's min, as Hugging Face masks do) for
+            # every query get probability 0: that is padding.
+            open_ = (bias > torch.finfo(bias.dtype).min / 2).expand(*bias.shape[:-2], n_q, n_k)
+            seen = open_.reshape(-1, *open_.shape[-3:]).any(dim=(-3, -2)) if open_.dim() >= 3 else open_.any(dim=-2)[None]
+            call.attended = seen.expand(query.shape[0], n_k) if seen.shape[0] == 1 else seen
+    return _LeanAttention.apply(query, key, value, bias, token, scale, state, call)
