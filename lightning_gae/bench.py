@@ -197,6 +197,7 @@ class _Subject:
     captum_input: Tensor
     captum_forward: Callable[..., Tensor]
     captum_extra: tuple[Tensor, ...]
+    tokens: int
 
 
 def _logits(model: nn.Module, inputs: Any) -> Tensor:
@@ -216,7 +217,7 @@ def _vit(case: Case, device: torch.device) -> _Subject:
                 **case.size).to(device)
     x = torch.rand(case.batch, 3, side * patch, side * patch, device=device)
     labels = torch.randint(0, 10, (case.batch,), device=device)
-    return _Subject(model, x, labels, x, model, ())
+    return _Subject(model, x, labels, x, model, (), case.tokens)
 
 
 def _bert(case: Case, device: torch.device) -> _Subject:
@@ -239,7 +240,7 @@ def _bert(case: Case, device: torch.device) -> _Subject:
         # Captum repeats the mask with the interpolated embeddings, so it is an argument, not a closure.
         return model(inputs_embeds=e, attention_mask=attention_mask).logits
 
-    return _Subject(model, {"input_ids": ids, "attention_mask": mask}, labels, embeds, on_embeddings, (mask,))
+    return _Subject(model, {"input_ids": ids, "attention_mask": mask}, labels, embeds, on_embeddings, (mask,), case.tokens)
 
 
 def gae_matrix_rows(model: nn.Module, inputs: Any, target: Tensor, query: int = 0) -> Tensor:
@@ -269,7 +270,7 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
     from lightning_gae.explain import eval_mode, explain, map_tensors
 
     model, inputs = subject.model, subject.inputs
-    batch, tokens = target.shape[0], subject.captum_input.shape[1]
+    batch = target.shape[0]
     extra = subject.captum_extra or None
 
     def forward_backward() -> None:
@@ -287,7 +288,7 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
             return Saliency(subject.captum_forward).attribute(x, target=target, additional_forward_args=extra)
 
     def integrated_gradients() -> Tensor:
-        rows = batch * max(1, _IG_TOKENS // (batch * tokens))
+        rows = batch * max(1, _IG_TOKENS // (batch * subject.tokens))
         with eval_mode(model):
             x = subject.captum_input.detach().clone().requires_grad_()
             return IntegratedGradients(subject.captum_forward).attribute(

@@ -71,3 +71,16 @@ def test_ratio_report_reads_targets_in_their_direction():
     assert "| 2.00 | <= 1.5 | no |" in lines["peak memory gae / forward_backward (bert batch 1, N=2049)"]
     assert "| 1.02 | <= 1.05 | yes |" in lines["main_job fit_with_callback / fit_without_callback"]
     assert "| vit | 64 | 257 | 1 s / 100 MB | 2.00x / 2.00x |" in report
+
+
+def test_integrated_gradients_runs_in_internal_batches_of_about_64x257_tokens():
+    # 2 samples of 1025 tokens: 16 rows (8 steps of the batch) fit 64 x 257 tokens, so 50 steps take 7 forwards.
+    case = bench.Case("vit", 2, 1025, {"dim": 8, "depth": 1, "heads": 1})
+    torch.manual_seed(0)
+    subject = bench._vit(case, torch.device("cpu"))
+    rows = []
+    subject.model.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
+    target = torch.zeros(2, dtype=torch.long)
+    bench._model_methods(subject, target)["integrated_gradients"]()
+    assert max(rows) * case.tokens <= 64 * 257
+    assert sum(rows) == 2 * 50 and len(rows) == 7
