@@ -1,93 +1,500 @@
-"""``lightning-gae bench``: the cost of an explanation relative to one training step's forward+backward.
+"""``lightning-gae bench``: what an explanation costs next to one training step, Captum and the reference code.
 
-Speed targets are read from this benchmark, never from timed assertions in tests. It reports
-ratios measured in one process on one batch (absolute seconds depend on the machine):
-``explain(method) / (forward + backward)`` for each method, and the peak memory ratio on CUDA.
+Methods, on the same batch of one model:
+
+* ``forward_backward``: one forward + backward of the model as it is trained (train mode, fused
+  SDPA, cross-entropy on the logits, parameter gradients): the floor;
+* ``gae``: :func:`lightning_gae.explain` as it runs by default;
+* ``gae_matrix``: the dense matrix form, ``R = (I + Ā_L) ⋯ (I + Ā_1)`` for the whole batch
+  (:class:`~lightning_gae.AttentionRecorder`, one ``autograd.grad``, :func:`~lightning_gae.rules.gae_relevance`),
+  its CLS row read afterwards;
+* ``per_sample_loop``: the same, one sample at a time, as the reference implementation works;
+* ``rollout``: ``explain(method="rollout")``;
+* ``saliency`` and ``integrated_gradients``: Captum on the input (images) or on ``inputs_embeds``
+  (text), ``n_steps=50``, at most ~64 x 257 tokens per internal batch.
+
+Cases: a ViT (``recipes.vit.ViT``) at batch 1, 16, 64 with N = 65 and 257 tokens; a BERT-mini
+shaped ``BertForSequenceClassification`` (4 layers, width 256, SDPA) at N = 257, 1025, 2049; and
+``main_job``, the fit of ``configs/vit_digits.yaml`` through LightningCLI without and with its
+``GAECallback`` (same seed and epochs).
+
+Timing: each method runs once as a warm-up, then ``repeats`` rounds go through the methods in
+turn (a method leaves once it has used its time budget); ``seconds`` is the median. Peak memory is measured identically for every method:
+before each repeat, garbage is collected and the allocator's free pages are given back
+(``malloc_trim``; on CUDA the peak statistics are reset), then the peak resident set size of the
+process is reset (``/proc/self/clear_refs``) and the resident size read as the baseline;
+``peak_memory_mb`` is the largest rise of the peak (``VmHWM``) over that baseline. It counts
+everything a method allocates, tensors and Python objects alike (PyTorch's CPU allocations are
+invisible to ``tracemalloc``). Each case runs in a fresh process, so one case's allocations and
+warm caches do not carry over into the next.
+
+The machine's load moves absolute seconds; the ratios to ``forward_backward`` measured seconds
+apart in one process are what to read.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
+import math
+import os
+import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from lightning_gae.explain import METHODS, explain
+__all__ = ["MODEL_METHODS", "FIT_METHODS", "Case", "full_cases", "quick_cases", "run", "ratio_report", "main"]
+
+MODEL_METHODS: tuple[str, ...] = (
+    "forward_backward", "gae", "gae_matrix", "per_sample_loop", "rollout", "saliency", "integrated_gradients",
+)
+FIT_METHODS: tuple[str, ...] = ("fit_without_callback", "fit_with_callback")
+_IG_STEPS = 50
+# Rows per Captum internal batch are chosen so that one holds about as many tokens as the largest
+# ViT batch (64 x 257): IG's memory stays that of a training step while its steps stay batched.
+_IG_TOKENS = 64 * 257
+_REPO = Path(__file__).resolve().parent.parent
+_MAIN_CONFIG = _REPO / "configs" / "vit_digits.yaml"
 
 
-def _median_seconds(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
-    fn()  # warm-up: allocator, lazy init
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+@dataclass(frozen=True)
+class Case:
+    """One benchmarked setting.
+
+    ``name`` is ``"vit"``, ``"bert"`` or ``"main_job"``; ``size`` holds the model's width
+    (``dim``/``depth``/``heads`` for the ViT, ``hidden``/``layers``/``heads`` for BERT) and, for
+    ``main_job``, the config path and an optional ``max_epochs`` override.
+    """
+
+    name: str
+    batch: int
+    tokens: int
+    size: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return FIT_METHODS if self.name == "main_job" else MODEL_METHODS
+
+
+_VIT = {"dim": 192, "depth": 6, "heads": 3}
+_BERT = {"hidden": 256, "layers": 4, "heads": 4}
+
+
+def full_cases(config: str | Path = _MAIN_CONFIG) -> list[Case]:
+    """The cases of issue 13: ViT batch 1/16/64 at N = 65/257, BERT at N = 257/1025/2049, the main job."""
+    vit = [Case("vit", batch, tokens, dict(_VIT)) for tokens in (65, 257) for batch in (1, 16, 64)]
+    # Batches sized so that the dense matrix forms (every layer's N x N maps kept) fit a 24 GiB device.
+    bert = [Case("bert", batch, tokens, dict(_BERT)) for batch, tokens in ((8, 257), (2, 1025), (1, 2049))]
+    return [*vit, *bert, _main_job_case(config, None)]
+
+
+def quick_cases(config: str | Path = _MAIN_CONFIG) -> list[Case]:
+    """Every case kind and method on tiny models and a 3-epoch main job: a smoke test, not a measurement."""
+    return [
+        Case("vit", 2, 17, {"dim": 32, "depth": 2, "heads": 2}),
+        Case("bert", 2, 33, {"hidden": 32, "layers": 2, "heads": 2}),
+        _main_job_case(config, 3),
+    ]
+
+
+def _main_job_case(config: str | Path, max_epochs: int | None) -> Case:
+    import yaml
+
+    settings = yaml.safe_load(Path(config).read_text())
+    model = settings["model"]["init_args"]
+    tokens = (model["image_size"] // model["patch_size"]) ** 2 + 1
+    batch = settings["data"]["init_args"]["batch_size"]
+    return Case("main_job", batch, tokens, {"config": str(config), "max_epochs": max_epochs})
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+
+class _PeakMemory:
+    """Peak memory of the process above a baseline taken right before a call (see the module doc)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.baseline = 0
+        if device.type == "cpu":
+            if not Path("/proc/self/clear_refs").exists():
+                raise RuntimeError("lightning-gae bench measures CPU memory with Linux's /proc/self/clear_refs; "
+                                   "run it on Linux, or on a CUDA device (--device cuda)")
+            self._trim = ctypes.CDLL(None).malloc_trim
+
+    def reset(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline = torch.cuda.memory_allocated(self.device)
+            return
+        self._trim(0)
+        Path("/proc/self/clear_refs").write_text("5")  # "5": reset the peak resident set size
+        self.baseline = _status_kib("VmRSS")
+
+    def peak_mb(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            return (torch.cuda.max_memory_allocated(self.device) - self.baseline) / 2**20
+        return (_status_kib("VmHWM") - self.baseline) / 1024
+
+
+def _status_kib(key: str) -> int:
+    return int(re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1))
+
+
+def _measure(calls: dict[str, Callable[[], object]], memory: _PeakMemory, repeats: int,
+             budget: float) -> dict[str, tuple[float, float]]:
+    """Method -> ``(median seconds, peak MiB)`` after one warm-up call of each.
+
+    The repeats go round the methods in turn (not all repeats of one method, then the next), so a
+    burst of load from elsewhere on the machine is shared among the methods rather than landing on
+    one. A method leaves the rounds once its timed calls have taken ``budget`` seconds.
+    """
+    for fn in calls.values():
         fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    seconds: dict[str, list[float]] = {m: [] for m in calls}
+    peaks: dict[str, list[float]] = {m: [] for m in calls}
+    for _ in range(repeats):
+        for method, fn in calls.items():
+            if seconds[method] and sum(seconds[method]) > budget:
+                continue
+            memory.reset()
+            start = time.perf_counter()
+            fn()
+            if memory.device.type == "cuda":
+                torch.cuda.synchronize(memory.device)
+            seconds[method].append(time.perf_counter() - start)
+            peaks[method].append(memory.peak_mb())
+    # A call that allocates nothing new still touches some pages; never report a non-positive peak.
+    return {m: (statistics.median(seconds[m]), max(max(peaks[m]), 1 / 1024)) for m in calls}
 
 
-def run(
-    batch_size: int = 64,
-    image_size: int = 32,
-    patch_size: int = 4,
-    dim: int = 192,
-    depth: int = 6,
-    heads: int = 3,
-    methods: Sequence[str] = METHODS,
-    repeats: int = 5,
-    device: str = "cpu",
-) -> dict:
-    """Time ``explain`` against forward+backward of the same batch on a small ViT (``recipes.vit.ViT``)."""
+# --- the model cases ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Subject:
+    """A model with one batch, and the same batch in the form Captum attributes."""
+
+    model: nn.Module
+    inputs: Any
+    labels: Tensor
+    captum_input: Tensor
+    captum_forward: Callable[..., Tensor]
+    captum_extra: tuple[Tensor, ...]
+    tokens: int
+
+
+def _logits(model: nn.Module, inputs: Any) -> Tensor:
+    from lightning_gae.explain import model_logits
+
+    return model_logits(model(**inputs) if isinstance(inputs, dict) else model(inputs))
+
+
+def _vit(case: Case, device: torch.device) -> _Subject:
     from recipes.vit import ViT
 
-    torch.manual_seed(0)
-    model = ViT(image_size=image_size, patch_size=patch_size, in_chans=3, num_classes=10, dim=dim,
-                depth=depth, heads=heads, dropout=0.0).to(device)
-    x = torch.rand(batch_size, 3, image_size, image_size, device=device)
-    y = torch.randint(0, 10, (batch_size,), device=device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    side = math.isqrt(case.tokens - 1)
+    if side * side != case.tokens - 1:
+        raise ValueError(f"a ViT case needs N = side^2 + 1 tokens; got {case.tokens}")
+    patch = 4
+    model = ViT(image_size=side * patch, patch_size=patch, in_chans=3, num_classes=10, mlp_ratio=4.0, dropout=0.0,
+                **case.size).to(device)
+    x = torch.rand(case.batch, 3, side * patch, side * patch, device=device)
+    labels = torch.randint(0, 10, (case.batch,), device=device)
+    return _Subject(model, x, labels, x, model, (), case.tokens)
 
-    def train_step() -> None:
+
+def _bert(case: Case, device: torch.device) -> _Subject:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(
+        vocab_size=8192, hidden_size=case.size["hidden"], num_hidden_layers=case.size["layers"],
+        num_attention_heads=case.size["heads"], intermediate_size=4 * case.size["hidden"],
+        max_position_embeddings=max(512, case.tokens), hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        num_labels=2, attn_implementation="sdpa",
+    )
+    model = BertForSequenceClassification(config).to(device)
+    ids = torch.randint(1, config.vocab_size, (case.batch, case.tokens), device=device)
+    mask = torch.ones_like(ids)
+    labels = torch.randint(0, 2, (case.batch,), device=device)
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(ids)
+
+    def on_embeddings(e: Tensor, attention_mask: Tensor) -> Tensor:
+        # Captum repeats the mask with the interpolated embeddings, so it is an argument, not a closure.
+        return model(inputs_embeds=e, attention_mask=attention_mask).logits
+
+    return _Subject(model, {"input_ids": ids, "attention_mask": mask}, labels, embeds, on_embeddings, (mask,), case.tokens)
+
+
+def gae_matrix_rows(model: nn.Module, inputs: Any, target: Tensor, query: int = 0) -> Tensor:
+    """GAE in the dense matrix form: ``R = (I + Ā_L) ⋯ (I + Ā_1)`` for every sample, then row ``query``. ``[B, N]``.
+
+    Every layer's probabilities, gradients and ``Ā`` and the ``[B, N, N]`` relevance stay alive at
+    once: the memory profile of the reference implementation, batched.
+    """
+    from lightning_gae import rules
+    from lightning_gae.capture import AttentionRecorder
+    from lightning_gae.explain import eval_mode
+
+    with eval_mode(model), torch.enable_grad():
+        with AttentionRecorder(model) as recorder:
+            logits = _logits(model, inputs)
+        score = logits.gather(1, target[:, None]).sum()
+        records = recorder.records
+        grads = torch.autograd.grad(score, [r.tensor for r in records])
+        with torch.no_grad():
+            abars = [rules.avg_heads(r.as_heads(), r.as_heads(g)) for r, g in zip(records, grads)]
+            return rules.gae_relevance(abars)[:, query]
+
+
+def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], object]]:
+    from captum.attr import IntegratedGradients, Saliency
+
+    from lightning_gae.explain import eval_mode, explain, map_tensors
+
+    model, inputs = subject.model, subject.inputs
+    batch = target.shape[0]
+    extra = subject.captum_extra or None
+
+    def forward_backward() -> None:
         model.train()
+        F.cross_entropy(_logits(model, inputs), subject.labels).backward()
+        # Dropped after the step, so each repeat starts from the same memory (no gradients held).
         model.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
 
-    result: dict = {
-        "model": {"image_size": image_size, "patch_size": patch_size, "tokens": (image_size // patch_size) ** 2 + 1,
-                  "dim": dim, "depth": depth, "heads": heads},
-        "batch_size": batch_size,
-        "device": device,
-        "torch": torch.__version__,
+    def per_sample_loop() -> list[Tensor]:
+        return [gae_matrix_rows(model, map_tensors(inputs, lambda t: t[i:i + 1]), target[i:i + 1]) for i in range(batch)]
+
+    def saliency() -> Tensor:
+        with eval_mode(model):
+            x = subject.captum_input.detach().clone().requires_grad_()
+            return Saliency(subject.captum_forward).attribute(x, target=target, additional_forward_args=extra)
+
+    def integrated_gradients() -> Tensor:
+        rows = batch * max(1, _IG_TOKENS // (batch * subject.tokens))
+        with eval_mode(model):
+            x = subject.captum_input.detach().clone().requires_grad_()
+            return IntegratedGradients(subject.captum_forward).attribute(
+                x, target=target, additional_forward_args=extra, n_steps=_IG_STEPS, internal_batch_size=rows)
+
+    return {
+        "forward_backward": forward_backward,
+        "gae": lambda: explain(model, inputs, target=target),
+        "gae_matrix": lambda: gae_matrix_rows(model, inputs, target),
+        "per_sample_loop": per_sample_loop,
+        "rollout": lambda: explain(model, inputs, target=target, method="rollout"),
+        "saliency": saliency,
+        "integrated_gradients": integrated_gradients,
     }
-    base = _median_seconds(train_step, repeats, sync)
-    model.zero_grad(set_to_none=True)
-    result["ratio_to_forward_backward"] = {
-        m: round(_median_seconds(lambda m=m: explain(model, x, method=m), repeats, sync) / base, 3) for m in methods
-    }
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-        train_step()
-        step_peak = torch.cuda.max_memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        explain(model, x)
-        result["gae_peak_memory_ratio"] = round(torch.cuda.max_memory_allocated() / step_peak, 3)
-    return result
+
+
+def _run_model_case(case: Case, methods: Sequence[str], repeats: int, budget: float, device: torch.device) -> list[dict]:
+    torch.manual_seed(0)
+    subject = (_vit if case.name == "vit" else _bert)(case, device)
+    with torch.no_grad():
+        subject.model.eval()
+        target = _logits(subject.model, subject.inputs).argmax(dim=1)
+    runs = _model_methods(subject, target)
+    measured = _measure({m: runs[m] for m in methods}, _PeakMemory(device), repeats, budget)
+    return [_row(case, m, *measured[m]) for m in methods]
+
+
+# --- the main job ---------------------------------------------------------------------------------
+
+
+def _fit(config: str, with_callback: bool, save_dir: str, max_epochs: int | None) -> None:
+    from lightning.pytorch import LightningDataModule, LightningModule
+    from lightning.pytorch.cli import LightningCLI
+
+    args = ["--config", config, f"--trainer.logger.init_args.save_dir={save_dir}"]
+    if not with_callback:
+        args.append("--trainer.callbacks=[]")
+    if max_epochs is not None:
+        args.append(f"--trainer.max_epochs={max_epochs}")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        # The config's seed_everything seeds here, before the model is built: both fits start alike.
+        cli = LightningCLI(LightningModule, LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
+                           save_config_callback=None, run=False, args=args)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+
+
+def _run_main_job(case: Case, methods: Sequence[str], repeats: int) -> list[dict]:
+    config, max_epochs = case.size["config"], case.size["max_epochs"]
+    memory = _PeakMemory(torch.device("cpu"))
+    seconds: dict[str, list[float]] = {m: [] for m in methods}
+    peaks: dict[str, list[float]] = {m: [] for m in methods}
+    with tempfile.TemporaryDirectory(prefix="lightning-gae-bench-") as save_dir:
+        # Warm-up: imports, the dataset, TensorBoard, matplotlib, one round of the callback.
+        _fit(config, True, save_dir, 3)
+        for repeat in range(repeats):
+            # Alternating the order spreads a drifting machine load over both variants.
+            for method in methods if repeat % 2 == 0 else methods[::-1]:
+                memory.reset()
+                start = time.perf_counter()
+                _fit(config, method == "fit_with_callback", save_dir, max_epochs)
+                seconds[method].append(time.perf_counter() - start)
+                peaks[method].append(memory.peak_mb())
+    return [_row(case, m, statistics.median(seconds[m]), max(peaks[m])) for m in methods]
+
+
+def _row(case: Case, method: str, seconds: float, peak_mb: float) -> dict:
+    return {"case": case.name, "method": method, "batch": case.batch, "tokens": case.tokens,
+            "seconds": float(seconds), "peak_memory_mb": float(peak_mb)}
+
+
+def _worker(spec_path: str, result_path: str) -> None:
+    """Entry point of the per-case process: read the case, measure it, write the rows."""
+    spec = json.loads(Path(spec_path).read_text())
+    case = Case(**spec["case"])
+    if case.name == "main_job":
+        rows = _run_main_job(case, spec["methods"], spec["repeats"])
+    else:
+        rows = _run_model_case(case, spec["methods"], spec["repeats"], spec["budget"], torch.device(spec["device"]))
+    Path(result_path).write_text(json.dumps(rows))
+
+
+# --- running and reporting ------------------------------------------------------------------------
+
+
+def run(cases: Sequence[Case], repeats: int = 5, budget: float = 60.0, device: str = "cpu",
+        log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> list[dict]:
+    """Measure every case in its own Python process; returns the result rows (see the module doc).
+
+    Args:
+        cases: what to measure (:func:`full_cases`, :func:`quick_cases`).
+        repeats: timed calls per method after the warm-up (fits per variant for ``main_job``).
+        budget: a method stops repeating once its timed calls have taken this many seconds.
+        device: ``"cpu"`` or a CUDA device for the model cases (the main job runs as configured).
+        log: receives one progress line per case.
+
+    Raises:
+        RuntimeError: a case's process failed (its traceback is on stderr).
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1; got {repeats}")
+    env = dict(os.environ)
+    # The worker must import this very copy of lightning_gae (and recipes), wherever it is run from.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH")) if p)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="lightning-gae-bench-") as tmp:
+        for i, case in enumerate(cases):
+            spec, result = Path(tmp) / f"case{i}.json", Path(tmp) / f"result{i}.json"
+            spec.write_text(json.dumps({"case": asdict(case), "methods": list(case.methods), "repeats": repeats,
+                                        "budget": budget, "device": device}))
+            began = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "lightning_gae.bench", str(spec), str(result)], env=env,
+                                  stdout=subprocess.DEVNULL, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"bench case {case.name} batch={case.batch} tokens={case.tokens} failed "
+                                   f"(exit code {done.returncode}); its traceback is above")
+            found = json.loads(result.read_text())
+            rows.extend(found)
+            summary = ", ".join(f"{r['method']} {r['seconds']:.3g}s {r['peak_memory_mb']:.0f}MB" for r in found)
+            log(f"[{time.perf_counter() - began:.0f}s] {case.name} batch={case.batch} tokens={case.tokens}: {summary}")
+    return rows
+
+
+def _lookup(rows: Sequence[dict]) -> dict[tuple[str, int, int, str], dict]:
+    return {(r["case"], r["batch"], r["tokens"], r["method"]): r for r in rows}
+
+
+def _settings(rows: Sequence[dict], name: str) -> list[tuple[int, int]]:
+    return sorted({(r["batch"], r["tokens"]) for r in rows if r["case"] == name}, key=lambda s: (s[1], s[0]))
+
+
+def ratio_report(rows: Sequence[dict]) -> str:
+    """Markdown: time and peak memory of every method relative to ``forward_backward``, then the targets of issue 13."""
+    found = _lookup(rows)
+    others = MODEL_METHODS[1:]
+    lines = ["| case | batch | N | forward_backward | " + " | ".join(others) + " |",
+             "| --- | ---: | ---: | ---: |" + " ---: |" * len(others)]
+    for name in ("vit", "bert"):
+        for batch, tokens in _settings(rows, name):
+            floor = found[(name, batch, tokens, "forward_backward")]
+            cells = [f"{found[(name, batch, tokens, m)]['seconds'] / floor['seconds']:.2f}x / "
+                     f"{found[(name, batch, tokens, m)]['peak_memory_mb'] / floor['peak_memory_mb']:.2f}x" for m in others]
+            lines.append(f"| {name} | {batch} | {tokens} | {floor['seconds']:.3g} s / {floor['peak_memory_mb']:.0f} MB | "
+                         + " | ".join(cells) + " |")
+    lines += ["", "Cells: time / peak memory, each relative to forward_backward of the same row.", ""]
+
+    targets: list[tuple[str, float, str]] = []
+    vit, bert = _settings(rows, "vit"), _settings(rows, "bert")
+
+    def ratio(key_a: tuple, key_b: tuple, measure: str = "seconds") -> float:
+        return found[key_a][measure] / found[key_b][measure]
+
+    if vit:
+        # The issue names batch 64, N = 257: the largest ViT setting measured.
+        b, n = max(vit, key=lambda s: (s[0], s[1]))
+        at = f"vit batch {b}, N={n}"
+        targets += [
+            (f"gae / saliency ({at})", ratio(("vit", b, n, "gae"), ("vit", b, n, "saliency")), "<= 1.0"),
+            (f"gae / forward_backward ({at})", ratio(("vit", b, n, "gae"), ("vit", b, n, "forward_backward")), "<= 1.2"),
+            (f"integrated_gradients / gae ({at})", ratio(("vit", b, n, "integrated_gradients"), ("vit", b, n, "gae")), ">= 35"),
+            (f"per_sample_loop / gae ({at})", ratio(("vit", b, n, "per_sample_loop"), ("vit", b, n, "gae")), ">= 3"),
+        ]
+    settings = [("vit", *s) for s in vit] + [("bert", *s) for s in bert]
+    if settings:
+        worst = max(settings, key=lambda s: ratio((*s, "gae"), (*s, "forward_backward")))
+        targets.append((f"gae / forward_backward, worst case ({worst[0]} batch {worst[1]}, N={worst[2]})",
+                        ratio((*worst, "gae"), (*worst, "forward_backward")), "<= 1.5"))
+    if bert:
+        b, n = max(bert, key=lambda s: (s[1], s[0]))
+        targets.append((f"peak memory gae / forward_backward (bert batch {b}, N={n})",
+                        ratio(("bert", b, n, "gae"), ("bert", b, n, "forward_backward"), "peak_memory_mb"), "<= 1.5"))
+    for b, n in _settings(rows, "main_job"):
+        targets.append(("main_job fit_with_callback / fit_without_callback",
+                        ratio(("main_job", b, n, "fit_with_callback"), ("main_job", b, n, "fit_without_callback")), "<= 1.05"))
+    lines += ["| target | measured | wanted | met |", "| --- | ---: | ---: | --- |"]
+    for label, value, wanted in targets:
+        bound = float(wanted.split()[1])
+        met = value <= bound if wanted.startswith("<=") else value >= bound
+        lines.append(f"| {label} | {value:.2f} | {wanted} | {'yes' if met else 'no'} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """``lightning-gae bench [--quick] [--output FILE.json]``: measure, print the ratio tables, optionally write the rows."""
     parser = argparse.ArgumentParser(prog="lightning-gae bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--patch-size", type=int, default=4)
-    parser.add_argument("--dim", type=int, default=192)
-    parser.add_argument("--depth", type=int, default=6)
-    parser.add_argument("--heads", type=int, default=3)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="tiny models and a 3-epoch main job: a smoke test (minutes)")
+    parser.add_argument("--output", help="write {'results': [{case, method, batch, tokens, seconds, peak_memory_mb}, ...]} here")
+    parser.add_argument("--cases", nargs="+", choices=("vit", "bert", "main_job"), default=["vit", "bert", "main_job"],
+                        help="run only these case kinds")
+    parser.add_argument("--repeats", type=int, help="timed repeats after the warm-up (default 3, 1 with --quick)")
+    parser.add_argument("--budget", type=float, default=60.0,
+                        help="a method stops repeating once its timed calls took this many seconds (default 60)")
+    parser.add_argument("--config", default=str(_MAIN_CONFIG), help="the main job's LightningCLI config")
+    parser.add_argument("--device", default="cpu", help="device of the model cases (default cpu)")
     args = parser.parse_args(argv)
-    print(json.dumps(run(**{k: v for k, v in vars(args).items()}), indent=2))
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats must be >= 1; got {args.repeats}")
+    if not Path(args.config).is_file():
+        parser.error(f"--config {args.config} does not exist; give the main job's LightningCLI YAML")
+    cases = [c for c in (quick_cases if args.quick else full_cases)(args.config) if c.name in args.cases]
+    repeats = args.repeats or (1 if args.quick else 3)
+    rows = run(cases, repeats=repeats, budget=args.budget, device=args.device)
+    if args.output:
+        Path(args.output).write_text(json.dumps({"results": rows}, indent=2) + "\n")
+    print(ratio_report(rows))
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2])

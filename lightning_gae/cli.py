@@ -3,7 +3,7 @@
 ``lightning-gae fit|validate|test|predict ...`` is Lightning's own ``LightningCLI`` (models and data
 modules chosen by ``class_path`` in a YAML config); ``lightning-gae compare`` scores GAE, its
 attention baselines and Captum's gradient methods on a trained checkpoint; ``lightning-gae bench``
-times ``explain``.
+times and sizes explanations against a training step, Captum and the reference code's loop.
 """
 
 from __future__ import annotations

@@ -1,13 +1,86 @@
 import json
 
-from lightning_gae import METHODS
+import torch
+
+from lightning_gae import bench, explain
 from lightning_gae.cli import main
+from models import TinyViT
 
 
-def test_bench_prints_a_ratio_per_method(capsys):
-    main(["bench", "--batch-size", "2", "--image-size", "8", "--patch-size", "4", "--dim", "16",
-          "--depth", "2", "--heads", "2", "--repeats", "1", "--device", "cpu"])
-    report = json.loads(capsys.readouterr().out)
-    assert report["model"]["tokens"] == 5 and report["batch_size"] == 2
-    assert set(report["ratio_to_forward_backward"]) == set(METHODS)
-    assert all(r > 0 for r in report["ratio_to_forward_backward"].values())
+def test_quick_bench_writes_every_case_and_method(tmp_path, capsys):
+    output = tmp_path / "bench.json"
+    main(["bench", "--quick", "--output", str(output)])
+    rows = json.loads(output.read_text())["results"]
+    for row in rows:
+        assert set(row) == {"case", "method", "batch", "tokens", "seconds", "peak_memory_mb"}
+        assert isinstance(row["case"], str) and isinstance(row["method"], str)
+        assert isinstance(row["batch"], int) and isinstance(row["tokens"], int)
+        assert row["batch"] > 0 and row["tokens"] > 0
+        assert row["seconds"] > 0 and row["peak_memory_mb"] > 0
+    expected = {(c.name, m) for c in bench.quick_cases() for m in c.methods}
+    assert {(r["case"], r["method"]) for r in rows} == expected
+    assert len(rows) == len(expected)
+    assert {"vit", "bert", "main_job"} == {name for name, _ in expected}
+    # The main job's shape comes from its config: 8x8 digits in 2x2 patches plus CLS, batch 64.
+    assert {(r["batch"], r["tokens"]) for r in rows if r["case"] == "main_job"} == {(64, 17)}
+    table = capsys.readouterr().out
+    for label in ("gae / saliency", "integrated_gradients / gae", "per_sample_loop / gae",
+                  "peak memory gae / forward_backward", "fit_with_callback / fit_without_callback"):
+        assert label in table
+
+
+def test_gae_matrix_rows_are_explains_gae_rows():
+    torch.manual_seed(0)
+    model = TinyViT()
+    x = torch.rand(3, 1, 8, 8)
+    exp = explain(model, x)
+    rows = bench.gae_matrix_rows(model, x, exp.target)
+    # explain hides the query's own identity entry; the matrix row keeps it.
+    assert torch.allclose(rows[:, 1:], exp.tokens[:, 1:], atol=1e-6)
+    assert torch.all(rows[:, 0] >= 1)
+
+
+def test_peak_memory_counts_what_a_call_allocates_and_not_what_was_freed_before():
+    memory = bench._PeakMemory(torch.device("cpu"))
+    big = torch.ones(64, 2**20)  # 256 MiB, freed before the baseline
+    del big
+    memory.reset()
+    small = torch.ones(2**18)
+    assert memory.peak_mb() < 64
+    del small
+    memory.reset()
+    big = torch.ones(64, 2**20)
+    assert memory.peak_mb() > 240
+    del big
+
+
+def test_ratio_report_reads_targets_in_their_direction():
+    def rows(case, batch, tokens, **seconds):
+        return [{"case": case, "method": m, "batch": batch, "tokens": tokens, "seconds": s,
+                 "peak_memory_mb": 100.0 * s} for m, s in seconds.items()]
+
+    model = dict(forward_backward=1.0, gae=2.0, gae_matrix=3.0, per_sample_loop=8.0, rollout=1.0,
+                 saliency=4.0, integrated_gradients=40.0)
+    report = bench.ratio_report(rows("vit", 64, 257, **model) + rows("bert", 1, 2049, **model)
+                                + rows("main_job", 64, 17, fit_without_callback=10.0, fit_with_callback=10.2))
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines()}
+    assert "| 0.50 | <= 1.0 | yes |" in lines["gae / saliency (vit batch 64, N=257)"]
+    assert "| 2.00 | <= 1.2 | no |" in lines["gae / forward_backward (vit batch 64, N=257)"]
+    assert "| 20.00 | >= 35 | no |" in lines["integrated_gradients / gae (vit batch 64, N=257)"]
+    assert "| 4.00 | >= 3 | yes |" in lines["per_sample_loop / gae (vit batch 64, N=257)"]
+    assert "| 2.00 | <= 1.5 | no |" in lines["peak memory gae / forward_backward (bert batch 1, N=2049)"]
+    assert "| 1.02 | <= 1.05 | yes |" in lines["main_job fit_with_callback / fit_without_callback"]
+    assert "| vit | 64 | 257 | 1 s / 100 MB | 2.00x / 2.00x |" in report
+
+
+def test_integrated_gradients_runs_in_internal_batches_of_about_64x257_tokens():
+    # 2 samples of 1025 tokens: 16 rows (8 steps of the batch) fit 64 x 257 tokens, so 50 steps take 7 forwards.
+    case = bench.Case("vit", 2, 1025, {"dim": 8, "depth": 1, "heads": 1})
+    torch.manual_seed(0)
+    subject = bench._vit(case, torch.device("cpu"))
+    rows = []
+    subject.model.register_forward_hook(lambda module, args, output: rows.append(args[0].shape[0]))
+    target = torch.zeros(2, dtype=torch.long)
+    bench._model_methods(subject, target)["integrated_gradients"]()
+    assert max(rows) * case.tokens <= 64 * 257
+    assert sum(rows) == 2 * 50 and len(rows) == 7
