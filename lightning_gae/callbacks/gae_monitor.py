@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -26,7 +25,7 @@ from lightning_gae.metrics import (
 )
 from lightning_gae.metrics.functional import explanation_stability
 from lightning_gae.modalities import ImageTokens, Modality, TextTokens
-from lightning_gae.visualize import grid, side_by_side
+from lightning_gae.tensorboard.summary import Scale, TensorBoardViews, scalar_tag
 
 __all__ = ["GAECallback"]
 
@@ -109,20 +108,25 @@ class GAECallback(Callback):
 
     The samples are chosen once (seeded, class-balanced when labels exist, or ``sample_indices``)
     and tracked for the whole run, also across a resume. At every explanation step it logs, under
-    tags that stay the same so TensorBoard's step slider shows the evolution:
+    tags that stay the same so TensorBoard's step slider shows the evolution (``<i>``: the
+    sample's index in the validation set; :mod:`lightning_gae.tensorboard` draws them):
 
-    * ``gae/<method>/heatmap/sample_<i>``: one heatmap per tracked sample (image overlay, token
-      strip or feature bars), titled with label, prediction, target and its probability;
-    * ``gae/grid``: tracked samples x (input | each method);
-    * ``gae/<method>/evolution/sample_<i>``: the sample's last ``evolution_length`` heatmaps;
-    * scalars ``gae/<method>/stability_spearman`` and ``gae/<method>/stability_topk_overlap``
-      (versus the previous step) and ``gae/<method>/concentration`` (share of relevance in the
-      top ``top_fraction`` of tokens); a histogram ``gae/<method>/relevance``;
-    * faithfulness scalars ``gae/<method>/<metric>`` for every method, every Captum baseline and
+    * ``gae_heatmaps/val_<i>``: one picture per tracked sample, the input and every method side
+      by side (image overlays, token boxes or a feature table), each with its colorbar, under one
+      line with label, prediction and its probability (class names from the data module's
+      ``class_names``); images also ``gae_evolution/val_<i>``: methods x the last
+      ``evolution_length`` steps; text and tabular data also ``gae_tokens/val_<i>`` in the Text tab;
+    * scalars ``relevance_stability_spearman/<method>`` and ``relevance_stability_topk_overlap/<method>``
+      (versus the previous step) and ``relevance_concentration/<method>`` (share of relevance in the
+      top ``top_fraction`` of tokens); a histogram ``relevance/<method>``;
+    * faithfulness scalars ``<metric>/<method>`` for every method, every Captum baseline and
       ``random`` (seeded uniform relevance, the floor): the ``metrics`` named (default: positive and
       negative perturbation AUC, :mod:`lightning_gae.metrics`); and, when the batches carry ground
-      truth, ``gae/<method>/segmentation_{pixel_accuracy,miou,average_precision}`` (image masks) or
-      ``gae/<method>/rationale_{token_f1,auprc}`` (rationale tokens).
+      truth, ``segmentation_{pixel_accuracy,miou,average_precision}/<method>`` (image masks) or
+      ``rationale_{token_f1,auprc}/<method>`` (rationale tokens); a Custom Scalars layout charts
+      each metric with one line per method;
+    * for the "GAE" tab of TensorBoard (:mod:`lightning_gae.tensorboard.plugin`): the raw relevance
+      of every sample and method, the inputs, predictions and the metrics' curves, as tensors.
 
     Explanations never change training: they run in eval mode on copies of the samples with
     ``autograd.grad`` (no ``.grad`` is touched) and a forked RNG. A failing explanation warns once
@@ -159,6 +163,9 @@ class GAECallback(Callback):
         metric_max_batch: at most this many perturbed inputs per forward pass of the metrics.
         batch_ground_truth: ``batch -> masks [B, H, W] or rationales [B, T]``; default: a mapping's
             ``masks``/``segmentation``/``rationales``, or ``z`` of ``(x, y, z)``.
+        heatmap_scale: ``"per_map"`` (each heatmap's colours span 0 to its own largest magnitude) or
+            ``"fixed"`` (a method's colour range is set at its first logged step and kept, so the
+            heatmaps of different steps are comparable).
 
     Raises:
         ValueError: in ``setup``, for an unknown method, metric, Captum baseline, a bad schedule or
@@ -200,6 +207,7 @@ class GAECallback(Callback):
         embedding_layer: str | None = None,
         metric_max_batch: int = 256,
         batch_ground_truth: Callable[[Any], Tensor | None] | None = None,
+        heatmap_scale: Scale = "per_map",
     ) -> None:
         self.num_samples = num_samples
         self.every_n_epochs = every_n_epochs
@@ -230,7 +238,8 @@ class GAECallback(Callback):
         self._truth: Tensor | None = None
         self._metric_objects: dict[str, Metric] = {}
         self._previous: dict[str, Tensor] = {}
-        self._history: dict[tuple[str, int], deque] = defaultdict(lambda: deque(maxlen=self.evolution_length))
+        self._views = TensorBoardViews(scale=heatmap_scale, evolution_length=evolution_length)
+        self._curves: dict[str, dict[str, tuple[Sequence[float], Tensor]]] = {}
         self._last_step: int | None = None
         self._warned: set[str] = set()
 
@@ -408,12 +417,12 @@ class GAECallback(Callback):
         tokens = tokens.detach().cpu()
         k = max(1, round(self.top_fraction * tokens.shape[1]))
         total = tokens.sum(dim=1).clamp(min=1e-12)
-        out = {f"gae/{method}/concentration": (tokens.topk(k, dim=1).values.sum(dim=1) / total).mean().item()}
+        out = {scalar_tag("relevance_concentration", method): (tokens.topk(k, dim=1).values.sum(dim=1) / total).mean().item()}
         previous = self._previous.get(method)
         if previous is not None and previous.shape == tokens.shape:
             stability = explanation_stability(tokens, previous, self.top_fraction)
-            out[f"gae/{method}/stability_spearman"] = stability["spearman"].item()
-            out[f"gae/{method}/stability_topk_overlap"] = stability["topk_overlap"].item()
+            out[scalar_tag("relevance_stability_spearman", method)] = stability["spearman"].item()
+            out[scalar_tag("relevance_stability_topk_overlap", method)] = stability["topk_overlap"].item()
         return out
 
     def _metric(self, name: str, pl_module: LightningModule, build: Callable[[], Metric]) -> Metric:
@@ -431,12 +440,15 @@ class GAECallback(Callback):
     def _faithfulness(self, pl_module: LightningModule, inputs: Any, scored: dict[str, Tensor], target: Tensor) -> dict[str, float]:
         # Only rank zero explains, so no metric may sync across processes (sync_on_compute=False).
         out: dict[str, float] = {}
+        self._curves = {}
         for name in self.metrics:
             for method, attributions in scored.items():
                 metric = self._metric(name, pl_module, lambda: perturbation_metric(
                     name, pl_module, self.modality, max_batch=self.metric_max_batch, sync_on_compute=False))
                 metric.update(inputs, attributions, target)
-                out[f"gae/{method}/{name}"] = metric.compute().item()
+                out[scalar_tag(name, method)] = metric.compute().item()
+                if hasattr(metric, "curve"):
+                    self._curves.setdefault(name, {})[method] = (metric.fractions, metric.curve().cpu())
         if self._truth is None:
             return out
         truth = self._truth.to(pl_module.device)
@@ -445,65 +457,27 @@ class GAECallback(Callback):
                 metric = self._metric("segmentation", pl_module,
                                       lambda: RelevanceSegmentation(self.modality, sync_on_compute=False))
                 metric.update(attributions, truth)
-                out.update({f"gae/{method}/segmentation_{k}": v.item() for k, v in metric.compute().items()})
+                out.update({scalar_tag(f"segmentation_{k}", method): v.item() for k, v in metric.compute().items()})
         elif isinstance(self.modality, TextTokens) and truth.dim() == 2:
             valid = self.modality.removable(inputs)
             for method, attributions in scored.items():
                 metric = self._metric("rationale", pl_module, lambda: RationaleAgreement(sync_on_compute=False))
                 metric.update(self.modality.unit_scores(attributions, inputs), truth, valid)
-                out.update({f"gae/{method}/rationale_{k}": v.item() for k, v in metric.compute().items()})
+                out.update({scalar_tag(f"rationale_{k}", method): v.item() for k, v in metric.compute().items()})
         return out
-
-    def _title(self, exp: Explanation, i: int) -> str:
-        probs = exp.logits.float().softmax(dim=-1) if exp.logits is not None and exp.logits.dim() == 2 else None
-        parts = []
-        if self._labels is not None:
-            parts.append(f"label {int(self._labels[i])}")
-        if probs is not None:
-            parts.append(f"pred {int(probs[i].argmax())}")
-        if exp.target is not None:
-            t = int(exp.target[i])
-            parts.append(f"target {t}" + (f" (p={probs[i, t]:.2f})" if probs is not None else ""))
-        return " | ".join(parts)
-
-    def _input_relevance(self, attributions: Tensor, shown: Tensor, inputs: Any) -> Tensor:
-        """A Captum-style map as the modality draws it: pixels ``[B, H, W]``, or one value per token/feature."""
-        attributions = attributions.detach().float().cpu()
-        if isinstance(self.modality, ImageTokens):
-            return self.modality.pixel_map(attributions, shown)
-        return self.modality.unit_scores(attributions, map_tensors(inputs, lambda t: t.cpu()))
 
     def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation],
              maps: dict[str, Tensor], scalars: dict[str, float]) -> None:
         writers = [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
-        if not writers:
-            return
-        shown = _display_input(inputs).detach().cpu()
-        first = next(iter(explanations.values()))
-        relevance = {m: self.modality.to_input(e.tokens.detach().cpu(), shown) for m, e in explanations.items()}
-        relevance.update({m: self._input_relevance(a, shown, inputs) for m, a in maps.items()})
-        rows: list[list[np.ndarray]] = []
-        for i, sample in enumerate(self.sample_indices):
-            row = [self.modality.render(shown[i], None, f"sample {sample}")]
-            for method, values in relevance.items():
-                image = self.modality.render(shown[i], values[i], f"{method}: {self._title(first, i)}")
-                row.append(image)
-                history = self._history[(method, sample)]
-                history.append((step, image))
-                for w in writers:
-                    w.add_image(f"gae/{method}/heatmap/sample_{sample}", image, step, dataformats="HWC")
-                    w.add_image(f"gae/{method}/evolution/sample_{sample}",
-                                side_by_side([im for _, im in history], [f"step {s}" for s, _ in history]),
-                                step, dataformats="HWC")
-            rows.append(row)
-        picture = grid(rows, [f"sample {s}" for s in self.sample_indices], ["input", *relevance])
-        for w in writers:
-            w.add_image("gae/grid", picture, step, dataformats="HWC")
-            for method, exp in explanations.items():
-                w.add_histogram(f"gae/{method}/relevance", exp.tokens.detach().cpu(), step)
-            w.flush()
+        if writers:
+            self._views.write(
+                writers, step, modality=self.modality, inputs=inputs, shown=_display_input(inputs),
+                sample_indices=self.sample_indices, explanations=explanations, maps=maps, scalars=scalars,
+                curves=self._curves, labels=self._labels,
+                class_names=getattr(getattr(trainer, "datamodule", None), "class_names", None),
+            )
 
     # --- checkpointing --------------------------------------------------------------------------
 
