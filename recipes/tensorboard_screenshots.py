@@ -292,7 +292,8 @@ def gae_tab(page: Page, output: Path) -> list[Path]:
         const curves = {DASHBOARD}.querySelector('.gae-curves');
         const top = curves.previousElementSibling.getBoundingClientRect().top;
         const r = curves.getBoundingClientRect();
-        return [frame.left, frame.top + top - 8, frame.width, r.bottom - top + 16];
+        const right = Math.max(...[...curves.children].map((c) => c.getBoundingClientRect().right));
+        return [frame.left, frame.top + top - 8, right + 16, r.bottom - top + 16];
     }})()""")
     second = output / "tensorboard_gae_curves.png"
     page.screenshot(second, clip={"x": x, "y": y, "width": w, "height": h})
@@ -314,7 +315,7 @@ def custom_scalars_tab(page: Page, output: Path) -> list[Path]:
     page.wait_for(f"{DEEP}('tf-custom-scalar-multi-line-chart-card')", timeout=180)
     _settle(page, 4.0)
     path = output / "tensorboard_custom_scalars.png"
-    page.screenshot(path, clip={"x": 0, "y": 0, "width": page.browser.width, "height": 720})
+    page.screenshot(path, clip={"x": 0, "y": 0, "width": page.browser.width, "height": 900})
     return [path]
 
 

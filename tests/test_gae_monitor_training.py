@@ -339,7 +339,7 @@ def test_text_model_with_dict_batches_and_padding(tmp_path):
     # Relevance colours the words' boxes with the colormap: both methods' rows of tokens cover a real area.
     assert colormap_pixels(strip) > 500
     # The Text tab has the same relevance as a table: a header row, then one row per real token.
-    table = acc.Tensors(f"gae_tokens/val_{sample}")[-1].string_val[0].decode()
+    table = acc.Tensors(f"gae_tokens/val_{sample}")[-1].tensor_proto.string_val[0].decode()
     assert "| token | gae | rollout |" in table and table.count("\n|") > 5
 
 

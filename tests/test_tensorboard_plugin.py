@@ -96,7 +96,8 @@ def test_a_real_tensorboard_serves_the_relevance_explain_gives(run, served):
             assert at_last["space"] == "tokens"
             torch.testing.assert_close(torch.tensor(at_last["values"]), exp.tokens[k], rtol=1e-5, atol=1e-7)
             assert first["samples"][str(index)]["relevance"][method]["values"] != at_last["values"]
-    logits = model.eval()(x)
+    with torch.no_grad():
+        logits = model.eval()(x)
     probs = logits.softmax(-1)
     for k, index in enumerate(callback.sample_indices):
         prediction = last["samples"][str(index)]["prediction"]

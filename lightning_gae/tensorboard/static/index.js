@@ -305,7 +305,7 @@ function sampleTitle(sample, prediction) {
 // --- faithfulness curves ------------------------------------------------------------------------
 
 function curveChart(metric, byMethod) {
-  const [width, height, left, right, top, bottom] = [380, 250, 44, 12, 24, 40];
+  const [width, height, left, right, top, bottom] = [400, 250, 44, 24, 24, 40];
   const chart = svg("svg", {width: String(width), height: String(height), class: "gae-curve", "data-metric": metric});
   const methods = Object.keys(byMethod).sort((a, b) => (a === "random") - (b === "random") || a.localeCompare(b));
   const all = methods.flatMap((m) => byMethod[m].values.filter((v) => v !== null));
