@@ -226,6 +226,10 @@ class TensorBoardViews:
             return values.numpy()
         if isinstance(modality, ImageTokens):
             rows, cols = shown.shape[-2] // modality.patch_size, shown.shape[-1] // modality.patch_size
+            if values.shape[1] != modality.prefix_tokens + rows * cols:
+                # A reshape alone would accept any multiple of the grid and draw other samples' patches.
+                raise ValueError(f"{values.shape[1]} tokens do not fit {modality!r} on {shown.shape[-2]}x"
+                                 f"{shown.shape[-1]} images ({modality.prefix_tokens} + {rows}x{cols} patches)")
             return values[:, modality.prefix_tokens :].reshape(-1, rows, cols).numpy()
         return modality.to_input(values, inputs).numpy()
 
