@@ -23,7 +23,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from lightning_gae import ImageTokens, explain, visualize
 from lightning_gae.callbacks import GAECallback
 from lightning_gae.metrics import PerturbationAUC
-from lightning_gae.tensorboard import custom_scalars_layout, scalar_tag
+from lightning_gae.tensorboard import TensorBoardViews, custom_scalars_layout, scalar_tag
 from recipes.digits import DigitsDataModule
 from recipes.tensorboard_screenshots import DASHBOARD, Chromium, find_chromium, get_json, tensorboard_server
 from recipes.vit import ViTClassifier
@@ -233,3 +233,15 @@ def test_the_dashboard_tensors_name_the_plugin(run):
     assert ours and all(acc.SummaryMetadata(t).plugin_data.plugin_name == "gae" for t in ours)
     described = [json.loads(acc.SummaryMetadata(t).plugin_data.content) for t in ours]
     assert {d["kind"] for d in described} == {"input", "prediction", "relevance", "curve"}
+
+
+def test_token_relevance_that_does_not_fit_the_patch_grid_is_an_error():
+    # 16 patch tokens + CLS of 8x8 digits with patch_size=2; patch_size=4 means a 2x2 grid, of which
+    # 16 tokens are a multiple: a reshape alone would draw four maps per sample, the wrong ones.
+    x = torch.rand(2, 1, 8, 8)
+    exp = explain(ViTClassifier(dim=32, depth=2, heads=2), x)
+    views = TensorBoardViews()
+    with pytest.raises(ValueError, match=r"17 tokens do not fit ImageTokens\(patch_size=4, prefix_tokens=1\) on 8x8 "
+                                         r"images \(1 \+ 2x2 patches\)"):
+        views.write([], 0, modality=ImageTokens(patch_size=4), inputs=x, shown=x, sample_indices=[0, 1],
+                    explanations={"gae": exp})
