@@ -5,8 +5,8 @@ Run after ``lightning-gae fit --config configs/vit_digits.yaml``::
     python -m recipes.readme_figure runs/vit_digits/version_0 recipes/figures/vit_digits_tensorboard.png
 
 The images are read back with TensorBoard's own ``EventAccumulator``, exactly as TensorBoard serves
-them: the ``gae/grid`` image of the last explanation step above the ``gae/gae/evolution`` strip of
-the first tracked sample.
+them: the ``gae_heatmaps/val_<i>`` pictures of the last explanation step (the first four tracked
+samples, every method side by side) above the ``gae_evolution/val_<i>`` grid of the first one.
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ def main(argv: list[str] | None = None) -> None:
     acc = EventAccumulator(str(args.logdir), size_guidance={"images": 0})
     acc.Reload()
     images = acc.Tags()["images"]
-    if "gae/grid" not in images:
-        raise SystemExit(f"{args.logdir} has no gae/grid image: is it a run of the main job with GAECallback?")
-    evolution = sorted(t for t in images if t.startswith("gae/gae/evolution/"))
-    parts = [_last_image(acc, "gae/grid")] + ([_last_image(acc, evolution[0])] if evolution else [])
+    heatmaps = sorted((t for t in images if t.startswith("gae_heatmaps/")), key=lambda t: int(t.rsplit("_", 1)[1]))
+    if not heatmaps:
+        raise SystemExit(f"{args.logdir} has no gae_heatmaps images: is it a run of the main job with GAECallback?")
+    evolution = f"gae_evolution/{heatmaps[0].split('/', 1)[1]}"
+    parts = [_last_image(acc, t) for t in heatmaps[:4]] + ([_last_image(acc, evolution)] if evolution in images else [])
     width = max(p.shape[1] for p in parts)
     canvas = np.full((sum(p.shape[0] for p in parts), width, 3), 255, dtype=np.uint8)
     row = 0
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
         row += part.shape[0]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     mpimg.imsave(args.output, canvas)
-    print(f"wrote {args.output} ({canvas.shape[1]}x{canvas.shape[0]}) from step {acc.Images('gae/grid')[-1].step}")
+    print(f"wrote {args.output} ({canvas.shape[1]}x{canvas.shape[0]}) from step {acc.Images(heatmaps[0])[-1].step}")
 
 
 if __name__ == "__main__":

@@ -62,18 +62,16 @@ def test_heatmaps_and_scalars_are_logged_at_every_explanation_step(fitted):
     images, scalars = acc.Tags()["images"], acc.Tags()["scalars"]
     assert len(callback.sample_indices) == 3
     for sample in callback.sample_indices:
-        for method in ("gae", "rollout"):
-            for kind in ("heatmap", "evolution"):
-                tag = f"gae/{method}/{kind}/sample_{sample}"
-                assert tag in images
-                assert len({e.step for e in acc.Images(tag)}) >= 2, tag
-    assert len({e.step for e in acc.Images("gae/grid")}) == 2
+        for kind in ("gae_heatmaps", "gae_evolution"):
+            tag = f"{kind}/val_{sample}"
+            assert tag in images
+            assert len({e.step for e in acc.Images(tag)}) == 2, tag
     for method in ("gae", "rollout"):
-        assert f"gae/{method}/concentration" in scalars
-        assert f"gae/{method}/stability_spearman" in scalars
-        assert f"gae/{method}/stability_topk_overlap" in scalars
-        assert f"gae/{method}/relevance" in acc.Tags()["histograms"]
-        values = [e.value for e in acc.Scalars(f"gae/{method}/concentration")]
+        assert f"relevance_concentration/{method}" in scalars
+        assert f"relevance_stability_spearman/{method}" in scalars
+        assert f"relevance_stability_topk_overlap/{method}" in scalars
+        assert f"relevance/{method}" in acc.Tags()["histograms"]
+        values = [e.value for e in acc.Scalars(f"relevance_concentration/{method}")]
         assert all(0.0 < v <= 1.0 for v in values)
 
 
@@ -116,16 +114,15 @@ def test_a_real_tensorboard_server_serves_the_tags(fitted):
         base = f"http://127.0.0.1:{port}/data/plugin"
         run = logdir.name
         image_tags = scalar_tags = {}
+        heatmap = f"gae_heatmaps/val_{callback.sample_indices[0]}"
         while time.monotonic() < deadline:
             image_tags = _get_json(f"{base}/images/tags", deadline).get(run, {})
             scalar_tags = _get_json(f"{base}/scalars/tags", deadline).get(run, {})
-            if "gae/grid" in image_tags and "gae/gae/concentration" in scalar_tags:
+            if heatmap in image_tags and "relevance_concentration/gae" in scalar_tags:
                 break
             time.sleep(0.5)
-        sample = callback.sample_indices[0]
-        assert "gae/grid" in image_tags
-        assert f"gae/gae/heatmap/sample_{sample}" in image_tags
-        assert "gae/gae/concentration" in scalar_tags
+        assert heatmap in image_tags
+        assert "relevance_concentration/gae" in scalar_tags
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -162,7 +159,7 @@ def test_resume_tracks_the_same_samples(tmp_path):
     trainer.fit(small_model(), DigitsDataModule(batch_size=32), ckpt_path=str(tmp_path / "ckpt" / "epoch=0.ckpt"))
     assert resumed.sample_indices == first.sample_indices
     # The stability scalars continue from the checkpointed relevance: the first resumed step has them.
-    assert "gae/gae/stability_spearman" in events(trainer.logger.log_dir).Tags()["scalars"]
+    assert "relevance_stability_spearman/gae" in events(trainer.logger.log_dir).Tags()["scalars"]
 
 
 def test_validate_under_inference_mode_logs_heatmaps(tmp_path):
@@ -171,7 +168,7 @@ def test_validate_under_inference_mode_logs_heatmaps(tmp_path):
     with _no_skip_warning():
         trainer.validate(small_model(), DigitsDataModule(batch_size=32))
     acc = events(trainer.logger.log_dir)
-    assert f"gae/gae/heatmap/sample_{callback.sample_indices[0]}" in acc.Tags()["images"]
+    assert f"gae_heatmaps/val_{callback.sample_indices[0]}" in acc.Tags()["images"]
 
 
 class _no_skip_warning:
@@ -206,7 +203,7 @@ def test_a_model_that_breaks_mid_run_warns_and_training_finishes(tmp_path):
     with pytest.warns(UserWarning, match=r"GAECallback: explanation at step \d+ failed and was skipped \(ValueError: no attention was recorded"):
         trainer.fit(BreaksAfterFirstEpoch(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
     assert trainer.current_epoch == 3 and trainer.state.finished
-    steps = {e.step for e in events(trainer.logger.log_dir).Images("gae/grid")}
+    steps = {e.step for e in events(trainer.logger.log_dir).Images(f"gae_heatmaps/val_{callback.sample_indices[0]}")}
     assert len(steps) == 1, "only the first epoch could be explained"
 
 

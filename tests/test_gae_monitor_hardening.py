@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, SubsetRandomSampler
 
 from lightning_gae import ImageTokens
 from lightning_gae.callbacks import GAECallback
-from lightning_gae.callbacks.gae_monitor import _MAX_IMAGE_SIDE, _bounded
+from lightning_gae.tensorboard.summary import _MAX_IMAGE_SIDE, _bounded
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
 
@@ -63,6 +63,11 @@ def scalar_events(acc, prefix=""):
 
 def image_steps(acc, tag):
     return [e.step for e in acc.Images(tag)]
+
+
+def heatmap_tag(sample):
+    """The tag of a tracked sample's picture (the input and every method side by side)."""
+    return f"gae_heatmaps/val_{sample}"
 
 
 def weights(module):
@@ -108,7 +113,7 @@ def test_persistent_validation_workers_compute_the_same_validation_metrics(tmp_p
     assert set(without) == {"val_loss", "val_acc"} and [s for s, _ in without["val_loss"]] == [1, 3]
     assert with_callback == without
     assert final[0].keys() == final[1].keys() and all(torch.equal(final[0][k], final[1][k]) for k in final[0])
-    assert len(image_steps(acc, "gae/grid")) == 2
+    assert len(image_steps(acc, heatmap_tag(callbacks[0].sample_indices[0]))) == 2
 
 
 # --- 2. what cannot work stops the run before training ------------------------------------------
@@ -276,7 +281,7 @@ def test_ddp_spawn_on_two_cpu_processes(tmp_path):
     acc = events(event_dirs.pop())
     counts = Counter((tag, e.step) for tag in acc.Tags()["images"] for e in acc.Images(tag))
     for sample in (0, 5):
-        assert sorted(s for (t, s) in counts if t == f"gae/gae/heatmap/sample_{sample}") == [1, 3]
+        assert sorted(s for (t, s) in counts if t == heatmap_tag(sample)) == [1, 3]
     assert set(counts.values()) == {1}, "rank zero alone logs"
 
 
@@ -304,7 +309,7 @@ def test_samples_come_from_the_named_or_numbered_validation_dataloader(tmp_path,
     callback = GAECallback(sample_indices=[300], dataloader_idx=index, metrics=())
     trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=1, limit_val_batches=1)
     trainer.fit(TwoLoaders(dim=32, depth=2, heads=2), *two_loaders(kind))
-    assert image_steps(events(trainer.logger.log_dir), "gae/gae/heatmap/sample_300") == [0]
+    assert image_steps(events(trainer.logger.log_dir), heatmap_tag(300)) == [0]
 
 
 @pytest.mark.parametrize(
@@ -341,9 +346,9 @@ def test_validate_after_fit_with_the_same_callback_logs_at_lightnings_step(tmp_p
     trainer.validate(model, data)
     acc = events(trainer.logger.log_dir)
     # Fit's two epochs end at 1 and 3; validate() logs where its val_loss goes, after the last step.
-    assert image_steps(acc, "gae/grid") == [1, 3, 4]
+    assert image_steps(acc, heatmap_tag(callback.sample_indices[0])) == [1, 3, 4]
     assert [e.step for e in acc.Scalars("val_loss")] == [1, 3, 4]
-    assert [e.step for e in acc.Scalars("gae/gae/concentration")] == [1, 3, 4]
+    assert [e.step for e in acc.Scalars("relevance_concentration/gae")] == [1, 3, 4]
 
 
 # --- 6. non-finite logits ------------------------------------------------------------------------------
@@ -368,19 +373,23 @@ def test_nan_logits_skip_the_step_with_one_warning_and_nothing_non_finite_is_log
     assert len(messages) == 1 and "not finite (NaN or inf)" in messages[0], messages
     assert trainer.state.finished and trainer.current_epoch == 3
     acc = events(trainer.logger.log_dir)
-    logged = scalar_events(acc, "gae/")
-    assert logged and all(math.isfinite(v) for values in logged.values() for _, v in values)
+    # The callback's scalars are <metric>/<method> (the model's own val_loss is NaN from epoch 1 on).
+    logged = {t: v for t, v in scalar_events(acc).items() if t.rsplit("/", 1)[-1] in ("gae", "rollout")}
+    assert len(logged) == 2 and all(math.isfinite(v) for values in logged.values() for _, v in values)
     assert {s for values in logged.values() for s, _ in values} == {1}
-    assert image_steps(acc, "gae/grid") == [1]
+    for sample in callback.sample_indices:
+        assert image_steps(acc, heatmap_tag(sample)) == [1]
 
 
 # --- 7. more samples than the validation set, pictures of bounded size ---------------------------------
 
 
-def test_more_samples_than_the_validation_set_warns_and_the_grid_keeps_its_row_limit(tmp_path):
+def test_more_samples_than_the_validation_set_warns_and_every_picture_stays_bounded(tmp_path):
+    # One run wrote a 386 x 70,949 px grid of every sample. Now a picture holds one sample, and the
+    # evolution of 40 steps (40 columns of 128 px: wider than 5,000 px as drawn) is shrunk to the limit.
     data = DigitsDataModule()
     data.setup()
-    callback = GAECallback(num_samples=50, max_grid_rows=3, metrics=(), random_baseline=False)
+    callback = GAECallback(num_samples=50, evolution_length=40, metrics=(), random_baseline=False)
     trainer = make_trainer(tmp_path, [callback], max_epochs=1)
     with pytest.warns(UserWarning, match=r"num_samples=50\): there are only the 6 samples of the validation set; "
                                          r"tracking all 6"):
@@ -388,10 +397,15 @@ def test_more_samples_than_the_validation_set_warns_and_the_grid_keeps_its_row_l
                     DataLoader(Subset(data.val_set, range(6)), batch_size=4))
     assert sorted(callback.sample_indices) == list(range(6))
     acc = events(trainer.logger.log_dir)
+    sizes = set()
     for sample in range(6):
-        assert image_steps(acc, f"gae/gae/heatmap/sample_{sample}") == [1]
-    cell = acc.Images("gae/gae/heatmap/sample_0")[0].height
-    assert 3 * cell <= acc.Images("gae/grid")[0].height < 4 * cell
+        assert image_steps(acc, heatmap_tag(sample)) == [1]
+        picture = acc.Images(heatmap_tag(sample))[0]
+        sizes.add((picture.height, picture.width))
+    # Every picture is one row (input and GAE, 256 px panels) whatever the number of samples.
+    assert len(sizes) == 1 and next(iter(sizes))[0] < 2 * 256
+    evolution = acc.Images("gae_evolution/val_0")[0]
+    assert evolution.width == _MAX_IMAGE_SIDE and evolution.height < evolution.width / 20
 
 
 def test_a_picture_larger_than_the_limit_is_shrunk_keeping_its_aspect():
@@ -434,13 +448,14 @@ def test_fsdp_is_refused_in_setup_with_the_reason(tmp_path):
 def test_scalars_land_at_the_step_of_the_modules_own_validation_logs_under_accumulation(tmp_path):
     # Validation every 3 micro-batches with 2 per optimizer step: once mid-accumulation (global step 1,
     # Lightning's step 1), once at the epoch end (global step 3, Lightning's step still 2).
-    trainer = make_trainer(tmp_path, [GAECallback(num_samples=2, metrics=())], max_epochs=1, limit_train_batches=6,
+    callback = GAECallback(num_samples=2, metrics=())
+    trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=6,
                            accumulate_grad_batches=2, val_check_interval=3, limit_val_batches=1)
     trainer.fit(vit(), DigitsDataModule(batch_size=16))
     acc = events(trainer.logger.log_dir)
     assert [e.step for e in acc.Scalars("val_loss")] == [1, 2]
-    assert [e.step for e in acc.Scalars("gae/gae/concentration")] == [1, 2]
-    assert image_steps(acc, "gae/grid") == [1, 2]
+    assert [e.step for e in acc.Scalars("relevance_concentration/gae")] == [1, 2]
+    assert image_steps(acc, heatmap_tag(callback.sample_indices[0])) == [1, 2]
 
 
 class Probe(Callback):

@@ -39,10 +39,10 @@ def test_perturbation_aucs_are_logged_for_every_method_and_random(tmp_path):
     logged = scalars(trainer)
     for method in ("gae", "rollout", "random"):
         for metric in ("positive_perturbation_auc", "negative_perturbation_auc"):
-            values = logged[f"gae/{method}/{metric}"]
+            values = logged[f"{metric}/{method}"]
             assert len(values) == 2, (method, metric)
             assert all(0.0 <= v <= 90.0 for v in values)
-    assert "gae/random/heatmap" not in str(logged)
+    assert not [tag for tag in logged if "heatmap" in tag]
 
 
 def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp_path):
@@ -54,8 +54,8 @@ def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp
     assert not [w for w in caught if "was skipped" in str(w.message)]
     logged = scalars(trainer)
     for metric in ("deletion_auc", "insertion_auc", "comprehensiveness"):
-        assert math.isfinite(logged[f"gae/gae/{metric}"][0]) and f"gae/random/{metric}" in logged
-    assert "gae/gae/positive_perturbation_auc" not in logged
+        assert math.isfinite(logged[f"{metric}/gae"][0]) and f"{metric}/random" in logged
+    assert "positive_perturbation_auc/gae" not in logged
     assert all(m.device.type == "cpu" for m in callback._metric_objects.values())
 
 
@@ -118,11 +118,11 @@ def test_segmentation_is_scored_when_the_batch_has_masks(tmp_path):
     logged = scalars(trainer)
     for method in ("gae", "random"):
         for key in ("pixel_accuracy", "miou", "mean_ap"):
-            assert all(0.0 <= v <= 1.0 for v in logged[f"gae/{method}/segmentation_{key}"])
+            assert all(0.0 <= v <= 1.0 for v in logged[f"segmentation_{key}/{method}"])
     # The evidence is the square: once trained, GAE ranks its pixels above the random floor (the
     # authors' AP ranks background and foreground channels together, so the gap is smaller than a
     # foreground-only AP's).
-    assert logged["gae/gae/segmentation_mean_ap"][-1] > logged["gae/random/segmentation_mean_ap"][-1]
+    assert logged["segmentation_mean_ap/gae"][-1] > logged["segmentation_mean_ap/random"][-1]
 
 
 # --- ground truth in the batch: rationales ---------------------------------------------------------
@@ -189,9 +189,9 @@ def test_rationale_agreement_is_scored_when_the_batch_has_rationales(tmp_path):
     trainer.fit(TextClassifier())
     logged = scalars(trainer)
     for method in ("gae", "random"):
-        assert all(0.0 <= v <= 1.0 for v in logged[f"gae/{method}/rationale_token_f1"])
-        assert all(0.0 <= v <= 1.0 for v in logged[f"gae/{method}/rationale_auprc"])
-        assert 0.0 <= logged[f"gae/{method}/positive_perturbation_auc"][-1] <= 90.0
+        assert all(0.0 <= v <= 1.0 for v in logged[f"rationale_token_f1/{method}"])
+        assert all(0.0 <= v <= 1.0 for v in logged[f"rationale_auprc/{method}"])
+        assert 0.0 <= logged[f"positive_perturbation_auc/{method}"][-1] <= 90.0
 
 
 def test_captum_baselines_share_the_grid_and_the_metric_tags(tmp_path):
@@ -204,16 +204,17 @@ def test_captum_baselines_share_the_grid_and_the_metric_tags(tmp_path):
     acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"images": 0, "scalars": 0})
     acc.Reload()
     sample = callback.sample_indices[0]
+    assert f"gae_heatmaps/val_{sample}" in acc.Tags()["images"]
     for method in ("saliency", "integrated_gradients"):
-        assert f"gae/{method}/heatmap/sample_{sample}" in acc.Tags()["images"]
-        assert f"gae/{method}/positive_perturbation_auc" in acc.Tags()["scalars"]
-    # The grid: one column per method, input first; gae + 2 baselines = 4 columns of equal width.
+        assert f"positive_perturbation_auc/{method}" in acc.Tags()["scalars"]
+    # One picture per sample, one panel per method, input first; gae + 2 baselines = 4 panels of equal width.
     only_gae = GAECallback(num_samples=2, sample_indices=callback.sample_indices)
     plain = make_trainer(tmp_path / "plain", [only_gae], inference_mode=True)
     plain.validate(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
     plain_acc = EventAccumulator(plain.logger.log_dir, size_guidance={"images": 0})
     plain_acc.Reload()
-    assert acc.Images("gae/grid")[0].width > plain_acc.Images("gae/grid")[0].width * 1.5
+    tag = f"gae_heatmaps/val_{sample}"
+    assert acc.Images(tag)[0].width > plain_acc.Images(tag)[0].width * 1.5
 
 
 def test_an_unknown_captum_baseline_is_an_error_in_setup(tmp_path):

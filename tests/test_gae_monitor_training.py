@@ -30,7 +30,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_gae import TabularTokens, TextTokens
+from lightning_gae import TabularTokens, TextTokens, visualize
 from lightning_gae.callbacks import GAECallback
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
@@ -81,11 +81,15 @@ def no_skipped_explanation():
     assert not skipped, skipped
 
 
-def assert_heatmaps_at_steps(acc, callback, steps, methods=("gae",)):
+def assert_heatmaps_at_steps(acc, callback, steps):
     for sample in callback.sample_indices:
-        for method in methods:
-            assert image_steps(acc, f"gae/{method}/heatmap/sample_{sample}") == steps
-    assert image_steps(acc, "gae/grid") == steps
+        assert image_steps(acc, f"gae_heatmaps/val_{sample}") == steps
+
+
+def colormap_pixels(picture):
+    """How many pixels have a colour of the heatmaps' colormap (black and white aside)."""
+    lut = {tuple(c) for c in visualize.colormap_lut(visualize.SEQUENTIAL_CMAP).tolist()[8:-8]}
+    return sum(tuple(p) in lut for p in picture.reshape(-1, 3).tolist())
 
 
 def weights(module):
@@ -112,11 +116,11 @@ def test_bf16_training_logs_heatmaps_and_finite_scalars(tmp_path, precision):
     # bf16-true trains bf16 weights: the tracked float32 samples must be cast like the batches are.
     assert model.model.head.weight.dtype == (torch.bfloat16 if precision == "bf16-true" else torch.float32)
     acc = events(trainer.logger.log_dir)
-    assert_heatmaps_at_steps(acc, callback, EPOCH_END_STEPS, methods=("gae", "rollout"))
+    assert_heatmaps_at_steps(acc, callback, EPOCH_END_STEPS)
     for method in ("gae", "rollout"):
-        values = [e.value for e in acc.Scalars(f"gae/{method}/concentration")]
+        values = [e.value for e in acc.Scalars(f"relevance_concentration/{method}")]
         assert len(values) == 2 and all(math.isfinite(v) and 0.0 < v <= 1.0 for v in values)
-        assert all(math.isfinite(e.value) for e in acc.Scalars(f"gae/{method}/stability_spearman"))
+        assert all(math.isfinite(e.value) for e in acc.Scalars(f"relevance_stability_spearman/{method}"))
 
 
 # --- gradient accumulation ----------------------------------------------------------------------
@@ -133,8 +137,8 @@ def test_accumulation_explains_once_per_optimizer_step_multiple_of_n(tmp_path):
     assert trainer.global_step == 8
     acc = events(trainer.logger.log_dir)
     assert_heatmaps_at_steps(acc, callback, [2, 5])
-    assert [e.step for e in acc.Scalars("gae/gae/concentration")] == [2, 5]
-    assert [e.step for e in acc.Scalars("gae/gae/stability_spearman")] == [5]
+    assert [e.step for e in acc.Scalars("relevance_concentration/gae")] == [2, 5]
+    assert [e.step for e in acc.Scalars("relevance_stability_spearman/gae")] == [5]
 
 
 def test_accumulation_training_is_bitwise_unchanged_by_the_callback(tmp_path):
@@ -154,7 +158,7 @@ def test_accumulation_training_is_bitwise_unchanged_by_the_callback(tmp_path):
     without, with_callback = results
     assert without.keys() == with_callback.keys()
     assert all(torch.equal(without[k], with_callback[k]) for k in without)
-    assert image_steps(events(trainer.logger.log_dir), "gae/grid") == [1, 2, 4, 5]
+    assert image_steps(events(trainer.logger.log_dir), f"gae_heatmaps/val_{callbacks[0].sample_indices[0]}") == [1, 2, 4, 5]
 
 
 # --- loggers ------------------------------------------------------------------------------------
@@ -172,12 +176,12 @@ def test_pytorch_lightning_tensorboard_logger_together_with_a_csv_logger(tmp_pat
 
     acc = events(tensorboard.log_dir)
     assert_heatmaps_at_steps(acc, callback, EPOCH_END_STEPS)
-    assert [e.step for e in acc.Scalars("gae/gae/concentration")] == EPOCH_END_STEPS
+    assert [e.step for e in acc.Scalars("relevance_concentration/gae")] == EPOCH_END_STEPS
     with open(Path(table.log_dir) / "metrics.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("gae/gae/concentration")]
+        rows = [r for r in csv.DictReader(f) if r.get("relevance_concentration/gae")]
     assert [int(r["step"]) for r in rows] == EPOCH_END_STEPS
-    assert all(0.0 < float(r["gae/gae/concentration"]) <= 1.0 for r in rows)
-    assert rows[-1]["gae/gae/stability_spearman"]
+    assert all(0.0 < float(r["relevance_concentration/gae"]) <= 1.0 for r in rows)
+    assert rows[-1]["relevance_stability_spearman/gae"]
 
 
 # --- DDP ----------------------------------------------------------------------------------------
@@ -232,7 +236,7 @@ def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path):
     # Global steps 2, 4, 6 by step, 3 and 6 by epoch (3 batches an epoch); Lightning logs them at 1, 3, 5
     # and 2 (6 is explained once).
     for sample in samples:
-        assert sorted(s for (t, s) in counts if t == f"gae/gae/heatmap/sample_{sample}") == [1, 2, 3, 5]
+        assert sorted(s for (t, s) in counts if t == f"gae_heatmaps/val_{sample}") == [1, 2, 3, 5]
     assert set(counts.values()) == {1}
 
     # Each rank reads a shard of the validation set; the samples are nevertheless those one process picks.
@@ -338,14 +342,15 @@ def test_text_model_with_dict_batches_and_padding(tmp_path):
     with no_skipped_explanation():
         trainer.fit(TextClassifier(), train, val)
     acc = events(trainer.logger.log_dir)
-    assert_heatmaps_at_steps(acc, callback, EPOCH_END_STEPS, methods=("gae", "rollout"))
+    assert_heatmaps_at_steps(acc, callback, EPOCH_END_STEPS)
     sample = callback.sample_indices[0]
-    strip = decoded(acc, f"gae/gae/heatmap/sample_{sample}")
+    strip = decoded(acc, f"gae_heatmaps/val_{sample}")
     assert_rgb_picture(strip)
-    # Relevance colours the words' backgrounds with the "Reds" colormap: some pixels are clearly red.
-    reddish = (strip[..., 0].astype(int) - strip[..., 1].astype(int) > 60).sum()
-    assert reddish > 50
-    assert_rgb_picture(decoded(acc, "gae/grid"))
+    # Relevance colours the words' boxes with the colormap: both methods' rows of tokens cover a real area.
+    assert colormap_pixels(strip) > 500
+    # The Text tab has the same relevance as a table: a header row, then one row per real token.
+    table = acc.Tensors(f"gae_tokens/val_{sample}")[-1].tensor_proto.string_val[0].decode()
+    assert "| token | gae | rollout |" in table and table.count("\n|") > 5
 
 
 def test_tabular_model_on_breast_cancer_features(tmp_path):
@@ -366,9 +371,8 @@ def test_tabular_model_on_breast_cancer_features(tmp_path):
                     DataLoader(TensorDataset(x[train], y[train]), batch_size=32, shuffle=True),
                     DataLoader(TensorDataset(x[val], y[val]), batch_size=64))
     acc = events(trainer.logger.log_dir)
-    assert_heatmaps_at_steps(acc, callback, EPOCH_END_STEPS, methods=("gae", "rollout"))
-    bars = decoded(acc, f"gae/gae/heatmap/sample_{callback.sample_indices[0]}")
-    assert_rgb_picture(bars)
-    # One bar per feature, 30 of them: the chart is tall and the bars' colour covers a real area.
-    red = np.array([214, 39, 40])  # matplotlib's tab:red
-    assert bars.shape[0] > 30 * 20 and (np.abs(bars.astype(int) - red).max(-1) <= 2).sum() > 500
+    assert_heatmaps_at_steps(acc, callback, EPOCH_END_STEPS)
+    table = decoded(acc, f"gae_heatmaps/val_{callback.sample_indices[0]}")
+    assert_rgb_picture(table)
+    # One row per feature, 30 of them: the table is tall and the cells' colours cover a real area.
+    assert table.shape[0] > 30 * 20 and colormap_pixels(table) > 500

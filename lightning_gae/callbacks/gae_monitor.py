@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -14,7 +13,6 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 from lightning.pytorch.utilities.seed import isolate_rng
-from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler, Subset
 from torchmetrics import Metric
@@ -31,14 +29,12 @@ from lightning_gae.metrics import (
 )
 from lightning_gae.metrics.functional import explanation_stability
 from lightning_gae.modalities import ImageTokens, Modality, TextTokens
-from lightning_gae.visualize import grid, side_by_side
+from lightning_gae.tensorboard.summary import Scale, TensorBoardViews, scalar_tag
 
 __all__ = ["GAECallback"]
 
 _LABEL_KEYS = ("labels", "label")
 _TRUTH_KEYS = ("masks", "segmentation", "rationales")
-# Longest side of a logged picture: larger PNGs make TensorBoard's image panel and the browser stall.
-_MAX_IMAGE_SIDE = 4096
 
 
 def default_batch_inputs(batch: Any) -> Any:
@@ -111,13 +107,9 @@ def _balanced_choice(labels: Tensor | None, total: int, count: int, seed: int) -
     return chosen
 
 
-def _bounded(image: np.ndarray) -> np.ndarray:
-    """``image`` shrunk (aspect kept) so that neither side exceeds ``_MAX_IMAGE_SIDE`` pixels."""
-    if max(image.shape[:2]) <= _MAX_IMAGE_SIDE:
-        return image
-    picture = Image.fromarray(image)
-    picture.thumbnail((_MAX_IMAGE_SIDE, _MAX_IMAGE_SIDE))
-    return np.asarray(picture)
+def _class_names(trainer: Trainer) -> Sequence[str] | None:
+    """The data module's ``class_names``, if it has them (drawn beside the class numbers)."""
+    return getattr(getattr(trainer, "datamodule", None), "class_names", None)
 
 
 def _private_reader(loader: Iterable[Any]) -> Iterable[Any]:
@@ -145,20 +137,25 @@ class GAECallback(Callback):
 
     The samples are chosen once (seeded, class-balanced when labels exist, or ``sample_indices``)
     and tracked for the whole run, also across a resume. At every explanation step it logs, under
-    tags that stay the same so TensorBoard's step slider shows the evolution:
+    tags that stay the same so TensorBoard's step slider shows the evolution (``<i>``: the
+    sample's index in the validation set; :mod:`lightning_gae.tensorboard` draws them):
 
-    * ``gae/<method>/heatmap/sample_<i>``: one heatmap per tracked sample (image overlay, token
-      strip or feature bars), titled with label, prediction, target and its probability;
-    * ``gae/grid``: the first ``max_grid_rows`` tracked samples x (input | each method);
-    * ``gae/<method>/evolution/sample_<i>``: the sample's last ``evolution_length`` heatmaps;
-    * scalars ``gae/<method>/stability_spearman`` and ``gae/<method>/stability_topk_overlap``
-      (versus the previous step) and ``gae/<method>/concentration`` (share of relevance in the
-      top ``top_fraction`` of tokens); a histogram ``gae/<method>/relevance``;
-    * faithfulness scalars ``gae/<method>/<metric>`` for every method, every Captum baseline and
+    * ``gae_heatmaps/val_<i>``: one picture per tracked sample, the input and every method side
+      by side (image overlays, token boxes or a feature table), each with its colorbar, under one
+      line with label, prediction and its probability (class names from the data module's
+      ``class_names``); images also ``gae_evolution/val_<i>``: methods x the last
+      ``evolution_length`` steps; text and tabular data also ``gae_tokens/val_<i>`` in the Text tab;
+    * scalars ``relevance_stability_spearman/<method>`` and ``relevance_stability_topk_overlap/<method>``
+      (versus the previous step) and ``relevance_concentration/<method>`` (share of relevance in the
+      top ``top_fraction`` of tokens); a histogram ``relevance/<method>``;
+    * faithfulness scalars ``<metric>/<method>`` for every method, every Captum baseline and
       ``random`` (seeded uniform relevance, the floor): the ``metrics`` named (default: positive and
       negative perturbation AUC, :mod:`lightning_gae.metrics`); and, when the batches carry ground
-      truth, ``gae/<method>/segmentation_{pixel_accuracy,miou,average_precision}`` (image masks) or
-      ``gae/<method>/rationale_{token_f1,auprc}`` (rationale tokens).
+      truth, ``segmentation_{pixel_accuracy,miou,average_precision}/<method>`` (image masks) or
+      ``rationale_{token_f1,auprc}/<method>`` (rationale tokens); a Custom Scalars layout charts
+      each metric with one line per method;
+    * for the "GAE" tab of TensorBoard (:mod:`lightning_gae.tensorboard.plugin`): the raw relevance
+      of every sample and method, the inputs, predictions and the metrics' curves, as tensors.
 
     Everything is logged at the step Lightning's loggers use for the module's own ``self.log``
     values at that moment (so ``val_loss`` and the explanations of a validation share a step);
@@ -212,14 +209,15 @@ class GAECallback(Callback):
         metric_max_batch: at most this many perturbed inputs per forward pass of the metrics.
         batch_ground_truth: ``batch -> masks [B, H, W] or rationales [B, T]``; default: a mapping's
             ``masks``/``segmentation``/``rationales``, or ``z`` of ``(x, y, z)``.
-        max_grid_rows: at most this many tracked samples (the first ones) are drawn in ``gae/grid``;
-            every tracked sample still gets its own heatmap.
+        heatmap_scale: ``"per_map"`` (each heatmap's colours span 0 to its own largest magnitude) or
+            ``"fixed"`` (a method's colour range is set at its first logged step and kept, so the
+            heatmaps of different steps are comparable).
 
     Raises:
         ValueError: in ``setup``: an unknown method, metric or Captum baseline, a bad schedule,
-            target, ``dataloader_idx`` or ``max_grid_rows``, or a strategy that shards the model
-            (FSDP, DeepSpeed stage 3, ``ModelParallelStrategy``): explanations run on rank zero
-            only, so a sharded forward would wait forever for the other ranks.
+            target, ``dataloader_idx``, ``heatmap_scale`` or ``evolution_length``, or a strategy that
+            shards the model (FSDP, DeepSpeed stage 3, ``ModelParallelStrategy``): explanations run on
+            rank zero only, so a sharded forward would wait forever for the other ranks.
             When ``fit`` starts (``validate``: when validation starts): no validation dataloader,
             no ``dataloader_idx`` among them, a ``sample_indices`` outside the samples read,
             ``target="label"`` without labels, a model that cannot be explained on the samples
@@ -261,7 +259,7 @@ class GAECallback(Callback):
         embedding_layer: str | None = None,
         metric_max_batch: int = 256,
         batch_ground_truth: Callable[[Any], Tensor | None] | None = None,
-        max_grid_rows: int = 16,
+        heatmap_scale: Scale = "per_map",
     ) -> None:
         self.num_samples = num_samples
         self.every_n_epochs = every_n_epochs
@@ -286,7 +284,7 @@ class GAECallback(Callback):
         self.embedding_layer = embedding_layer
         self.metric_max_batch = metric_max_batch
         self.batch_ground_truth = batch_ground_truth or default_batch_ground_truth
-        self.max_grid_rows = max_grid_rows
+        self.heatmap_scale = heatmap_scale
 
         # Per run (fit or validate): read when it starts, freed in teardown.
         self._inputs: Any = None
@@ -297,7 +295,10 @@ class GAECallback(Callback):
         self._last_explained: tuple[str, int] | None = None
         # Across runs: what the stability scalars and evolution strips compare with.
         self._previous: dict[str, Tensor] = {}
-        self._history: dict[tuple[str, int], deque] = {}
+        # Built in setup, once the arguments are checked; kept across runs (evolution columns, fixed colour ranges).
+        self._views: TensorBoardViews | None = None
+        # Per explanation step: the perturbation metrics' curves, for the dashboard.
+        self._curves: dict[str, dict[str, tuple[Sequence[float], Tensor]]] = {}
         self._warned: set[str] = set()
 
     @property
@@ -334,8 +335,11 @@ class GAECallback(Callback):
             raise ValueError(f"GAECallback(metric_max_batch={self.metric_max_batch}): use a positive integer")
         if not 0 < self.top_fraction <= 1:
             raise ValueError(f"GAECallback(top_fraction={self.top_fraction}): use a fraction in (0, 1]")
-        if self.max_grid_rows < 1:
-            raise ValueError(f"GAECallback(max_grid_rows={self.max_grid_rows}): use a positive integer")
+        if self.heatmap_scale not in ("per_map", "fixed"):
+            raise ValueError(f"GAECallback(heatmap_scale={self.heatmap_scale!r}): use 'per_map' (each map its own "
+                             "colour range) or 'fixed' (each method's range from its first step)")
+        if self.evolution_length < 1:
+            raise ValueError(f"GAECallback(evolution_length={self.evolution_length}): use a positive integer")
         index = self.dataloader_idx
         if isinstance(index, bool) or not isinstance(index, (int, str)) or (isinstance(index, int) and index < 0):
             raise ValueError(f"GAECallback(dataloader_idx={index!r}): use a position 0, 1, ... or the key of a "
@@ -350,11 +354,16 @@ class GAECallback(Callback):
                 "the other ranks' shards. Train with a strategy that keeps the whole model on every process "
                 "(e.g. strategy='ddp'), or explain a saved checkpoint after training with lightning_gae.explain()."
             )
+        if self._views is None:
+            self._views = self._new_views()
         if not trainer.loggers:
             rank_zero_warn(
                 "GAECallback: the Trainer has no logger, so nothing will be shown. Add one, e.g. "
                 "Trainer(logger=lightning.pytorch.loggers.TensorBoardLogger('runs'))."
             )
+
+    def _new_views(self) -> TensorBoardViews:
+        return TensorBoardViews(scale=self.heatmap_scale, evolution_length=self.evolution_length)
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -464,8 +473,13 @@ class GAECallback(Callback):
             try:
                 self._modality = modality
                 shown = _display_input(inputs).detach().cpu()
-                for values in self._relevance(explanations, maps, shown, inputs).values():
-                    modality.render(shown[0], values[0], "")
+                # to_input first: its error says which layout would fit the token count.
+                for exp in explanations.values():
+                    modality.to_input(exp.tokens.detach().cpu(), shown)
+                # Every picture and tensor the first logged step will write, drawn once by views that write nowhere.
+                self._new_views().write([], 0, modality=modality, inputs=inputs, shown=shown,
+                                        sample_indices=self.sample_indices, explanations=explanations, maps=maps,
+                                        labels=self._labels, class_names=_class_names(trainer))
                 # What the metrics (and rationale agreement) ask of the modality before their forwards.
                 if self.metrics or (self._truth is not None and isinstance(modality, TextTokens)):
                     cpu_inputs = map_tensors(inputs, lambda t: t.cpu())
@@ -578,12 +592,12 @@ class GAECallback(Callback):
         tokens = tokens.detach().cpu()
         k = max(1, round(self.top_fraction * tokens.shape[1]))
         total = tokens.sum(dim=1).clamp(min=1e-12)
-        out = {f"gae/{method}/concentration": (tokens.topk(k, dim=1).values.sum(dim=1) / total).mean().item()}
+        out = {scalar_tag("relevance_concentration", method): (tokens.topk(k, dim=1).values.sum(dim=1) / total).mean().item()}
         previous = self._previous.get(method)
         if previous is not None and previous.shape == tokens.shape:
             stability = explanation_stability(tokens, previous, self.top_fraction)
-            out[f"gae/{method}/stability_spearman"] = stability["spearman"].item()
-            out[f"gae/{method}/stability_topk_overlap"] = stability["topk_overlap"].item()
+            out[scalar_tag("relevance_stability_spearman", method)] = stability["spearman"].item()
+            out[scalar_tag("relevance_stability_topk_overlap", method)] = stability["topk_overlap"].item()
         return out
 
     def _metric(self, name: str, pl_module: LightningModule, build: Callable[[], Metric]) -> Metric:
@@ -602,12 +616,15 @@ class GAECallback(Callback):
         # Only rank zero explains, so no metric may sync across processes (sync_on_compute=False).
         out: dict[str, float] = {}
         modality = self._modality
+        self._curves = {}
         for name in self.metrics:
             for method, attributions in scored.items():
                 metric = self._metric(name, pl_module, lambda: perturbation_metric(
                     name, pl_module, modality, max_batch=self.metric_max_batch, sync_on_compute=False))
                 metric.update(inputs, attributions, target)
-                out[f"gae/{method}/{name}"] = metric.compute().item()
+                out[scalar_tag(name, method)] = metric.compute().item()
+                if hasattr(metric, "curve"):
+                    self._curves.setdefault(name, {})[method] = (metric.fractions, metric.curve().cpu())
         if self._truth is None:
             return out
         truth = self._truth.to(pl_module.device)
@@ -616,71 +633,27 @@ class GAECallback(Callback):
                 metric = self._metric("segmentation", pl_module,
                                       lambda: RelevanceSegmentation(modality, sync_on_compute=False))
                 metric.update(attributions, truth)
-                out.update({f"gae/{method}/segmentation_{k}": v.item() for k, v in metric.compute().items()})
+                out.update({scalar_tag(f"segmentation_{k}", method): v.item() for k, v in metric.compute().items()})
         elif isinstance(modality, TextTokens) and truth.dim() == 2:
             valid = modality.removable(inputs)
             for method, attributions in scored.items():
                 metric = self._metric("rationale", pl_module, lambda: RationaleAgreement(sync_on_compute=False))
                 metric.update(modality.unit_scores(attributions, inputs), truth, valid)
-                out.update({f"gae/{method}/rationale_{k}": v.item() for k, v in metric.compute().items()})
+                out.update({scalar_tag(f"rationale_{k}", method): v.item() for k, v in metric.compute().items()})
         return out
-
-    def _title(self, exp: Explanation, i: int) -> str:
-        probs = exp.logits.float().softmax(dim=-1) if exp.logits is not None and exp.logits.dim() == 2 else None
-        parts = []
-        if self._labels is not None:
-            parts.append(f"label {int(self._labels[i])}")
-        if probs is not None:
-            parts.append(f"pred {int(probs[i].argmax())}")
-        if exp.target is not None:
-            t = int(exp.target[i])
-            parts.append(f"target {t}" + (f" (p={probs[i, t]:.2f})" if probs is not None else ""))
-        return " | ".join(parts)
-
-    def _relevance(self, explanations: dict[str, Explanation], maps: dict[str, Tensor], shown: Tensor,
-                   inputs: Any) -> dict[str, Tensor]:
-        """Every column's relevance as the modality draws it: pixels ``[B, H, W]``, or one value per token/feature."""
-        relevance = {m: self._modality.to_input(e.tokens.detach().cpu(), shown) for m, e in explanations.items()}
-        cpu_inputs = map_tensors(inputs, lambda t: t.cpu())
-        for method, attributions in maps.items():
-            attributions = attributions.detach().float().cpu()
-            if isinstance(self._modality, ImageTokens):
-                relevance[method] = self._modality.pixel_map(attributions, shown)
-            else:
-                relevance[method] = self._modality.unit_scores(attributions, cpu_inputs)
-        return relevance
 
     def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation],
              maps: dict[str, Tensor], scalars: dict[str, float]) -> None:
         writers = [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
-        if not writers:
-            return
-        shown = _display_input(inputs).detach().cpu()
-        first = next(iter(explanations.values()))
-        relevance = self._relevance(explanations, maps, shown, inputs)
-        rows: list[list[np.ndarray]] = []
-        for i, sample in enumerate(self.sample_indices):
-            row = [self._modality.render(shown[i], None, f"sample {sample}")] if i < self.max_grid_rows else []
-            for method, values in relevance.items():
-                image = _bounded(self._modality.render(shown[i], values[i], f"{method}: {self._title(first, i)}"))
-                row.append(image)
-                history = self._history.setdefault((method, sample), deque(maxlen=self.evolution_length))
-                history.append((step, image))
-                evolution = _bounded(side_by_side([im for _, im in history], [f"step {s}" for s, _ in history]))
-                for w in writers:
-                    w.add_image(f"gae/{method}/heatmap/sample_{sample}", image, step, dataformats="HWC")
-                    w.add_image(f"gae/{method}/evolution/sample_{sample}", evolution, step, dataformats="HWC")
-            if i < self.max_grid_rows:
-                rows.append(row)
-        shown_samples = self.sample_indices[: len(rows)]
-        picture = _bounded(grid(rows, [f"sample {s}" for s in shown_samples], ["input", *relevance]))
-        for w in writers:
-            w.add_image("gae/grid", picture, step, dataformats="HWC")
-            for method, exp in explanations.items():
-                w.add_histogram(f"gae/{method}/relevance", exp.tokens.detach().cpu(), step)
-            w.flush()
+        if writers:
+            self._views.write(
+                writers, step, modality=self._modality, inputs=inputs, shown=_display_input(inputs),
+                sample_indices=self.sample_indices, explanations=explanations, maps=maps, scalars=scalars,
+                curves=self._curves, labels=self._labels,
+                class_names=_class_names(trainer),
+            )
 
     # --- checkpointing --------------------------------------------------------------------------
 

@@ -1,0 +1,49 @@
+"""What the callback writes for the GAE dashboard and how the plugin recognises it.
+
+Every dashboard summary is a tensor whose ``SummaryMetadata.plugin_data`` names :data:`PLUGIN_NAME`
+and carries a JSON description (``kind`` and the sample, method or metric it belongs to), so the
+plugin reads the meaning from the metadata, never from the tag's spelling. Kinds:
+
+* ``input``: one tracked sample as a person sees it: ``uint8 [H, W, 3]`` pixels, token strings
+  ``[T]`` or feature values ``[F]``; the JSON holds the modality's layout (patch grid, special
+  tokens, feature names), the label and its class name;
+* ``prediction``: per step and sample, ``float64 [3]``: predicted class, explained class, and the
+  explained class's probability (NaN without logits);
+* ``relevance``: per step, sample and method, the raw relevance: the explanation's token relevance
+  ``[N]`` (``space="tokens"``) or a Captum map in input units (``space="input"``: pixels ``[H, W]``,
+  one value per token or feature); ``order`` is the method's place in the callback's list;
+* ``curve``: per step, metric and method, ``float64 [2, S]``: fractions removed and the mean score.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+PLUGIN_NAME = "gae"
+"""The plugin's name: TensorBoard's route prefix ``/data/plugin/gae/`` and the summaries' owner."""
+
+TAG_PREFIX = "gae_dashboard"
+"""Every dashboard tag starts with it, so no dashboard tensor can share a tag with a scalar or an image."""
+
+VERSION = 1
+
+KINDS = ("input", "prediction", "relevance", "curve")
+
+
+def encode(kind: str, **fields: Any) -> bytes:
+    """The ``plugin_data.content`` of a dashboard summary of ``kind``."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown dashboard summary kind {kind!r}; one of {KINDS}")
+    return json.dumps({"version": VERSION, "kind": kind, **fields}, sort_keys=True).encode("utf-8")
+
+
+def decode(content: bytes) -> dict[str, Any] | None:
+    """The description in a summary's ``plugin_data.content``, or None when it is not one this version reads."""
+    try:
+        description = json.loads(content.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(description, dict) or description.get("version") != VERSION or description.get("kind") not in KINDS:
+        return None
+    return description

@@ -1,0 +1,228 @@
+"""The GAE dashboard: a TensorBoard plugin over the tensors :class:`~lightning_gae.tensorboard.TensorBoardViews` writes.
+
+Installed with the package, it is found through the ``tensorboard_plugins`` entry point, so
+``tensorboard --logdir runs`` shows a "GAE" tab. The Python side reads TensorBoard's data provider
+and answers JSON under ``/data/plugin/gae/``; the frontend is ``static/index.js``, a plain ES
+module that TensorBoard loads into the tab's iframe.
+
+Routes (``run`` and ``step`` are query parameters):
+
+* ``/runs``: the runs with dashboard data;
+* ``/run?run=``: its steps, methods, metrics, the tracked samples (input, modality layout,
+  label) and each method's largest relevance magnitude over all steps;
+* ``/step?run=&step=``: at that step, every sample's prediction and raw relevance per method,
+  and every metric's curve per method;
+* ``/colormaps``: matplotlib's colormaps as 256-entry tables, and the line colours of the curves.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Callable, Iterable
+from importlib import resources
+from typing import Any
+
+import matplotlib
+import numpy as np
+from tensorboard import errors, plugin_util
+from tensorboard.backend import http_util
+from tensorboard.data import provider
+from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
+
+from lightning_gae.tensorboard import metadata
+
+__all__ = ["GAEDashboardLoader", "GAEDashboardPlugin"]
+
+_ALL_POINTS = 1_000_000  # read_tensors must be told how many points it may return; the dashboard wants them all
+SEQUENTIAL_COLORMAPS = ("inferno", "magma", "viridis", "cividis", "Greys_r")
+DIVERGING_COLORMAPS = ("RdBu_r", "PuOr_r", "coolwarm")
+
+
+def _json_values(array: np.ndarray) -> list[Any]:
+    """Nested lists for JSON, non-finite numbers as null (JSON has no NaN)."""
+    values = np.asarray(array, dtype=np.float64)
+    if values.ndim == 0:
+        return [float(values) if math.isfinite(values) else None]
+    if values.ndim == 1:
+        return [float(v) if math.isfinite(v) else None for v in values.tolist()]
+    return [_json_values(row) for row in values]
+
+
+class GAEDashboardPlugin(base_plugin.TBPlugin):
+    """Samples x methods at a chosen step, the step slider, the relevance values and the faithfulness curves."""
+
+    plugin_name = metadata.PLUGIN_NAME
+
+    def __init__(self, context: base_plugin.TBContext) -> None:
+        self._provider = context.data_provider
+
+    def get_plugin_apps(self) -> dict[str, Callable[..., Any]]:
+        return {
+            "/index.js": self._serve_index,
+            "/runs": self._serve_runs,
+            "/run": self._serve_run,
+            "/step": self._serve_step,
+            "/colormaps": self._serve_colormaps,
+        }
+
+    def is_active(self) -> bool:
+        # TensorBoard enables the tab when its data provider holds summaries of this plugin;
+        # asked here, there are none.
+        return False
+
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
+        return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="GAE")
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def _descriptions(self, request: wrappers.Request, run: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+        """Run -> tag -> the description of every dashboard series."""
+        if self._provider is None:
+            return {}
+        listing = self._provider.list_tensors(
+            plugin_util.context(request.environ),
+            experiment_id=plugin_util.experiment_id(request.environ),
+            plugin_name=metadata.PLUGIN_NAME,
+            run_tag_filter=None if run is None else provider.RunTagFilter(runs=[run]),
+        )
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for name, series in listing.items():
+            described = {tag: metadata.decode(s.plugin_content) for tag, s in series.items()}
+            kept = {tag: d for tag, d in described.items() if d is not None}
+            if kept:
+                out[name] = kept
+        return out
+
+    def _run_descriptions(self, request: wrappers.Request) -> tuple[str, dict[str, dict[str, Any]]]:
+        run = request.args.get("run")
+        if not run:
+            raise errors.InvalidArgumentError("the 'run' query parameter is missing")
+        described = self._descriptions(request, run).get(run)
+        if not described:
+            raise errors.NotFoundError(f"run {run!r} has no GAE dashboard data")
+        return run, described
+
+    def _read(self, request: wrappers.Request, run: str, tags: Iterable[str]) -> dict[str, list[provider.TensorDatum]]:
+        data = self._provider.read_tensors(
+            plugin_util.context(request.environ),
+            experiment_id=plugin_util.experiment_id(request.environ),
+            plugin_name=metadata.PLUGIN_NAME,
+            downsample=_ALL_POINTS,
+            run_tag_filter=provider.RunTagFilter(runs=[run], tags=list(tags)),
+        )
+        return data.get(run, {})
+
+    @staticmethod
+    def _of_kind(described: dict[str, dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+        return {tag: d for tag, d in described.items() if d["kind"] == kind}
+
+    # --- routes ---------------------------------------------------------------------------------
+
+    @wrappers.Request.application
+    def _serve_index(self, request: wrappers.Request) -> wrappers.Response:
+        script = resources.files("lightning_gae.tensorboard").joinpath("static", "index.js").read_bytes()
+        return http_util.Respond(request, script, "text/javascript")
+
+    @wrappers.Request.application
+    def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
+        return http_util.Respond(request, {"runs": sorted(self._descriptions(request))}, "application/json")
+
+    @wrappers.Request.application
+    def _serve_run(self, request: wrappers.Request) -> wrappers.Response:
+        run, described = self._run_descriptions(request)
+        inputs = self._of_kind(described, "input")
+        relevance = self._of_kind(described, "relevance")
+        predictions = self._of_kind(described, "prediction")
+        curves = self._of_kind(described, "curve")
+        data = self._read(request, run, [*inputs, *relevance, *predictions])
+        steps = sorted({d.step for tag in predictions for d in data.get(tag, [])})
+        ranges: dict[str, float] = {}
+        for tag, d in relevance.items():
+            for datum in data.get(tag, []):
+                values = np.abs(datum.numpy[np.isfinite(datum.numpy)])
+                ranges[d["method"]] = max(ranges.get(d["method"], 0.0), float(values.max()) if values.size else 0.0)
+        samples = []
+        for tag, d in inputs.items():
+            points = data.get(tag)
+            if not points:
+                continue
+            value = points[-1].numpy
+            sample = {k: v for k, v in d.items() if k not in ("version", "kind")}
+            if d.get("modality") == "image":
+                pixels = np.ascontiguousarray(value, dtype=np.uint8)
+                sample["input"] = {"height": int(pixels.shape[0]), "width": int(pixels.shape[1]),
+                                   "rgb": base64.b64encode(pixels.tobytes()).decode("ascii")}
+            elif d.get("modality") == "text":
+                sample["input"] = {"tokens": [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
+                                              for t in value.reshape(-1).tolist()]}
+            else:
+                sample["input"] = {"values": _json_values(value.reshape(-1))}
+            samples.append(sample)
+        samples.sort(key=lambda s: s.get("position", 0))
+        methods = [m for _, m in sorted({(d.get("order", 0), d["method"]) for d in relevance.values()})]
+        metrics = sorted({d["metric"] for d in curves.values()})
+        payload = {"run": run, "steps": steps, "methods": methods, "metrics": metrics, "samples": samples,
+                   "ranges": ranges}
+        return http_util.Respond(request, payload, "application/json")
+
+    @wrappers.Request.application
+    def _serve_step(self, request: wrappers.Request) -> wrappers.Response:
+        run, described = self._run_descriptions(request)
+        try:
+            step = int(request.args.get("step", ""))
+        except ValueError:
+            raise errors.InvalidArgumentError("the 'step' query parameter must be an integer") from None
+        wanted = {tag: d for tag, d in described.items() if d["kind"] in ("prediction", "relevance", "curve")}
+        data = self._read(request, run, wanted)
+        at_step = {tag: next((p.numpy for p in data.get(tag, []) if p.step == step), None) for tag in wanted}
+        if all(v is None for v in at_step.values()):
+            raise errors.NotFoundError(f"run {run!r} has no GAE dashboard data at step {step}")
+        samples: dict[str, dict[str, Any]] = {}
+        curves: dict[str, dict[str, Any]] = {}
+        for tag, d in wanted.items():
+            value = at_step[tag]
+            if value is None:
+                continue
+            if d["kind"] == "curve":
+                curves.setdefault(d["metric"], {})[d["method"]] = {"fractions": _json_values(value[0]),
+                                                                    "values": _json_values(value[1])}
+                continue
+            sample = samples.setdefault(str(d["sample"]), {"relevance": {}})
+            if d["kind"] == "prediction":
+                pred, target, prob = _json_values(value.reshape(-1))
+                sample["prediction"] = {"pred": pred, "target": target, "probability": prob}
+            else:
+                sample["relevance"][d["method"]] = {"space": d["space"], "shape": list(value.shape),
+                                                    "values": _json_values(value.reshape(-1))}
+        return http_util.Respond(request, {"run": run, "step": step, "samples": samples, "curves": curves},
+                                 "application/json")
+
+    @wrappers.Request.application
+    def _serve_colormaps(self, request: wrappers.Request) -> wrappers.Response:
+        def table(name: str) -> list[list[int]]:
+            rgb = matplotlib.colormaps[name](np.linspace(0.0, 1.0, 256))[:, :3]
+            return (rgb * 255.0 + 0.5).astype(int).tolist()
+
+        palette = (np.asarray(matplotlib.colormaps["tab10"].colors) * 255.0 + 0.5).astype(int).tolist()
+        payload = {"sequential": {n: table(n) for n in SEQUENTIAL_COLORMAPS},
+                   "diverging": {n: table(n) for n in DIVERGING_COLORMAPS}, "palette": palette}
+        return http_util.Respond(request, payload, "application/json")
+
+
+class GAEDashboardLoader(base_plugin.TBLoader):
+    """Loads :class:`GAEDashboardPlugin`; the ``tensorboard_plugins`` entry point names this class.
+
+    TensorBoard keeps 10 random points per tag of a plugin it does not know; the dashboard's step
+    slider needs every explanation step, so unless ``--samples_per_plugin`` says otherwise for
+    ``gae``, all are kept (the tensors are small: a few samples x methods x tokens per step).
+    """
+
+    def fix_flags(self, flags: Any) -> None:
+        samples = getattr(flags, "samples_per_plugin", None)
+        if isinstance(samples, dict):
+            samples.setdefault(metadata.PLUGIN_NAME, 0)
+
+    def load(self, context: base_plugin.TBContext) -> GAEDashboardPlugin:
+        return GAEDashboardPlugin(context)

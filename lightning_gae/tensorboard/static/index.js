@@ -1,0 +1,463 @@
+// The GAE dashboard: a plain ES module (no build step) that TensorBoard imports into the "GAE"
+// tab's iframe and calls render() on. It reads the plugin's JSON routes, which resolve against
+// the iframe's <base href="plugin/gae/">, and draws tracked samples x methods at the chosen step,
+// with hover read-out of every patch, pixel, token or feature, and the faithfulness curves.
+
+const PANEL_PX = 224;
+const SVG = "http://www.w3.org/2000/svg";
+
+const state = {
+  runs: [],
+  run: null,
+  info: null, // the /run answer: steps, methods, metrics, samples, ranges
+  stepIndex: 0,
+  colormap: "auto",
+  opacity: 0.7,
+  scale: "map",
+  colormaps: null,
+  steps: new Map(), // "run\u0000step" -> the /step answer
+  ui: {},
+};
+
+async function getJSON(path) {
+  const response = await fetch(path, {headers: {Accept: "application/json"}});
+  if (!response.ok) {
+    throw new Error(`${path}: HTTP ${response.status} ${(await response.text()).slice(0, 200)}`);
+  }
+  return response.json();
+}
+
+function el(tag, attributes = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attributes)) {
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function svg(tag, attributes = {}) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attributes)) node.setAttribute(key, value);
+  return node;
+}
+
+function format(value) {
+  if (value === null || value === undefined || Number.isNaN(value)) return "–";
+  if (value === 0) return "0";
+  const magnitude = Math.abs(value);
+  return magnitude >= 0.001 && magnitude < 10000 ? value.toPrecision(3).replace(/\.?0+$/, "") : value.toExponential(2);
+}
+
+const STYLE = `
+  body { margin: 0; font-family: Roboto, "Helvetica Neue", Arial, sans-serif; font-size: 13px; color: #212121; background: #fff; }
+  #gae-dashboard { padding: 12px 16px 32px; }
+  .gae-controls { display: flex; flex-wrap: wrap; gap: 18px; align-items: center; padding: 8px 0 12px; border-bottom: 1px solid #e0e0e0;
+                  position: sticky; top: 0; background: #fff; z-index: 2; }
+  .gae-controls label { display: flex; gap: 6px; align-items: center; }
+  .gae-controls input[type=range] { vertical-align: middle; }
+  #gae-step { width: 260px; }
+  .gae-status { color: #b71c1c; padding: 8px 0; min-height: 1em; }
+  .gae-hint { color: #616161; padding: 6px 0; }
+  .gae-section { font-size: 15px; font-weight: 500; margin: 18px 0 6px; }
+  .gae-sample { border-bottom: 1px solid #eeeeee; padding: 10px 0; }
+  .gae-sample-title { font-weight: 500; margin-bottom: 6px; }
+  .gae-panels { display: flex; flex-wrap: wrap; gap: 10px; }
+  .gae-panel { display: flex; flex-direction: column; align-items: center; gap: 3px; }
+  .gae-panel canvas { image-rendering: pixelated; cursor: crosshair; }
+  .gae-panel-title { font-size: 12px; color: #424242; }
+  .gae-bar { display: flex; justify-content: space-between; width: 100%; font-size: 11px; color: #616161; }
+  .gae-text-row { display: flex; gap: 10px; align-items: baseline; margin: 4px 0; }
+  .gae-text-method { width: 150px; flex: none; color: #424242; text-align: right; font-size: 12px; }
+  .gae-tokens { display: flex; flex-wrap: wrap; gap: 2px; }
+  .gae-token { padding: 1px 4px; border-radius: 2px; font-family: "Roboto Mono", Menlo, monospace; font-size: 13px; cursor: default; }
+  .gae-token.muted { background: #e0e0e0; color: #757575; }
+  table.gae-features { border-collapse: collapse; }
+  table.gae-features td, table.gae-features th { padding: 3px 10px; text-align: right; font-weight: normal; }
+  table.gae-features th { color: #424242; font-size: 12px; }
+  table.gae-features td:first-child { text-align: left; }
+  .gae-curves { display: flex; flex-wrap: wrap; gap: 24px; }
+  .gae-curve text { font-size: 11px; fill: #424242; }
+  #gae-tooltip { position: fixed; pointer-events: none; background: rgba(33, 33, 33, 0.92); color: #fff; padding: 4px 7px;
+                 border-radius: 3px; font-size: 12px; display: none; z-index: 10; white-space: nowrap; }
+`;
+
+// --- colours ------------------------------------------------------------------------------------
+
+function colormapTable(name, signed) {
+  const maps = state.colormaps;
+  if (name === "auto") return signed ? maps.diverging.RdBu_r : maps.sequential.inferno;
+  return maps.sequential[name] || maps.diverging[name];
+}
+
+function signedValues(values) {
+  return values.some((v) => v !== null && v < 0);
+}
+
+// The colour range of a map: [0, max] for non-negative values, [-m, m] around 0 for signed ones;
+// "map" scales each map by itself, "run" by the method's largest magnitude over every step.
+function rangeOf(values, method) {
+  const finite = values.filter((v) => v !== null && Number.isFinite(v));
+  const signed = finite.some((v) => v < 0);
+  let top = state.scale === "run" ? state.info.ranges[method] || 0 : Math.max(0, ...finite.map(Math.abs));
+  if (!(top > 0)) top = 1;
+  return {vmin: signed ? -top : 0, vmax: top, signed};
+}
+
+function colourOf(value, range, table) {
+  if (value === null) return [128, 128, 128];
+  const t = (value - range.vmin) / (range.vmax - range.vmin);
+  return table[Math.max(0, Math.min(255, Math.round(t * 255)))];
+}
+
+function css(rgb) {
+  return `rgb(${rgb[0]}, ${rgb[1]}, ${rgb[2]})`;
+}
+
+function inkFor(rgb) {
+  return 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] >= 128 ? "#000" : "#fff";
+}
+
+function colourBar(range, table, width) {
+  const canvas = el("canvas", {width: String(width), height: "8"});
+  const ctx = canvas.getContext("2d");
+  for (let x = 0; x < width; x++) {
+    ctx.fillStyle = css(table[Math.round((x / (width - 1)) * 255)]);
+    ctx.fillRect(x, 0, 1, 8);
+  }
+  const labels = el("div", {class: "gae-bar"}, el("span", {text: format(range.vmin)}));
+  if (range.signed) labels.append(el("span", {text: "0"}));
+  labels.append(el("span", {text: format(range.vmax)}));
+  return el("div", {style: `width:${width}px`}, canvas, labels);
+}
+
+// --- tooltip ------------------------------------------------------------------------------------
+
+function showTip(event, text) {
+  const tip = state.ui.tooltip;
+  tip.textContent = text;
+  tip.style.display = "block";
+  tip.style.left = `${event.clientX + 14}px`;
+  tip.style.top = `${event.clientY + 12}px`;
+}
+
+function hideTip() {
+  state.ui.tooltip.style.display = "none";
+}
+
+// --- one sample per modality --------------------------------------------------------------------
+
+function inputCanvas(sample) {
+  if (!sample._pixels) {
+    const {height, width, rgb} = sample.input;
+    const bytes = Uint8Array.from(atob(rgb), (c) => c.charCodeAt(0));
+    const colour = new ImageData(width, height);
+    const grey = new ImageData(width, height);
+    for (let i = 0; i < width * height; i++) {
+      const [r, g, b] = [bytes[3 * i], bytes[3 * i + 1], bytes[3 * i + 2]];
+      const y = Math.round(0.299 * r + 0.587 * g + 0.114 * b);
+      colour.data.set([r, g, b, 255], 4 * i);
+      grey.data.set([y, y, y, 255], 4 * i);
+    }
+    const toCanvas = (data) => {
+      const c = el("canvas", {width: String(width), height: String(height)});
+      c.getContext("2d").putImageData(data, 0, 0);
+      return c;
+    };
+    sample._pixels = {colour: toCanvas(colour), grey: toCanvas(grey), height, width};
+  }
+  return sample._pixels;
+}
+
+function panelSize(pixels) {
+  const scale = PANEL_PX / Math.max(pixels.height, pixels.width);
+  return [Math.round(pixels.width * scale), Math.round(pixels.height * scale)];
+}
+
+// The values of a map on a grid [rows, cols]: the patch grid for token relevance, pixels for a Captum map.
+function imageGrid(sample, relevance) {
+  if (relevance.space === "tokens") {
+    const [rows, cols] = sample.grid;
+    return {rows, cols, values: relevance.values.slice(sample.prefix_tokens, sample.prefix_tokens + rows * cols), unit: "patch"};
+  }
+  const [rows, cols] = relevance.shape;
+  return {rows, cols, values: relevance.values, unit: "pixel"};
+}
+
+function imageSample(sample, at) {
+  const pixels = inputCanvas(sample);
+  const [w, h] = panelSize(pixels);
+  const panels = el("div", {class: "gae-panels"});
+  const input = el("canvas", {width: String(w), height: String(h), class: "gae-input"});
+  const ictx = input.getContext("2d");
+  ictx.imageSmoothingEnabled = false;
+  ictx.drawImage(pixels.colour, 0, 0, w, h);
+  panels.append(el("div", {class: "gae-panel"}, el("div", {class: "gae-panel-title", text: "input"}), input));
+  for (const method of state.info.methods) {
+    const relevance = at.relevance[method];
+    if (!relevance) continue;
+    const grid = imageGrid(sample, relevance);
+    const range = rangeOf(grid.values, method);
+    const table = colormapTable(state.colormap, range.signed);
+    const heat = new ImageData(grid.cols, grid.rows);
+    grid.values.forEach((v, i) => heat.data.set([...colourOf(v, range, table), 255], 4 * i));
+    const cells = el("canvas", {width: String(grid.cols), height: String(grid.rows)});
+    cells.getContext("2d").putImageData(heat, 0, 0);
+    const canvas = el("canvas", {width: String(w), height: String(h), class: "gae-heatmap", "data-method": method,
+                                 "data-sample": String(sample.sample)});
+    const ctx = canvas.getContext("2d");
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(pixels.grey, 0, 0, w, h);
+    ctx.globalAlpha = state.opacity;
+    ctx.drawImage(cells, 0, 0, w, h);
+    canvas.addEventListener("mousemove", (event) => {
+      const col = Math.min(grid.cols - 1, Math.floor((event.offsetX / canvas.clientWidth) * grid.cols));
+      const row = Math.min(grid.rows - 1, Math.floor((event.offsetY / canvas.clientHeight) * grid.rows));
+      showTip(event, `${method} · ${grid.unit} (${row}, ${col}): ${format(grid.values[row * grid.cols + col])}`);
+    });
+    canvas.addEventListener("mouseleave", hideTip);
+    panels.append(el("div", {class: "gae-panel"}, el("div", {class: "gae-panel-title", text: method}), canvas,
+                     colourBar(range, table, w)));
+  }
+  return panels;
+}
+
+function textSample(sample, at) {
+  const block = el("div");
+  const tokens = sample.input.tokens;
+  for (const method of state.info.methods) {
+    const relevance = at.relevance[method];
+    if (!relevance) continue;
+    const scored = relevance.values.filter((_, i) => sample.valid[i] && !sample.muted[i]);
+    const range = rangeOf(scored, method);
+    const table = colormapTable(state.colormap, range.signed);
+    const row = el("div", {class: "gae-tokens"});
+    tokens.forEach((token, i) => {
+      if (!sample.valid[i]) return;
+      const value = relevance.values[i];
+      const span = el("span", {class: "gae-token", text: token});
+      if (sample.muted[i]) span.classList.add("muted");
+      else {
+        const rgb = colourOf(value, range, table);
+        span.style.background = css(rgb);
+        span.style.color = inkFor(rgb);
+      }
+      span.addEventListener("mousemove", (event) => showTip(event, `${method} · ${token}: ${format(value)}`));
+      span.addEventListener("mouseleave", hideTip);
+      row.append(span);
+    });
+    block.append(el("div", {class: "gae-text-row"},
+                    el("div", {class: "gae-text-method"}, el("div", {text: method}), colourBar(range, table, 140)), row));
+  }
+  return block;
+}
+
+function tabularSample(sample, at) {
+  const methods = state.info.methods.filter((m) => at.relevance[m]);
+  const header = el("tr", {}, el("th", {text: "feature"}), ...methods.map((m) => el("th", {text: m})));
+  const columns = methods.map((method) => {
+    const relevance = at.relevance[method];
+    const count = sample.feature_names.length;
+    const values = relevance.space === "tokens" ? relevance.values.slice(sample.prefix_tokens, sample.prefix_tokens + count)
+      : relevance.values;
+    const range = rangeOf(values, method);
+    return {method, values, range, table: colormapTable(state.colormap, range.signed)};
+  });
+  const rows = sample.feature_names.map((name, f) => {
+    const label = `${name} = ${format(sample.input.values[f])}`;
+    const tr = el("tr", {}, el("td", {text: label}));
+    for (const column of columns) {
+      const rgb = colourOf(column.values[f], column.range, column.table);
+      const td = el("td", {text: format(column.values[f])});
+      td.style.background = css(rgb);
+      td.style.color = inkFor(rgb);
+      td.addEventListener("mousemove", (event) => showTip(event, `${column.method} · ${name}: ${format(column.values[f])}`));
+      td.addEventListener("mouseleave", hideTip);
+      tr.append(td);
+    }
+    return tr;
+  });
+  const bars = el("tr", {}, el("td"), ...columns.map((c) => el("td", {}, colourBar(c.range, c.table, 110))));
+  return el("table", {class: "gae-features"}, header, ...rows, bars);
+}
+
+function className(sample, value) {
+  if (value === null || value === undefined) return "?";
+  const names = sample.class_names;
+  const name = names && names[value] !== undefined && names[value] !== String(value) ? ` (${names[value]})` : "";
+  return `${value}${name}`;
+}
+
+function sampleTitle(sample, prediction) {
+  const parts = [`val #${sample.sample}`];
+  if (sample.label !== null && sample.label !== undefined) parts.push(`label ${className(sample, sample.label)}`);
+  if (prediction) {
+    const p = prediction.probability === null ? "" : `, p=${prediction.probability.toFixed(2)}`;
+    if (prediction.pred !== null) parts.push(`pred ${className(sample, prediction.pred)}${prediction.pred === prediction.target ? p : ""}`);
+    if (prediction.target !== null && prediction.target !== prediction.pred) parts.push(`explains ${className(sample, prediction.target)}${p}`);
+  }
+  return parts.join(" · ");
+}
+
+// --- faithfulness curves ------------------------------------------------------------------------
+
+function curveChart(metric, byMethod) {
+  const [width, height, left, right, top, bottom] = [400, 250, 44, 24, 24, 40];
+  const chart = svg("svg", {width: String(width), height: String(height), class: "gae-curve", "data-metric": metric});
+  const methods = Object.keys(byMethod).sort((a, b) => (a === "random") - (b === "random") || a.localeCompare(b));
+  const all = methods.flatMap((m) => byMethod[m].values.filter((v) => v !== null));
+  const ymax = Math.max(1, ...all);
+  const x = (f) => left + f * (width - left - right);
+  const y = (v) => top + (1 - v / ymax) * (height - top - bottom);
+  const title = svg("text", {x: String(left), y: "14"});
+  title.textContent = metric;
+  chart.append(title);
+  for (const tick of [0, 0.25, 0.5, 0.75, 1]) {
+    chart.append(svg("line", {x1: String(x(0)), x2: String(x(1)), y1: String(y(tick * ymax)), y2: String(y(tick * ymax)), stroke: "#eeeeee"}));
+    const label = svg("text", {x: String(left - 6), y: String(y(tick * ymax) + 4), "text-anchor": "end"});
+    label.textContent = format(tick * ymax);
+    chart.append(label);
+    const xl = svg("text", {x: String(x(tick)), y: String(height - bottom + 14), "text-anchor": "middle"});
+    xl.textContent = `${Math.round(tick * 100)}%`;
+    chart.append(xl);
+  }
+  const xTitle = svg("text", {x: String((left + width - right) / 2), y: String(height - 8), "text-anchor": "middle"});
+  xTitle.textContent = "fraction removed";
+  chart.append(xTitle);
+  methods.forEach((method, i) => {
+    const {fractions, values} = byMethod[method];
+    const colour = method === "random" ? [117, 117, 117] : state.colormaps.palette[i % state.colormaps.palette.length];
+    const points = fractions.map((f, j) => (values[j] === null ? null : `${x(f).toFixed(1)},${y(values[j]).toFixed(1)}`)).filter(Boolean);
+    chart.append(svg("polyline", {points: points.join(" "), fill: "none", stroke: css(colour), "stroke-width": "2",
+                                  "stroke-dasharray": method === "random" ? "5 4" : "none", "data-method": method}));
+    const legendY = top + 4 + 14 * i;
+    chart.append(svg("line", {x1: String(width - right - 110), x2: String(width - right - 92), y1: String(legendY), y2: String(legendY),
+                              stroke: css(colour), "stroke-width": "2", "stroke-dasharray": method === "random" ? "5 4" : "none"}));
+    const name = svg("text", {x: String(width - right - 88), y: String(legendY + 4)});
+    name.textContent = method;
+    chart.append(name);
+  });
+  return chart;
+}
+
+// --- the page -----------------------------------------------------------------------------------
+
+function status(message) {
+  state.ui.status.textContent = message || "";
+}
+
+async function stepData(step) {
+  const key = `${state.run}\u0000${step}`;
+  if (!state.steps.has(key)) {
+    state.steps.set(key, getJSON(`step?run=${encodeURIComponent(state.run)}&step=${step}`));
+  }
+  try {
+    return await state.steps.get(key);
+  } catch (error) {
+    state.steps.delete(key);
+    throw error;
+  }
+}
+
+async function draw() {
+  const info = state.info;
+  if (!info || !info.steps.length) return;
+  const step = info.steps[state.stepIndex];
+  state.ui.stepLabel.textContent = `step ${step} (${state.stepIndex + 1} of ${info.steps.length})`;
+  const data = await stepData(step);
+  if (info !== state.info || step !== info.steps[state.stepIndex]) return; // a newer choice was made meanwhile
+  const grid = el("div");
+  for (const sample of info.samples) {
+    const at = data.samples[String(sample.sample)];
+    if (!at) continue;
+    const body = sample.modality === "image" ? imageSample(sample, at)
+      : sample.modality === "text" ? textSample(sample, at) : tabularSample(sample, at);
+    grid.append(el("div", {class: "gae-sample"}, el("div", {class: "gae-sample-title", text: sampleTitle(sample, at.prediction)}), body));
+  }
+  const curves = el("div", {class: "gae-curves"});
+  for (const metric of Object.keys(data.curves).sort()) curves.append(curveChart(metric, data.curves[metric]));
+  const sections = [el("div", {class: "gae-section", text: `Tracked samples at step ${step}`}), grid];
+  if (curves.childElementCount) {
+    sections.push(el("div", {class: "gae-section", text: "Faithfulness curves (score vs fraction of the input removed, most relevant first for positive perturbation)"}), curves);
+  }
+  state.ui.main.replaceChildren(...sections);
+  state.ui.root.dataset.renderedStep = String(step);
+}
+
+function redraw() {
+  draw().then(() => status(""), (error) => {
+    console.error(error);
+    status(String(error.message || error));
+  });
+}
+
+async function selectRun(run) {
+  state.run = run;
+  state.info = null;
+  state.ui.main.replaceChildren();
+  const info = await getJSON(`run?run=${encodeURIComponent(run)}`);
+  if (state.run !== run) return;
+  state.info = info;
+  state.stepIndex = info.steps.length - 1;
+  const slider = state.ui.slider;
+  slider.max = String(Math.max(0, info.steps.length - 1));
+  slider.value = String(state.stepIndex);
+  slider.disabled = info.steps.length < 2;
+  await draw();
+}
+
+function controls() {
+  const runSelect = el("select", {id: "gae-run", onchange: (e) => selectRun(e.target.value).catch((error) => status(String(error.message)))});
+  const slider = el("input", {type: "range", id: "gae-step", min: "0", max: "0", step: "1", value: "0",
+                              oninput: (e) => { state.stepIndex = Number(e.target.value); redraw(); }});
+  const stepLabel = el("span", {id: "gae-step-label"});
+  const cmapSelect = el("select", {id: "gae-colormap", onchange: (e) => { state.colormap = e.target.value; redraw(); }},
+    el("option", {value: "auto", text: "auto (inferno / RdBu_r if signed)"}),
+    ...Object.keys(state.colormaps.sequential).map((n) => el("option", {value: n, text: n})),
+    ...Object.keys(state.colormaps.diverging).map((n) => el("option", {value: n, text: `${n} (diverging)`})));
+  const opacity = el("input", {type: "range", id: "gae-opacity", min: "0", max: "1", step: "0.05", value: String(state.opacity),
+                               oninput: (e) => { state.opacity = Number(e.target.value); redraw(); }});
+  const scale = el("select", {id: "gae-scale", onchange: (e) => { state.scale = e.target.value; redraw(); }},
+    el("option", {value: "map", text: "each map by its own maximum"}),
+    el("option", {value: "run", text: "each method by its maximum over all steps"}));
+  Object.assign(state.ui, {runSelect, slider, stepLabel});
+  return el("div", {class: "gae-controls"},
+    el("label", {}, "run", runSelect),
+    el("label", {}, "step", slider, stepLabel),
+    el("label", {}, "colormap", cmapSelect),
+    el("label", {}, "opacity", opacity),
+    el("label", {}, "colour scale", scale));
+}
+
+export async function render() {
+  document.head.append(el("style", {text: STYLE}));
+  const root = el("div", {id: "gae-dashboard"});
+  const statusLine = el("div", {class: "gae-status"});
+  const main = el("div", {id: "gae-main"});
+  const tooltip = el("div", {id: "gae-tooltip"});
+  Object.assign(state.ui, {root, status: statusLine, main, tooltip});
+  document.body.append(root, tooltip);
+  try {
+    const [runs, colormaps] = await Promise.all([getJSON("runs"), getJSON("colormaps")]);
+    state.colormaps = colormaps;
+    state.runs = runs.runs;
+    root.append(controls(), statusLine,
+                el("div", {class: "gae-hint", text: "Hover a patch, pixel, token or feature to read its relevance. " +
+                                                    "Move the step slider (or use the arrow keys) to replay training."}),
+                main);
+    if (!state.runs.length) {
+      status("No GAE data yet: train with lightning_gae.callbacks.GAECallback and a TensorBoardLogger writing to this logdir.");
+      return;
+    }
+    state.ui.runSelect.replaceChildren(...state.runs.map((r) => el("option", {value: r, text: r})));
+    await selectRun(state.runs[state.runs.length - 1]);
+    state.ui.runSelect.value = state.run;
+  } catch (error) {
+    console.error(error);
+    if (!statusLine.isConnected) root.append(statusLine);
+    status(String(error.message || error));
+  }
+}

@@ -1,0 +1,384 @@
+"""GAECallback's TensorBoard output, one explanation step at a time: the standard tabs and the dashboard's tensors.
+
+Tags are grouped so that one TensorBoard group holds one thing to compare:
+
+* Images: ``gae_heatmaps/val_<i>``: one picture per tracked sample (validation index ``i``) with
+  the input and every method side by side, each with its colorbar; ``gae_evolution/val_<i>``
+  (images): methods x the last steps, always the same size;
+* Scalars: ``<metric>/<method>`` (:func:`scalar_tag`), so a metric's group holds every method,
+  and a Custom Scalars layout with one chart per metric and one line per method, ``random``
+  included;
+* Histograms: ``relevance/<method>``; Text (text and tabular data): ``gae_tokens/val_<i>``, a
+  markdown table of tokens or features and every method's score;
+* the GAE dashboard's tensors under ``gae_dashboard/`` (:mod:`lightning_gae.tensorboard.metadata`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from PIL import Image
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+from tensorboard.plugins.text import summary_v2 as text_summary
+from tensorboard.util import tensor_util
+from torch import Tensor
+
+from lightning_gae import visualize
+from lightning_gae.explain import Explanation, map_tensors
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.tensorboard import metadata
+
+__all__ = ["RELEVANCE_SCALARS", "TensorBoardViews", "custom_scalars_layout", "sample_tag", "scalar_tag"]
+
+Scale = Literal["per_map", "fixed"]
+Curves = Mapping[str, Mapping[str, tuple[Sequence[float], Tensor]]]
+
+RELEVANCE_SCALARS = ("relevance_concentration", "relevance_stability_spearman", "relevance_stability_topk_overlap")
+"""Scalars about the relevance itself (not faithfulness): charted in their own Custom Scalars category."""
+
+_EVOLUTION_PX = 128
+# Longest side of a logged picture: larger PNGs make TensorBoard's image panel and the browser stall
+# (a long text or a long evolution_length would otherwise grow a picture without bound).
+_MAX_IMAGE_SIDE = 4096
+
+
+def scalar_tag(metric: str, method: str) -> str:
+    """The tag of ``metric`` for ``method``: grouped by metric, so one Scalars group compares the methods."""
+    return f"{metric}/{method}"
+
+
+def sample_tag(index: int) -> str:
+    """The tag suffix of the tracked sample at validation index ``index``."""
+    return f"val_{index}"
+
+
+def custom_scalars_layout(metrics: Iterable[str]) -> dict[str, dict[str, list[Any]]]:
+    """A Custom Scalars layout (``SummaryWriter.add_custom_scalars``): one multi-line chart per metric.
+
+    Each chart's one regular expression takes every ``<metric>/<method>`` tag, so every method,
+    ``random`` included, is a line on the same axes.
+    """
+    charts: dict[str, dict[str, list[Any]]] = {"GAE faithfulness": {}, "GAE relevance": {}}
+    for metric in sorted(set(metrics)):
+        category = "GAE relevance" if metric in RELEVANCE_SCALARS else "GAE faithfulness"
+        charts[category][metric] = ["Multiline", [f"^{re.escape(metric)}/[^/]+$"]]
+    return {title: content for title, content in charts.items() if content}
+
+
+def _bounded(image: np.ndarray) -> np.ndarray:
+    """``image`` shrunk (aspect kept) so that neither side exceeds ``_MAX_IMAGE_SIDE`` pixels."""
+    if max(image.shape[:2]) <= _MAX_IMAGE_SIDE:
+        return image
+    picture = Image.fromarray(image)
+    picture.thumbnail((_MAX_IMAGE_SIDE, _MAX_IMAGE_SIDE))
+    return np.asarray(picture)
+
+
+def _markdown_cell(text: str) -> str:
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", text) or " "
+
+
+def _tensor_summary(tag: str, value: np.ndarray, content: bytes) -> Summary.Value:
+    plugin = SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME, content=content)
+    # TensorBoard's fast loader (its Rust data server) drops summaries that do not declare a data class.
+    described = SummaryMetadata(plugin_data=plugin, data_class=summary_pb2.DATA_CLASS_TENSOR)
+    return Summary.Value(tag=tag, metadata=described, tensor=tensor_util.make_tensor_proto(value))
+
+
+class TensorBoardViews:
+    """Writes each explanation step of :class:`~lightning_gae.callbacks.GAECallback` to TensorBoard writers.
+
+    Args:
+        panel_px: the longer side of an image panel in pixels (TensorBoard shows images at their size);
+            a whole picture is shrunk (aspect kept) to at most 4096 pixels on a side.
+        scale: ``"per_map"``: each map's colours span 0 to its own largest magnitude; ``"fixed"``:
+            a method's colour range is set at the first step written (over every tracked sample) and
+            kept, so maps are comparable across steps (larger values take the end colour, marked ``≥``).
+        evolution_length: columns of the ``gae_evolution`` pictures: the last steps, oldest first.
+        alpha: weight of the heatmap colours over the grey image.
+    """
+
+    def __init__(self, panel_px: int = 256, scale: Scale = "per_map", evolution_length: int = 5, alpha: float = 0.7) -> None:
+        if scale not in ("per_map", "fixed"):
+            raise ValueError(f"scale={scale!r}; use 'per_map' or 'fixed'")
+        if panel_px < 16 or evolution_length < 1 or not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"need panel_px >= 16, evolution_length >= 1 and alpha in [0, 1]; got {panel_px}, "
+                             f"{evolution_length} and {alpha}")
+        self.panel_px = panel_px
+        self.scale = scale
+        self.evolution_length = evolution_length
+        self.alpha = alpha
+        self._history: dict[int, deque[tuple[int, dict[str, np.ndarray]]]] = {}
+        self._fixed: dict[str, tuple[float, float]] = {}
+        self._charted: set[str] = set()
+        self._inputs_written = False
+
+    def write(
+        self,
+        writers: Sequence[Any],
+        step: int,
+        *,
+        modality: Modality,
+        inputs: Any,
+        shown: Tensor,
+        sample_indices: Sequence[int],
+        explanations: Mapping[str, Explanation],
+        maps: Mapping[str, Tensor] | None = None,
+        scalars: Mapping[str, float] | None = None,
+        curves: Curves | None = None,
+        labels: Tensor | None = None,
+        class_names: Sequence[str] | None = None,
+    ) -> None:
+        """Write one step.
+
+        Args:
+            writers: ``SummaryWriter``s (``torch.utils.tensorboard``), e.g. ``TensorBoardLogger.experiment``.
+            step: the global step.
+            modality: how the inputs are drawn and the tokens map onto them.
+            inputs: the tracked samples' model inputs (any structure ``explain`` takes).
+            shown: the tensor a person looks at: images ``[B, C, H, W]``, ``input_ids [B, T]`` or features ``[B, F]``.
+            sample_indices: validation index of each of the ``B`` samples.
+            explanations: method -> :class:`~lightning_gae.Explanation` of the samples.
+            maps: Captum method -> its attribution of the samples (input-shaped, or one value per unit).
+            scalars: ``scalar_tag(metric, method)`` -> value, as the loggers got them (for the Custom Scalars layout).
+            curves: metric -> method -> ``(fractions, mean score per fraction)``.
+            labels: ``[B]`` true classes, if known.
+            class_names: names of the classes, if the data module knows them.
+        """
+        if not explanations:
+            raise ValueError("TensorBoardViews.write needs at least one explanation")
+        inputs = map_tensors(inputs, lambda t: t.detach().cpu())
+        shown = shown.detach().cpu()
+        first = next(iter(explanations.values()))
+        raw: dict[str, tuple[Tensor, str]] = {m: (e.tokens.detach().float().cpu(), "tokens") for m, e in explanations.items()}
+        for method, attributions in (maps or {}).items():
+            raw[method] = (self._input_space(modality, attributions.detach().float().cpu(), shown, inputs), "input")
+        shown_maps = {m: self._display(modality, values, space, shown, inputs) for m, (values, space) in raw.items()}
+        scored = self._scored_units(modality, shown, inputs)
+        ranges = self._ranges(shown_maps, scored)
+        predictions = self._predictions(first, len(sample_indices))
+
+        values: list[Summary.Value] = []
+        for k, index in enumerate(sample_indices):
+            label = None if labels is None else int(labels[k])
+            header = self._header(index, label, predictions[k], class_names)
+            name = sample_tag(index)
+            images = {f"gae_heatmaps/{name}": self._picture(modality, shown, inputs, k, shown_maps, ranges, header, scored)}
+            if isinstance(modality, ImageTokens):
+                images[f"gae_evolution/{name}"] = self._evolution(modality, shown[k], index, step, shown_maps, ranges, k, header)
+            images = {tag: _bounded(picture) for tag, picture in images.items()}
+            for writer in writers:
+                for tag, picture in images.items():
+                    writer.add_image(tag, picture, step, dataformats="HWC")
+            if not isinstance(modality, ImageTokens):
+                # TensorBoard's own text summary: SummaryWriter.add_text would append "/text_summary" to the tag.
+                table = self._markdown(modality, shown, inputs, k, shown_maps, header)
+                values.extend(text_summary.text_pb(f"gae_tokens/{name}", table).value)
+            if not self._inputs_written:
+                values.append(self._input_value(modality, shown, inputs, k, index, label, class_names))
+            values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/prediction/{name}", predictions[k],
+                                          metadata.encode("prediction", sample=index)))
+            for order, (method, (tensor, space)) in enumerate(raw.items()):
+                values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/relevance/{method}/{name}", tensor[k].numpy(),
+                                              metadata.encode("relevance", sample=index, method=method, space=space,
+                                                              order=order)))
+        for metric, by_method in (curves or {}).items():
+            for method, (fractions, curve) in by_method.items():
+                points = np.stack([np.asarray(fractions, dtype=np.float64), curve.detach().double().cpu().numpy()])
+                values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/curve/{metric}/{method}", points,
+                                              metadata.encode("curve", metric=metric, method=method)))
+        self._inputs_written = True
+
+        metrics = {tag.split("/", 1)[0] for tag in scalars or {} if "/" in tag}
+        layout = custom_scalars_layout(self._charted | metrics) if not metrics <= self._charted else None
+        self._charted |= metrics
+        for writer in writers:
+            for method, exp in explanations.items():
+                writer.add_histogram(f"relevance/{method}", exp.tokens.detach().float().cpu(), step)
+            if layout:
+                # Written again when a metric first appears (stability needs two steps); TensorBoard reads the last.
+                writer.add_custom_scalars(layout)
+            # SummaryWriter has no public call for a tensor summary owned by another plugin; its own
+            # add_* methods write through this file writer the same way.
+            writer._get_file_writer().add_summary(Summary(value=values), step)
+            writer.flush()
+
+    # --- relevance in the units a person sees ---------------------------------------------------
+
+    @staticmethod
+    def _input_space(modality: Modality, attributions: Tensor, shown: Tensor, inputs: Any) -> Tensor:
+        """A Captum-style map in input units: pixels ``[B, H, W]``, or one value per token or feature."""
+        if isinstance(modality, ImageTokens):
+            return modality.pixel_map(attributions, shown)
+        return modality.unit_scores(attributions, inputs)
+
+    @staticmethod
+    def _display(modality: Modality, values: Tensor, space: str, shown: Tensor, inputs: Any) -> np.ndarray:
+        """``[B, ...]`` as drawn: the patch grid (token relevance) or pixels for images, one value per token or feature."""
+        if space == "input":
+            return values.numpy()
+        if isinstance(modality, ImageTokens):
+            rows, cols = shown.shape[-2] // modality.patch_size, shown.shape[-1] // modality.patch_size
+            if values.shape[1] != modality.prefix_tokens + rows * cols:
+                # A reshape alone would accept any multiple of the grid and draw other samples' patches.
+                raise ValueError(f"{values.shape[1]} tokens do not fit {modality!r} on {shown.shape[-2]}x"
+                                 f"{shown.shape[-1]} images ({modality.prefix_tokens} + {rows}x{cols} patches)")
+            return values[:, modality.prefix_tokens :].reshape(-1, rows, cols).numpy()
+        return modality.to_input(values, inputs).numpy()
+
+    @staticmethod
+    def _text_flags(modality: TextTokens, shown: Tensor, inputs: Any) -> tuple[Tensor, Tensor]:
+        """``(valid, muted)`` ``[B, T]``: real tokens (attention mask, else not padding), and special tokens."""
+        mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+        if isinstance(mask, Tensor) and mask.shape == shown.shape:
+            valid = mask != 0
+        elif modality.pad_id is not None:
+            valid = shown != modality.pad_id
+        else:
+            valid = torch.ones_like(shown, dtype=torch.bool)
+        muted = torch.isin(shown, torch.tensor(sorted(modality.special_ids), dtype=shown.dtype))
+        return valid, muted
+
+    def _scored_units(self, modality: Modality, shown: Tensor, inputs: Any) -> np.ndarray | None:
+        """bool ``[B, T]``: the text tokens that set the colour scale (real, not special); None for other modalities."""
+        if not isinstance(modality, TextTokens):
+            return None
+        valid, muted = self._text_flags(modality, shown, inputs)
+        return (valid & ~muted).numpy()
+
+    def _ranges(self, shown_maps: Mapping[str, np.ndarray], scored: np.ndarray | None) -> dict[str, list[tuple[float, float, bool]]]:
+        """Method -> per sample ``(vmin, vmax, saturated)``."""
+        out: dict[str, list[tuple[float, float, bool]]] = {}
+        for method, maps in shown_maps.items():
+            rows = [m[scored[k]] if scored is not None and scored[k].any() else m for k, m in enumerate(maps)]
+            if self.scale == "per_map":
+                out[method] = [(*visualize.value_range(r), False) for r in rows]
+                continue
+            if method not in self._fixed:
+                self._fixed[method] = visualize.value_range(np.concatenate([r.reshape(-1) for r in rows]))
+            vmin, vmax = self._fixed[method]
+            out[method] = [(vmin, vmax, bool(np.nanmax(np.abs(r)) > vmax)) for r in rows]
+        return out
+
+    @staticmethod
+    def _predictions(exp: Explanation, count: int) -> np.ndarray:
+        """``float64 [B, 3]``: predicted class, explained class, the explained class's probability (NaN if unknown)."""
+        out = np.full((count, 3), np.nan)
+        logits = exp.logits
+        if logits is not None and logits.dim() == 2:
+            probs = logits.detach().float().cpu().softmax(dim=-1)
+            out[:, 0] = probs.argmax(dim=-1).numpy()
+            if exp.target is not None:
+                target = exp.target.detach().cpu().long()
+                out[:, 1] = target.numpy()
+                out[:, 2] = probs.gather(1, target[:, None])[:, 0].numpy()
+        elif exp.target is not None:
+            out[:, 1] = exp.target.detach().cpu().numpy()
+        return out
+
+    @staticmethod
+    def _class(value: float | int | None, class_names: Sequence[str] | None) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "?"
+        number = int(value)
+        if class_names is not None and 0 <= number < len(class_names) and class_names[number] != str(number):
+            return f"{number} ({class_names[number]})"
+        return str(number)
+
+    def _header(self, index: int, label: int | None, prediction: np.ndarray, class_names: Sequence[str] | None) -> str:
+        parts = [f"val #{index}"]
+        if label is not None:
+            parts.append(f"label {self._class(label, class_names)}")
+        pred, target, prob = prediction.tolist()
+        if not math.isnan(pred):
+            parts.append(f"pred {self._class(pred, class_names)}" + ("" if math.isnan(prob) or pred != target else f", p={prob:.2f}"))
+        if not math.isnan(target) and target != pred:
+            parts.append(f"explains {self._class(target, class_names)}" + ("" if math.isnan(prob) else f", p={prob:.2f}"))
+        return " · ".join(parts)
+
+    # --- pictures -------------------------------------------------------------------------------
+
+    def _picture(self, modality: Modality, shown: Tensor, inputs: Any, k: int, shown_maps: Mapping[str, np.ndarray],
+                 ranges: Mapping[str, list[tuple[float, float, bool]]], header: str, scored: np.ndarray | None) -> np.ndarray:
+        if isinstance(modality, ImageTokens):
+            image = modality.display_image(shown[k]).numpy()
+            panels = [("input", visualize.enlarge(image, self.panel_px))]
+            for method, maps in shown_maps.items():
+                vmin, vmax, saturated = ranges[method][k]
+                heat = visualize.heatmap_panel(image, maps[k], self.panel_px, (vmin, vmax), alpha=self.alpha)
+                bar = visualize.colorbar(vmin, vmax, heat.shape[1], saturated=saturated)
+                panels.append((method, visualize.stack([heat, bar], axis=0, gap=3)))
+            return visualize.panel_row(panels, header)
+        if isinstance(modality, TextTokens):
+            valid, muted = self._text_flags(modality, shown, inputs)
+            keep = valid[k].numpy()
+            tokens = [t for t, v in zip(modality.token_strings(shown[k]), keep) if v]
+            rows = [(m, maps[k][keep], ranges[m][k][:2]) for m, maps in shown_maps.items()]
+            return visualize.token_rows(tokens, rows, muted=muted[k].numpy()[keep].tolist(), header=header)
+        if isinstance(modality, TabularTokens):
+            columns = [(m, maps[k], ranges[m][k][:2]) for m, maps in shown_maps.items()]
+            return visualize.feature_table(modality.feature_names, columns, values=shown[k].float().numpy(), header=header)
+        raise ValueError(f"TensorBoardViews draws ImageTokens, TextTokens and TabularTokens; got {type(modality).__name__}")
+
+    def _evolution(self, modality: ImageTokens, x: Tensor, index: int, step: int, shown_maps: Mapping[str, np.ndarray],
+                   ranges: Mapping[str, list[tuple[float, float, bool]]], k: int, header: str) -> np.ndarray:
+        image = modality.display_image(x).numpy()
+        cells = {m: visualize.heatmap_panel(image, maps[k], _EVOLUTION_PX, ranges[m][k][:2], alpha=self.alpha)
+                 for m, maps in shown_maps.items()}
+        history = self._history.setdefault(index, deque(maxlen=self.evolution_length))
+        history.append((step, cells))
+        # Empty columns first: the newest step is always the rightmost, and the picture never changes size.
+        slots: list[tuple[int, dict[str, np.ndarray]] | None] = [None] * (self.evolution_length - len(history)) + list(history)
+        shape = next(iter(cells.values())).shape[:2]
+        grid = [[None if slot is None else slot[1].get(m) for slot in slots] for m in shown_maps]
+        titles = ["" if slot is None else f"step {slot[0]}" for slot in slots]
+        return visualize.evolution_grid(grid, list(shown_maps), titles, shape, header)
+
+    def _markdown(self, modality: Modality, shown: Tensor, inputs: Any, k: int, shown_maps: Mapping[str, np.ndarray],
+                  header: str) -> str:
+        if isinstance(modality, TextTokens):
+            valid, _ = self._text_flags(modality, shown, inputs)
+            keep = valid[k].numpy()
+            units = [t for t, v in zip(modality.token_strings(shown[k]), keep) if v]
+            first = "token"
+        else:
+            keep = np.ones(len(modality.feature_names), dtype=bool)
+            units = [f"{n} = {v:.4g}" for n, v in zip(modality.feature_names, shown[k].float().tolist())]
+            first = "feature"
+        methods = list(shown_maps)
+        lines = [_markdown_cell(header), "", "| " + " | ".join([first, *methods]) + " |",
+                 "| --- |" + " ---: |" * len(methods)]
+        for u, unit in enumerate(units):
+            scores = [f"{shown_maps[m][k][keep][u]:.4g}" for m in methods]
+            lines.append("| " + " | ".join([_markdown_cell(unit), *scores]) + " |")
+        return "\n".join(lines)
+
+    # --- the dashboard's input summary ----------------------------------------------------------
+
+    def _input_value(self, modality: Modality, shown: Tensor, inputs: Any, k: int, index: int, label: int | None,
+                     class_names: Sequence[str] | None) -> Summary.Value:
+        fields: dict[str, Any] = {"sample": index, "position": k, "label": label,
+                                  "class_names": None if class_names is None else [str(c) for c in class_names]}
+        if isinstance(modality, ImageTokens):
+            pixels = (modality.display_image(shown[k]).numpy() * 255.0 + 0.5).astype(np.uint8)
+            rows, cols = shown.shape[-2] // modality.patch_size, shown.shape[-1] // modality.patch_size
+            fields.update(modality="image", prefix_tokens=modality.prefix_tokens, grid=[rows, cols],
+                          patch_size=modality.patch_size)
+            value = pixels
+        elif isinstance(modality, TextTokens):
+            valid, muted = self._text_flags(modality, shown, inputs)
+            fields.update(modality="text", valid=valid[k].tolist(), muted=muted[k].tolist())
+            value = np.array([t.encode("utf-8") for t in modality.token_strings(shown[k])], dtype=object)
+        elif isinstance(modality, TabularTokens):
+            fields.update(modality="tabular", prefix_tokens=modality.prefix_tokens, feature_names=modality.feature_names)
+            value = shown[k].double().numpy()
+        else:
+            raise ValueError(f"TensorBoardViews draws ImageTokens, TextTokens and TabularTokens; got {type(modality).__name__}")
+        return _tensor_summary(f"{metadata.TAG_PREFIX}/input/{sample_tag(index)}", value, metadata.encode("input", **fields))

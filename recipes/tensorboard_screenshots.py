@@ -1,0 +1,342 @@
+"""Screenshots of TensorBoard showing a run's logs, taken by a real headless Chromium, for the README.
+
+Run after ``lightning-gae fit --config configs/vit_digits.yaml``::
+
+    python -m recipes.tensorboard_screenshots runs/vit_digits recipes/figures
+
+It starts ``tensorboard --logdir <logdir>`` on a free loopback port, opens it in Debian's
+``chromium`` (``apt-get install chromium``) driven over the DevTools protocol on a pipe, and saves
+``tensorboard_gae_tab.png`` and ``tensorboard_gae_curves.png`` (the GAE dashboard),
+``tensorboard_images.png`` and ``tensorboard_custom_scalars.png``. The test of
+the dashboard (``tests/test_tensorboard_plugin.py``) drives the browser through the same
+:class:`Chromium` and :func:`tensorboard_server`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--remote-debugging-pipe",
+)
+
+
+def find_chromium() -> str | None:
+    """The path of a Chromium binary on PATH (Debian's ``chromium``), or None."""
+    return next((path for name in ("chromium", "chromium-browser") if (path := shutil.which(name))), None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def tensorboard_server(logdir: Path, timeout: float = 120.0) -> Iterator[str]:
+    """A real ``tensorboard`` on a free loopback port over ``logdir``; yields its base URL once it answers.
+
+    It runs in this interpreter's environment (``python -m tensorboard.main``), so it loads the
+    plugins that environment registers, and is stopped on exit.
+    """
+    port = free_port()
+    log = tempfile.TemporaryFile()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port),
+         "--reload_interval", "1"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/data/plugins_listing", timeout=5):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise RuntimeError(f"tensorboard did not start:\n{log.read().decode(errors='replace')}") from None
+                time.sleep(0.25)
+        yield base
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+class Chromium:
+    """A headless Chromium driven over the DevTools protocol on a pipe: no driver, no extra package.
+
+    ``--remote-debugging-pipe`` makes the browser read commands on file descriptor 3 and write
+    answers and events on 4, each a JSON message ended by a NUL byte.
+
+    Args:
+        executable: the browser binary.
+        width: viewport width in CSS pixels.
+        height: viewport height in CSS pixels.
+    """
+
+    def __init__(self, executable: str, width: int = 1400, height: int = 1000) -> None:
+        self._profile = tempfile.mkdtemp(prefix="chromium-")
+        commands_read, self._commands = os.pipe()
+        self._answers, answers_write = os.pipe()
+
+        def wire() -> None:  # in the child, before exec
+            os.dup2(commands_read, 3)
+            os.dup2(answers_write, 4)
+
+        self._process = subprocess.Popen(
+            [executable, *CHROMIUM_FLAGS, f"--user-data-dir={self._profile}", f"--window-size={width},{height}", "about:blank"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(3, 4), preexec_fn=wire,
+        )
+        os.close(commands_read)
+        os.close(answers_write)
+        self._buffer = b""
+        self._next_id = 0
+        self.events: list[dict[str, Any]] = []
+        self.width, self.height = width, height
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.send("Browser.close", timeout=10)
+        try:
+            self._process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        for fd in (self._commands, self._answers):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        shutil.rmtree(self._profile, ignore_errors=True)
+
+    def __enter__(self) -> Chromium:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _message(self, deadline: float) -> dict[str, Any]:
+        while b"\0" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._answers], [], [], remaining)[0]:
+                raise TimeoutError("Chromium did not answer in time")
+            chunk = os.read(self._answers, 1 << 20)
+            if not chunk:
+                raise RuntimeError("Chromium closed its DevTools pipe (did it crash?)")
+            self._buffer += chunk
+        raw, self._buffer = self._buffer.split(b"\0", 1)
+        return json.loads(raw)
+
+    def send(self, method: str, params: dict[str, Any] | None = None, session: str | None = None,
+             timeout: float = 60.0) -> dict[str, Any]:
+        """Send one DevTools command and return its result; events that arrive meanwhile go to :attr:`events`."""
+        self._next_id += 1
+        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = session
+        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = self._message(deadline)
+            if answer.get("id") == self._next_id:
+                if "error" in answer:
+                    raise RuntimeError(f"{method}: {answer['error']}")
+                return answer.get("result", {})
+            self.events.append(answer)
+
+    def open(self, url: str) -> Page:
+        """A new tab showing ``url``, with script errors and console messages recorded."""
+        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        page = Page(self, session)
+        for domain in ("Page", "Runtime", "Log"):
+            page.send(f"{domain}.enable")
+        page.send("Emulation.setDeviceMetricsOverride",
+                  {"width": self.width, "height": self.height, "deviceScaleFactor": 1, "mobile": False})
+        page.send("Page.navigate", {"url": url})
+        return page
+
+
+class Page:
+    """One tab of :class:`Chromium`."""
+
+    def __init__(self, browser: Chromium, session: str) -> None:
+        self.browser = browser
+        self.session = session
+
+    def send(self, method: str, params: dict[str, Any] | None = None, timeout: float = 60.0) -> dict[str, Any]:
+        return self.browser.send(method, params, self.session, timeout)
+
+    def evaluate(self, expression: str) -> Any:
+        """The value of a JavaScript expression in the tab's top frame (promises are awaited)."""
+        result = self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True})
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression!r} threw: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 60.0) -> Any:
+        """Poll ``expression`` until it is truthy (in JavaScript); return its value (True for an element or object).
+
+        An expression that throws (the page is not there yet) counts as false.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.evaluate(f"(() => {{ try {{ const v = ({expression}); return v ? (typeof v === 'object' ? true : v) : false; }} "
+                                  "catch (error) { return false; } })()")
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"waited {timeout:.0f} s for {expression!r}")
+            time.sleep(0.2)
+
+    def press(self, key: str, code: int) -> None:
+        """Press and release a key in the focused element (``key`` as in DOM's ``KeyboardEvent.key``)."""
+        for kind in ("rawKeyDown", "keyUp"):
+            self.send("Input.dispatchKeyEvent", {"type": kind, "key": key, "code": key, "windowsVirtualKeyCode": code})
+
+    def script_errors(self) -> list[str]:
+        """Uncaught exceptions and ``console.error`` calls of every frame of this tab so far."""
+        errors = []
+        for event in self.browser.events:
+            if event.get("sessionId") != self.session:
+                continue
+            params = event.get("params", {})
+            if event.get("method") == "Runtime.exceptionThrown":
+                details = params["exceptionDetails"]
+                errors.append(details.get("exception", {}).get("description") or details.get("text", "exception"))
+            elif event.get("method") == "Runtime.consoleAPICalled" and params.get("type") == "error":
+                errors.append(" ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", [])))
+        return errors
+
+    def screenshot(self, path: Path, clip: dict[str, float] | None = None) -> None:
+        """Save the viewport (or ``clip``: x, y, width, height in CSS pixels) as a PNG."""
+        params: dict[str, Any] = {"format": "png", "captureBeyondViewport": clip is not None}
+        if clip:
+            params["clip"] = {**clip, "scale": 1}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(self.send("Page.captureScreenshot", params)["data"]))
+
+
+# The GAE tab lives in an iframe TensorBoard creates; it is same-origin, so the top frame can read it.
+DASHBOARD = "document.querySelector('iframe').contentDocument"
+
+# TensorBoard's own dashboards are Polymer elements: their parts are inside shadow roots.
+DEEP = """((selector, text) => {
+  const seek = (root) => {
+    for (const hit of root.querySelectorAll(selector)) if (!text || hit.textContent.includes(text)) return hit;
+    for (const node of root.querySelectorAll('*')) if (node.shadowRoot) { const hit = seek(node.shadowRoot); if (hit) return hit; }
+    return null;
+  };
+  return seek(document);
+})"""
+
+
+def _settle(page: Page, seconds: float = 2.0) -> None:
+    """Let charts finish their transitions before a screenshot (a picture, not a test: waiting is fine)."""
+    time.sleep(seconds)
+    page.evaluate("new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
+
+
+def gae_tab(page: Page, output: Path) -> list[Path]:
+    page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard[data-rendered-step]')", timeout=180)
+    # Hover a patch of the first GAE map, so the picture shows the read-out.
+    left, top, width, height = page.evaluate(f"""(() => {{
+        const frame = document.querySelector('iframe').getBoundingClientRect();
+        const r = {DASHBOARD}.querySelector('canvas.gae-heatmap').getBoundingClientRect();
+        return [frame.left + r.left, frame.top + r.top, r.width, r.height];
+    }})()""")
+    page.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": left + width * 0.6, "y": top + height * 0.4})
+    _settle(page, 0.5)
+    first = output / "tensorboard_gae_tab.png"
+    page.screenshot(first)
+    page.evaluate(f"{DASHBOARD}.querySelector('#gae-tooltip').style.display = 'none'")
+    page.evaluate(f"{DASHBOARD}.querySelector('.gae-curves').scrollIntoView({{block: 'end'}})")
+    _settle(page, 0.5)
+    # The curves and their section title, where they are on screen now.
+    x, y, w, h = page.evaluate(f"""(() => {{
+        const frame = document.querySelector('iframe').getBoundingClientRect();
+        const curves = {DASHBOARD}.querySelector('.gae-curves');
+        const top = curves.previousElementSibling.getBoundingClientRect().top;
+        const r = curves.getBoundingClientRect();
+        const right = Math.max(...[...curves.children].map((c) => c.getBoundingClientRect().right));
+        return [frame.left, frame.top + top - 8, right + 16, r.bottom - top + 16];
+    }})()""")
+    second = output / "tensorboard_gae_curves.png"
+    page.screenshot(second, clip={"x": x, "y": y, "width": w, "height": h})
+    return [first, second]
+
+
+def images_tab(page: Page, output: Path) -> list[Path]:
+    page.wait_for(f"{DEEP}('img') && {DEEP}('img').naturalWidth > 0", timeout=180)
+    # TensorBoard fits images to 350 px cards unless "Show actual image size" is ticked.
+    page.evaluate(f"{DEEP}('paper-checkbox', 'actual image size').click()")
+    page.evaluate(f"{DEEP}('.heading', 'gae_evolution') && {DEEP}('.heading', 'gae_evolution').click()")
+    _settle(page)
+    path = output / "tensorboard_images.png"
+    page.screenshot(path)
+    return [path]
+
+
+def custom_scalars_tab(page: Page, output: Path) -> list[Path]:
+    page.wait_for(f"{DEEP}('tf-custom-scalar-multi-line-chart-card')", timeout=180)
+    _settle(page, 4.0)
+    path = output / "tensorboard_custom_scalars.png"
+    page.screenshot(path, clip={"x": 0, "y": 0, "width": page.browser.width, "height": 900})
+    return [path]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("logdir", type=Path, help="TensorBoard's logdir, e.g. runs/vit_digits")
+    parser.add_argument("output", type=Path, help="folder for the PNGs")
+    args = parser.parse_args(argv)
+    chromium = find_chromium()
+    if chromium is None:
+        raise SystemExit("no chromium on PATH: install it (Debian: apt-get install chromium)")
+    # 1600 px: the Images tab's cards then fit four 256 px panels at their actual size.
+    with tensorboard_server(args.logdir) as base, Chromium(chromium, width=1600, height=1000) as browser:
+        for tab, shoot in (("gae", gae_tab), ("images", images_tab), ("custom_scalars", custom_scalars_tab)):
+            page = browser.open(f"{base}/#{tab}")
+            for path in shoot(page, args.output):
+                print(f"wrote {path}")
+            errors = page.script_errors()
+            if errors:
+                raise SystemExit(f"the {tab} tab logged script errors: {errors}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,247 @@
+"""TensorBoard views of a real run: the GAE dashboard served by a real ``tensorboard``, driven by a real Chromium,
+and the standard tabs' pictures read back from the event files."""
+
+import base64
+import io
+import json
+import re
+import urllib.error
+import urllib.request
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.loggers import TensorBoardLogger
+from matplotlib import image as mpimg
+from tensorboard.backend.event_processing import plugin_event_accumulator
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
+
+from lightning_gae import ImageTokens, explain, visualize
+from lightning_gae.callbacks import GAECallback
+from lightning_gae.metrics import PerturbationAUC
+from lightning_gae.tensorboard import TensorBoardViews, custom_scalars_layout, scalar_tag
+from recipes.digits import DigitsDataModule
+from recipes.tensorboard_screenshots import DASHBOARD, Chromium, find_chromium, get_json, tensorboard_server
+from recipes.vit import ViTClassifier
+
+METHODS = ("gae", "rollout")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A short real fit with GAECallback: 2 epochs of 4 steps, explained after each (steps 4 and 8)."""
+    root = tmp_path_factory.mktemp("tb")
+    seed_everything(0)
+    callback = GAECallback(num_samples=3, methods=METHODS)
+    model = ViTClassifier(dim=32, depth=2, heads=2, dropout=0.1)
+    data = DigitsDataModule(batch_size=32)
+    trainer = Trainer(default_root_dir=root, max_epochs=2, limit_train_batches=4, limit_val_batches=2,
+                      logger=TensorBoardLogger(root, name="runs"), callbacks=[callback], enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, accelerator="cpu")
+    trainer.fit(model, data)
+    x, y = data.val_set.tensors
+    index = torch.tensor(callback.sample_indices)
+    return {"logdir": Path(trainer.logger.log_dir), "callback": callback, "model": model, "x": x[index], "y": y[index]}
+
+
+@pytest.fixture(scope="module")
+def served(run):
+    """One real ``tensorboard`` over the run for the tests that talk to it (starting one takes seconds)."""
+    with tensorboard_server(run["logdir"].parent) as base:
+        yield base
+
+
+def test_the_plugin_is_registered_through_tensorboards_entry_point():
+    found = {e.name: e.value for e in importlib_metadata.entry_points(group="tensorboard_plugins")}
+    assert found.get("gae") == "lightning_gae.tensorboard.plugin:GAEDashboardLoader", (
+        "the installed lightning-gae does not register its TensorBoard plugin; reinstall it: pip install -e ."
+    )
+
+
+def test_a_real_tensorboard_serves_the_relevance_explain_gives(run, served):
+    model, x, callback = run["model"], run["x"], run["callback"]
+    name, base = run["logdir"].name, served
+    listing = get_json(f"{base}/data/plugins_listing")
+    assert listing["gae"]["enabled"] and listing["gae"]["tab_name"] == "GAE"
+    assert listing["gae"]["loading_mechanism"] == {"type": "IFRAME", "module_path": "/data/plugin/gae/index.js"}
+    with urllib.request.urlopen(f"{base}/data/plugin/gae/index.js") as response:
+        assert "export async function render" in response.read().decode()
+
+    plugin = f"{base}/data/plugin/gae"
+    assert get_json(f"{plugin}/runs")["runs"] == [name]
+    info = get_json(f"{plugin}/run?run={name}")
+    assert info["steps"] == [4, 8]
+    assert info["methods"] == list(METHODS)
+    assert info["metrics"] == ["negative_perturbation_auc", "positive_perturbation_auc"]
+    samples = info["samples"]
+    assert [s["sample"] for s in samples] == callback.sample_indices
+    for sample, image, label in zip(samples, x, run["y"]):
+        assert sample["modality"] == "image" and sample["grid"] == [4, 4] and sample["prefix_tokens"] == 1
+        assert sample["label"] == int(label) and sample["class_names"] == [str(i) for i in range(10)]
+        pixels = np.frombuffer(base64.b64decode(sample["input"]["rgb"]), dtype=np.uint8).reshape(8, 8, 3)
+        expected = np.round(image[0].numpy() * 255).astype(np.uint8)
+        np.testing.assert_array_equal(pixels, np.repeat(expected[..., None], 3, axis=-1))
+
+    last = get_json(f"{plugin}/step?run={name}&step=8")
+    first = get_json(f"{plugin}/step?run={name}&step=4")
+    # The last explanation ran after the last training step, so explaining the final model now gives it again.
+    for method in METHODS:
+        exp = explain(model, x, method=method)
+        for k, index in enumerate(callback.sample_indices):
+            at_last = last["samples"][str(index)]["relevance"][method]
+            assert at_last["space"] == "tokens"
+            torch.testing.assert_close(torch.tensor(at_last["values"]), exp.tokens[k], rtol=1e-5, atol=1e-7)
+            assert first["samples"][str(index)]["relevance"][method]["values"] != at_last["values"]
+    with torch.no_grad():
+        logits = model.eval()(x)
+    probs = logits.softmax(-1)
+    for k, index in enumerate(callback.sample_indices):
+        prediction = last["samples"][str(index)]["prediction"]
+        assert prediction["pred"] == prediction["target"] == int(logits[k].argmax())
+        assert prediction["probability"] == pytest.approx(float(probs[k].max()), abs=1e-5)
+
+    exp = explain(model, x)
+    metric = PerturbationAUC(model, ImageTokens(patch_size=2), order="positive")
+    metric.update(x, exp.tokens, exp.target)
+    curve = last["curves"]["positive_perturbation_auc"]
+    assert set(curve) == {*METHODS, "random"}
+    np.testing.assert_allclose(curve["gae"]["fractions"], metric.fractions)
+    np.testing.assert_allclose(curve["gae"]["values"], metric.curve().numpy(), atol=1e-6)
+
+    with pytest.raises(urllib.error.HTTPError) as missing:
+        get_json(f"{plugin}/step?run={name}&step=5")
+    assert missing.value.code == 404 and "no GAE dashboard data at step 5" in missing.value.read().decode()
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_chromium_shows_the_gae_tab_and_the_step_slider_replays_training(run, served):
+    heatmap = f"{DASHBOARD}.querySelector('canvas.gae-heatmap[data-method=gae]')"
+    rendered = f"{DASHBOARD}.querySelector('#gae-dashboard').dataset.renderedStep"
+    with Chromium(find_chromium(), width=1200, height=900) as browser:
+        page = browser.open(f"{served}/#gae")
+        page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard[data-rendered-step]')")
+        assert page.evaluate(rendered) == "8", "the dashboard opens at the last step"
+        assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap').length") == 3 * len(METHODS)
+        assert page.evaluate(f"{DASHBOARD}.querySelectorAll('svg.gae-curve').length") == 2
+        last_pixels = page.evaluate(f"{heatmap}.toDataURL()")
+
+        # Hover the patch in row 1, column 2 of the first sample's GAE map: the tooltip reads its value.
+        box = page.evaluate(f"""(() => {{
+            const frame = document.querySelector('iframe').getBoundingClientRect();
+            const r = {heatmap}.getBoundingClientRect();
+            return [frame.left + r.left, frame.top + r.top, r.width, r.height];
+        }})()""")
+        left, top, width, height = box
+        page.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": left + width * 2.5 / 4, "y": top + height * 1.5 / 4})
+        tip = page.wait_for(f"{DASHBOARD}.querySelector('#gae-tooltip').style.display === 'block' && "
+                            f"{DASHBOARD}.querySelector('#gae-tooltip').textContent")
+        exp = explain(run["model"], run["x"])
+        assert tip.startswith("gae · patch (1, 2): ")
+        assert float(tip.rsplit(": ", 1)[1]) == pytest.approx(float(exp.tokens[0, 1 + 1 * 4 + 2]), rel=5e-3)
+
+        page.evaluate(f"{DASHBOARD}.querySelector('#gae-step').focus()")
+        page.press("ArrowLeft", 37)
+        page.wait_for(f"{rendered} === '4'")
+        assert page.evaluate(f"{DASHBOARD}.querySelector('#gae-step-label').textContent") == "step 4 (1 of 2)"
+        assert page.evaluate(f"{heatmap}.toDataURL()") != last_pixels, "moving the slider must redraw the heatmap"
+        assert page.script_errors() == []
+
+
+# --- the standard tabs, read back from the event file -----------------------------------------------------
+
+
+def _events(logdir):
+    acc = EventAccumulator(str(logdir), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def _png(event):
+    return (mpimg.imread(io.BytesIO(event.encoded_image_string), format="png")[..., :3] * 255 + 0.5).astype(np.uint8)
+
+
+def _find(picture, part):
+    """Top-left corners where ``part`` occurs in ``picture`` exactly."""
+    (h, w), (height, width) = part.shape[:2], picture.shape[:2]
+    candidates = np.ones((height - h + 1, width - w + 1), dtype=bool)
+    for dr in {0, h // 3, h // 2, h - 1}:
+        for dc in {0, w // 4, w // 2, 3 * w // 4, w - 1}:
+            candidates &= (picture[dr : dr + height - h + 1, dc : dc + width - w + 1] == part[dr, dc]).all(-1)
+    return [(r, c) for r, c in np.argwhere(candidates) if np.array_equal(picture[r : r + h, c : c + w], part)]
+
+
+def _ink_bands(rows_with_ink):
+    """Runs of consecutive True rows: the text lines."""
+    bands, start = [], None
+    for i, inked in enumerate([*rows_with_ink, False]):
+        if inked and start is None:
+            start = i
+        elif not inked and start is not None:
+            bands.append((start, i))
+            start = None
+    return bands
+
+
+def test_each_tracked_sample_is_one_picture_of_every_method_at_a_readable_size(run):
+    acc = _events(run["logdir"])
+    callback = run["callback"]
+    line_h = visualize.text_line("Xg").shape[0]
+    for sample, image in zip(callback.sample_indices, run["x"]):
+        events = acc.Images(f"gae_heatmaps/val_{sample}")
+        assert [e.step for e in events] == [4, 8]
+        picture = _png(events[-1])
+        # The input panel is the digit enlarged to 256 px, pixel for pixel.
+        panel = visualize.enlarge(ImageTokens(patch_size=2).display_image(image).numpy(), 256)
+        (top, left), = _find(picture, panel)
+        assert panel.shape[:2] == (256, 256)
+        # Above the panels: the header line and one title line, nothing more.
+        bands = _ink_bands((picture[:top] < 200).any(-1).any(-1))
+        assert len(bands) == 2 and all(b - a <= line_h for a, b in bands)
+        # Input and every method side by side: three 256 px panels wide, each map over its colorbar.
+        assert picture.shape[1] >= 3 * 256
+        ramp = visualize.colorize(np.linspace(0, 1, 256), 0, 1, visualize.SEQUENTIAL_CMAP)
+        assert len(_find(picture, ramp[None])) >= len(METHODS) * 10, "every map needs its colorbar"
+    strips = [_png(e) for s in callback.sample_indices for e in acc.Images(f"gae_evolution/val_{s}")]
+    assert len(strips) == 6 and len({s.shape for s in strips}) == 1, "evolution strips keep one size"
+    assert not np.array_equal(strips[0], strips[1])
+
+
+def test_scalars_are_grouped_by_metric_and_charted_together(run):
+    acc = _events(run["logdir"])
+    scalars = acc.Tags()["scalars"]
+    for metric in ("positive_perturbation_auc", "negative_perturbation_auc"):
+        assert {scalar_tag(metric, m) for m in (*METHODS, "random")} <= set(scalars)
+    layout = layout_pb2.Layout()
+    layout.ParseFromString(acc.Tensors("custom_scalars__config__")[-1].tensor_proto.string_val[0])
+    charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
+    expected = custom_scalars_layout(["positive_perturbation_auc", "negative_perturbation_auc", "relevance_concentration",
+                                      "relevance_stability_spearman", "relevance_stability_topk_overlap"])
+    assert charts == {chart: spec[1] for category in expected.values() for chart, spec in category.items()}
+    pattern = re.compile(charts["positive_perturbation_auc"][0])
+    assert sorted(t for t in scalars if pattern.search(t)) == sorted(scalar_tag("positive_perturbation_auc", m)
+                                                                     for m in (*METHODS, "random"))
+
+
+def test_the_dashboard_tensors_name_the_plugin(run):
+    acc = plugin_event_accumulator.EventAccumulator(str(run["logdir"]), size_guidance={"tensors": 0})
+    acc.Reload()
+    ours = [t for t in acc.Tags()["tensors"] if t.startswith("gae_dashboard/")]
+    assert ours and all(acc.SummaryMetadata(t).plugin_data.plugin_name == "gae" for t in ours)
+    described = [json.loads(acc.SummaryMetadata(t).plugin_data.content) for t in ours]
+    assert {d["kind"] for d in described} == {"input", "prediction", "relevance", "curve"}
+
+
+def test_token_relevance_that_does_not_fit_the_patch_grid_is_an_error():
+    # 16 patch tokens + CLS of 8x8 digits with patch_size=2; patch_size=4 means a 2x2 grid, of which
+    # 16 tokens are a multiple: a reshape alone would draw four maps per sample, the wrong ones.
+    x = torch.rand(2, 1, 8, 8)
+    exp = explain(ViTClassifier(dim=32, depth=2, heads=2), x)
+    views = TensorBoardViews()
+    with pytest.raises(ValueError, match=r"17 tokens do not fit ImageTokens\(patch_size=4, prefix_tokens=1\) on 8x8 "
+                                         r"images \(1 \+ 2x2 patches\)"):
+        views.write([], 0, modality=ImageTokens(patch_size=4), inputs=x, shown=x, sample_indices=[0, 1],
+                    explanations={"gae": exp})
