@@ -151,7 +151,7 @@ class GAECallback(Callback):
     * faithfulness scalars ``<metric>/<method>`` for every method, every Captum baseline and
       ``random`` (seeded uniform relevance, the floor): the ``metrics`` named (default: positive and
       negative perturbation AUC, :mod:`lightning_gae.metrics`); and, when the batches carry ground
-      truth, ``segmentation_{pixel_accuracy,miou,average_precision}/<method>`` (image masks) or
+      truth, ``segmentation_{pixel_accuracy,miou,mean_ap}/<method>`` (image masks) or
       ``rationale_{token_f1,auprc}/<method>`` (rationale tokens); a Custom Scalars layout charts
       each metric with one line per method;
     * for the "GAE" tab of TensorBoard (:mod:`lightning_gae.tensorboard.plugin`): the raw relevance
