@@ -444,7 +444,10 @@ class GAECallback(Callback):
         """
         with isolate_rng():
             try:
-                self._collect(trainer)
+                # validate() runs its hooks in inference mode, and a tensor made there can never take part
+                # in autograd: the labels, the explained class of target="label", would fail every explanation.
+                with torch.inference_mode(False):
+                    self._collect(trainer)
             except ValueError:
                 raise
             except Exception as err:
