@@ -12,8 +12,9 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_gae import ImageTokens, TextTokens
+from lightning_gae import ImageTokens, TextTokens, explain
 from lightning_gae.callbacks import GAECallback
+from lightning_gae.metrics import PositivePerturbationAUC
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
 
@@ -57,6 +58,38 @@ def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp
         assert math.isfinite(logged[f"{metric}/gae"][0]) and f"{metric}/random" in logged
     assert "positive_perturbation_auc/gae" not in logged
     assert all(m.device.type == "cpu" for m in callback._metric_objects.values())
+
+
+@pytest.mark.parametrize(
+    "target,with_labels,protocol",
+    [("pred", True, "predicted"), ("pred", False, "target"), ("label", True, "target")],
+    ids=["prediction checked against labels", "prediction without labels", "label"],
+)
+def test_perturbation_metrics_follow_the_papers_protocol_for_the_explained_class(tmp_path, target, with_labels, protocol):
+    # Chefer et al. (CVPR 2021, Table 1): explaining the prediction, a perturbed input counts as correct
+    # while the model still predicts the label ("predicted": the 0% step is the accuracy); explaining
+    # the label (or the prediction, when there are no labels) it counts while the model predicts that class.
+    seed_everything(0)
+    options = {} if with_labels else {"batch_labels": lambda batch: None}
+    callback = GAECallback(num_samples=8, target=target, metrics=("positive_perturbation_auc",),
+                           random_baseline=False, **options)
+    model = ViTClassifier(dim=32, depth=2, heads=2)
+    trainer = make_trainer(tmp_path, [callback])
+    data = DigitsDataModule(batch_size=32)
+    trainer.validate(model, data)
+    x, labels = data.val_set[callback.sample_indices]
+    exp = explain(model, x, target=labels if target == "label" else None)
+    modality = ImageTokens(patch_size=2)
+    metric = PositivePerturbationAUC(model, modality, protocol=protocol)
+    metric.update(x, exp.tokens, labels if with_labels else None)
+    logged = scalars(trainer)["positive_perturbation_auc/gae"]
+    assert logged == [pytest.approx(metric.compute().item(), abs=1e-4)]
+    if protocol == "predicted":
+        # The untrained model mispredicts some samples, so scoring its prediction as the class differs.
+        assert (exp.logits.argmax(dim=1) != labels).any()
+        as_target = PositivePerturbationAUC(model, modality, protocol="target")
+        as_target.update(x, exp.tokens, exp.target)
+        assert logged[0] != pytest.approx(as_target.compute().item(), abs=1e-3)
 
 
 def test_an_unknown_metric_is_an_error_in_setup(tmp_path):

@@ -620,11 +620,20 @@ class GAECallback(Callback):
         out: dict[str, float] = {}
         modality = self._modality
         self._curves = {}
+        # The papers' protocols (Chefer et al., CVPR 2021, Table 1): explaining the prediction is scored against
+        # the labels ("predicted": its 0% step is the accuracy); explaining a given class (the label, or the
+        # prediction when the batches carry no class labels) scores that class ("target").
+        labels = self._labels
+        if self.target == "pred" and labels is not None and labels.dim() == 1 and not labels.is_floating_point():
+            protocol, reference = "predicted", labels.to(pl_module.device)
+        else:
+            protocol, reference = "target", target
         for name in self.metrics:
             for method, attributions in scored.items():
-                metric = self._metric(name, pl_module, lambda: perturbation_metric(
-                    name, pl_module, modality, max_batch=self.metric_max_batch, sync_on_compute=False))
-                metric.update(inputs, attributions, target)
+                metric = self._metric(f"{name}/{protocol}", pl_module, lambda: perturbation_metric(
+                    name, pl_module, modality, protocol=protocol, max_batch=self.metric_max_batch,
+                    sync_on_compute=False))
+                metric.update(inputs, attributions, reference)
                 out[scalar_tag(name, method)] = metric.compute().item()
                 if hasattr(metric, "curve"):
                     self._curves.setdefault(name, {})[method] = (metric.fractions, metric.curve().cpu())
