@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_gae import ImageTokens, TextTokens, explain
 from lightning_gae.callbacks import GAECallback
-from lightning_gae.metrics import PositivePerturbationAUC
+from lightning_gae.metrics import PositivePerturbationAUC, random_attribution
+from lightning_gae.metrics.functional import relevance_segmentation
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
 
@@ -147,13 +148,31 @@ def test_segmentation_is_scored_when_the_batch_has_masks(tmp_path):
     seed_everything(0)
     callback = GAECallback(num_samples=8, methods=("gae",), metrics=())
     trainer = make_trainer(tmp_path, [callback], max_epochs=3, limit_train_batches=16)
-    trainer.fit(SquaresViT(num_classes=4, dim=32, depth=2, heads=2, dropout=0.0, lr=3e-3))
+    model = SquaresViT(num_classes=4, dim=32, depth=2, heads=2, dropout=0.0, lr=3e-3)
+    trainer.fit(model)
     logged = scalars(trainer)
     for method in ("gae", "random"):
-        for key in ("pixel_accuracy", "miou", "average_precision"):
-            assert all(0.0 <= v <= 1.0 for v in logged[f"segmentation_{key}/{method}"])
-    # The evidence is the square: once trained, GAE finds it far better than the random floor.
-    assert logged["segmentation_average_precision/gae"][-1] > logged["segmentation_average_precision/random"][-1] + 0.2
+        for key in ("pixel_accuracy", "miou", "mean_ap"):
+            values = logged[f"segmentation_{key}/{method}"]
+            assert len(values) == 3 and all(0.0 <= v <= 1.0 for v in values)
+    # Each tracked sample's map is scored against its own mask: the last step's scalars are those of
+    # the trained model's explanations of exactly these samples. No margin over random is asserted:
+    # measured over seeds 0-2, after the first epoch (accuracy near chance) GAE segments the bright
+    # square (mIoU 0.80-0.91, random 0.385), but once trained (accuracy 1.0) GAE credits the
+    # background for the bright class (so does the dense float64 GAE of tests/oracle.py) and the last
+    # step's mean AP is 0.50-0.65 against random's 0.594, its mIoU and pixel accuracy below random's.
+    data = Squares(64, 1)
+    index = torch.tensor(callback.sample_indices)
+    images, masks = data.images[index], data.masks[index]
+    tokens = explain(model, images, method="gae").tokens
+    expected = {"gae": tokens, "random": random_attribution(tokens, callback.seed)}
+    for method, relevance in expected.items():
+        direct = relevance_segmentation(ImageTokens(patch_size=2).to_input(relevance, images), masks)
+        for key, value in direct.items():
+            assert logged[f"segmentation_{key}/{method}"][-1] == pytest.approx(value.item(), abs=1e-5), (method, key)
+    # Against other samples' masks the same maps score differently: the pairing is what was checked.
+    shifted = relevance_segmentation(ImageTokens(patch_size=2).to_input(tokens, images), masks.roll(1, dims=0))
+    assert shifted["mean_ap"].item() != pytest.approx(logged["segmentation_mean_ap/gae"][-1], abs=1e-3)
 
 
 # --- ground truth in the batch: rationales ---------------------------------------------------------
