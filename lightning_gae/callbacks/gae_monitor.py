@@ -28,7 +28,7 @@ from lightning_gae.metrics import (
     random_attribution,
 )
 from lightning_gae.metrics.functional import explanation_stability
-from lightning_gae.modalities import ImageTokens, Modality, TextTokens
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.tensorboard.summary import Scale, TensorBoardViews, scalar_tag
 
 __all__ = ["GAECallback"]
@@ -215,9 +215,11 @@ class GAECallback(Callback):
 
     Raises:
         ValueError: in ``setup``: an unknown method, metric or Captum baseline, a bad schedule,
-            target, ``dataloader_idx``, ``heatmap_scale`` or ``evolution_length``, or a strategy that
-            shards the model (FSDP, DeepSpeed stage 3, ``ModelParallelStrategy``): explanations run on
-            rank zero only, so a sharded forward would wait forever for the other ranks.
+            target, ``dataloader_idx``, ``heatmap_scale`` or ``evolution_length``, a ``TabularTokens``
+            without ``means`` while perturbation ``metrics`` are on (a removed feature needs a value),
+            or a strategy that shards the model (FSDP, DeepSpeed stage 3, ``ModelParallelStrategy``):
+            explanations run on rank zero only, so a sharded forward would wait forever for the other
+            ranks.
             When ``fit`` starts (``validate``: when validation starts): no validation dataloader,
             no ``dataloader_idx`` among them, a ``sample_indices`` outside the samples read,
             ``target="label"`` without labels, a model that cannot be explained on the samples
@@ -340,6 +342,12 @@ class GAECallback(Callback):
                              "colour range) or 'fixed' (each method's range from its first step)")
         if self.evolution_length < 1:
             raise ValueError(f"GAECallback(evolution_length={self.evolution_length}): use a positive integer")
+        if isinstance(self.modality, TabularTokens) and self.modality.means is None and self.metrics:
+            raise ValueError(
+                f"GAECallback(metrics={list(self.metrics)}) removes features, but modality={self.modality!r} has no "
+                "value to put in their place: build it with TabularTokens(..., means=[...]) (the training features' "
+                "means, in the scale the model sees) or TabularTokens(...).fit(train_features), or pass metrics=()"
+            )
         index = self.dataloader_idx
         if isinstance(index, bool) or not isinstance(index, (int, str)) or (isinstance(index, int) and index < 0):
             raise ValueError(f"GAECallback(dataloader_idx={index!r}): use a position 0, 1, ... or the key of a "
