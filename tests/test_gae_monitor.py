@@ -162,8 +162,11 @@ def test_resume_tracks_the_same_samples(tmp_path):
     assert "relevance_stability_spearman/gae" in events(trainer.logger.log_dir).Tags()["scalars"]
 
 
-def test_validate_under_inference_mode_logs_heatmaps(tmp_path):
-    callback = GAECallback(num_samples=2)
+@pytest.mark.parametrize("target", ["pred", "label"])
+def test_validate_under_inference_mode_logs_heatmaps(tmp_path, target):
+    # validate() reads the samples in inference mode: the labels, explained with target="label",
+    # must still be usable by autograd.
+    callback = GAECallback(num_samples=2, target=target)
     trainer = make_trainer(tmp_path, [callback], inference_mode=True)
     with _no_skip_warning():
         trainer.validate(small_model(), DigitsDataModule(batch_size=32))

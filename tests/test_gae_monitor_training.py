@@ -353,18 +353,23 @@ def test_text_model_with_dict_batches_and_padding(tmp_path):
     assert "| token | gae | rollout |" in table and table.count("\n|") > 5
 
 
-def test_tabular_model_on_breast_cancer_features(tmp_path):
+def breast_cancer():
+    """Standardised features ``x [569, 30]``, labels, the train/val split and the feature names."""
     from sklearn.datasets import load_breast_cancer
 
-    seed_everything(0)
     data = load_breast_cancer()
     x = torch.as_tensor(data.data, dtype=torch.float32)
     x = (x - x.mean(0)) / x.std(0)
     y = torch.as_tensor(data.target)
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    train, val = order[:450], order[450:]
-    callback = GAECallback(num_samples=2, methods=("gae", "rollout"),
-                           modality=TabularTokens(feature_names=list(data.feature_names)).fit(x[train]))
+    return x, y, order[:450], order[450:], list(data.feature_names)
+
+
+def test_tabular_model_on_breast_cancer_features(tmp_path):
+    seed_everything(0)
+    x, y, train, val, names = breast_cancer()
+    # The perturbation metrics put the training means in place of a removed feature.
+    callback = GAECallback(num_samples=2, methods=("gae", "rollout"), modality=TabularTokens(names).fit(x[train]))
     trainer = make_trainer(tmp_path, [callback])
     with no_skipped_explanation():
         trainer.fit(FTTransformer(x.shape[1]),
@@ -372,7 +377,23 @@ def test_tabular_model_on_breast_cancer_features(tmp_path):
                     DataLoader(TensorDataset(x[val], y[val]), batch_size=64))
     acc = events(trainer.logger.log_dir)
     assert_heatmaps_at_steps(acc, callback, EPOCH_END_STEPS)
+    for method in ("gae", "rollout", "random"):
+        assert [e.step for e in acc.Scalars(f"positive_perturbation_auc/{method}")] == EPOCH_END_STEPS
     table = decoded(acc, f"gae_heatmaps/val_{callback.sample_indices[0]}")
     assert_rgb_picture(table)
     # One row per feature, 30 of them: the table is tall and the cells' colours cover a real area.
     assert table.shape[0] > 30 * 20 and colormap_pixels(table) > 500
+
+
+def test_tabular_tokens_without_means_and_with_metrics_stop_the_run_in_setup(tmp_path):
+    # Removing a feature needs a value to put in its place: without means every step's metrics would fail.
+    x, y, train, val, names = breast_cancer()
+    trainer = make_trainer(tmp_path, [GAECallback(num_samples=2, modality=TabularTokens(names))])
+    with pytest.raises(ValueError, match=r"GAECallback\(metrics=\['positive_perturbation_auc', 'negative_perturbation_auc'\]\) "
+                                         r"removes features, but modality=TabularTokens\(30 features.*has no value.*"
+                                         r"TabularTokens\(\.\.\.\)\.fit\(train_features\), or pass metrics=\(\)"):
+        trainer.fit(FTTransformer(x.shape[1]), DataLoader(TensorDataset(x[train], y[train]), batch_size=32),
+                    DataLoader(TensorDataset(x[val], y[val]), batch_size=64))
+    assert trainer.global_step == 0
+    # Without the metrics nothing removes a feature, and the run explains as before.
+    GAECallback(modality=TabularTokens(names), metrics=()).setup(trainer, FTTransformer(x.shape[1]), "fit")

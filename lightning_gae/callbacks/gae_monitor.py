@@ -28,7 +28,7 @@ from lightning_gae.metrics import (
     random_attribution,
 )
 from lightning_gae.metrics.functional import explanation_stability
-from lightning_gae.modalities import ImageTokens, Modality, TextTokens
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.tensorboard.summary import Scale, TensorBoardViews, scalar_tag
 
 __all__ = ["GAECallback"]
@@ -215,9 +215,11 @@ class GAECallback(Callback):
 
     Raises:
         ValueError: in ``setup``: an unknown method, metric or Captum baseline, a bad schedule,
-            target, ``dataloader_idx``, ``heatmap_scale`` or ``evolution_length``, or a strategy that
-            shards the model (FSDP, DeepSpeed stage 3, ``ModelParallelStrategy``): explanations run on
-            rank zero only, so a sharded forward would wait forever for the other ranks.
+            target, ``dataloader_idx``, ``heatmap_scale`` or ``evolution_length``, a ``TabularTokens``
+            without ``means`` while perturbation ``metrics`` are on (a removed feature needs a value),
+            or a strategy that shards the model (FSDP, DeepSpeed stage 3, ``ModelParallelStrategy``):
+            explanations run on rank zero only, so a sharded forward would wait forever for the other
+            ranks.
             When ``fit`` starts (``validate``: when validation starts): no validation dataloader,
             no ``dataloader_idx`` among them, a ``sample_indices`` outside the samples read,
             ``target="label"`` without labels, a model that cannot be explained on the samples
@@ -340,6 +342,12 @@ class GAECallback(Callback):
                              "colour range) or 'fixed' (each method's range from its first step)")
         if self.evolution_length < 1:
             raise ValueError(f"GAECallback(evolution_length={self.evolution_length}): use a positive integer")
+        if isinstance(self.modality, TabularTokens) and self.modality.means is None and self.metrics:
+            raise ValueError(
+                f"GAECallback(metrics={list(self.metrics)}) removes features, but modality={self.modality!r} has no "
+                "value to put in their place: build it with TabularTokens(..., means=[...]) (the training features' "
+                "means, in the scale the model sees) or TabularTokens(...).fit(train_features), or pass metrics=()"
+            )
         index = self.dataloader_idx
         if isinstance(index, bool) or not isinstance(index, (int, str)) or (isinstance(index, int) and index < 0):
             raise ValueError(f"GAECallback(dataloader_idx={index!r}): use a position 0, 1, ... or the key of a "
@@ -444,7 +452,10 @@ class GAECallback(Callback):
         """
         with isolate_rng():
             try:
-                self._collect(trainer)
+                # validate() runs its hooks in inference mode, and a tensor made there can never take part
+                # in autograd: the labels, the explained class of target="label", would fail every explanation.
+                with torch.inference_mode(False):
+                    self._collect(trainer)
             except ValueError:
                 raise
             except Exception as err:
@@ -617,11 +628,20 @@ class GAECallback(Callback):
         out: dict[str, float] = {}
         modality = self._modality
         self._curves = {}
+        # The papers' protocols (Chefer et al., CVPR 2021, Table 1): explaining the prediction is scored against
+        # the labels ("predicted": its 0% step is the accuracy); explaining a given class (the label, or the
+        # prediction when the batches carry no class labels) scores that class ("target").
+        labels = self._labels
+        if self.target == "pred" and labels is not None and labels.dim() == 1 and not labels.is_floating_point():
+            protocol, reference = "predicted", labels.to(pl_module.device)
+        else:
+            protocol, reference = "target", target
         for name in self.metrics:
             for method, attributions in scored.items():
-                metric = self._metric(name, pl_module, lambda: perturbation_metric(
-                    name, pl_module, modality, max_batch=self.metric_max_batch, sync_on_compute=False))
-                metric.update(inputs, attributions, target)
+                metric = self._metric(f"{name}/{protocol}", pl_module, lambda: perturbation_metric(
+                    name, pl_module, modality, protocol=protocol, max_batch=self.metric_max_batch,
+                    sync_on_compute=False))
+                metric.update(inputs, attributions, reference)
                 out[scalar_tag(name, method)] = metric.compute().item()
                 if hasattr(metric, "curve"):
                     self._curves.setdefault(name, {})[method] = (metric.fractions, metric.curve().cpu())
