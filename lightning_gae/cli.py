@@ -197,11 +197,15 @@ def compare_main(argv: Sequence[str]) -> None:
     given = None if callback is None else callback.modality
     streams = getattr(callback, "streams", None)
     explained = callback.target if callback is not None and callable(callback.target) else None
-    probe = explain(model, map_tensors(inputs, lambda t: t[:1] if t.dim() else t), target=explained,
-                    method="raw_attention", streams=streams)
+    try:
+        probe = explain(model, map_tensors(inputs, lambda t: t[:1] if t.dim() else t), target=explained,
+                        method="raw_attention", streams=streams)
+    except ValueError:
+        # Nothing to tell token sets apart with; compare() says what is wrong with the model, if anything.
+        probe = None
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    if isinstance(given, Mapping) or len(probe.relevance) > 1:
+    if isinstance(given, Mapping) or (probe is not None and len(probe.relevance) > 1):
         # Each token set is scored against the ground truth the batches carry for it (compare() says why not perturbation).
         set_inputs = getattr(callback, "set_inputs", None)
         target = explained if explained is not None else (labels if args.protocol == "target" else None)

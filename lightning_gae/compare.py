@@ -663,9 +663,15 @@ def compare(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}")
     total = _first_tensor(inputs).shape[0]
-    probe = explain(model, _take(inputs, 0, 1, total), target=target if callable(target) else None,
-                    method="raw_attention", streams=streams)
-    if isinstance(modality, Mapping) or len(probe.relevance) > 1:
+    try:
+        probe = explain(model, _take(inputs, 0, 1, total), target=target if callable(target) else None,
+                        method="raw_attention", streams=streams)
+    except ValueError:
+        # No attention to tell sets apart (a model scored with Captum's methods alone): one input, as before.
+        if isinstance(modality, Mapping):
+            raise
+        probe = None
+    if isinstance(modality, Mapping) or (probe is not None and len(probe.relevance) > 1):
         return _compare_sets(model, inputs, target, methods, metrics, modality, batch_size, seed, protocol, ground_truth,
                              streams, set_inputs, probe, total)
     unknown = [m for m in metrics if m not in PERTURBATION_METRICS]
