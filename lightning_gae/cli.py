@@ -125,7 +125,7 @@ def _set_comparison_picture(model: Any, inputs: Any, methods: Sequence[str], lay
                             streams: Any, sequence: bool) -> Any:
     """The first samples of a model with several token sets, drawn as the callback draws them, one under another."""
     from lightning_gae import visualize
-    from lightning_gae.compare import last_positions, sequence_rows
+    from lightning_gae.compare import last_positions, sequence_rows, token_set_input
     from lightning_gae.explain import METHODS, explain, map_tensors
     from lightning_gae.tensorboard import SetInput, TensorBoardViews
 
@@ -138,11 +138,7 @@ def _set_comparison_picture(model: Any, inputs: Any, methods: Sequence[str], lay
     if sequence:
         last = last_positions(model, first, streams=streams)
         rows = {m: sequence_rows(model, first, m, last, streams=streams) for m in shown}
-    sets = {}
-    for x, (modality, key) in layout.items():
-        tensor = first[key] if isinstance(first, (dict, tuple, list)) else first
-        mask = first.get("attention_mask") if isinstance(first, dict) and key == "input_ids" else None
-        sets[x] = SetInput(modality, tensor, {"input_ids": tensor, "attention_mask": mask} if mask is not None else tensor)
+    sets = {x: SetInput(modality, *token_set_input(first, key)) for x, (modality, key) in layout.items()}
     pictures = TensorBoardViews().set_pictures(sets, list(range(count)), explanations, rows)
     return visualize.stack(pictures, axis=0, gap=8)
 

@@ -58,6 +58,7 @@ __all__ = [
     "infer_modality",
     "last_positions",
     "sequence_rows",
+    "token_set_input",
     "token_set_inputs",
 ]
 
@@ -750,11 +751,16 @@ def _first_tensor(inputs: Any) -> Tensor:
 _SET_TRUTH = {"alignment": None, "masks": ImageTokens, "segmentation": ImageTokens, "rationales": TextTokens}
 
 
-def _set_modality_inputs(inputs: Any, key: int | str) -> Any:
-    """What a set's modality maps with: its tensor, or for ``input_ids`` among keyword inputs also the attention mask."""
+def token_set_input(inputs: Any, key: int | str) -> tuple[Tensor, Any]:
+    """``(tensor, what the set's modality maps with)`` of the input at ``key`` (:func:`token_set_inputs`).
+
+    The second is the tensor itself, or for ``input_ids`` among keyword inputs a mapping that also
+    holds their ``attention_mask``, so that text padding is known.
+    """
     tensor = inputs[key] if isinstance(inputs, (Mapping, tuple, list)) else inputs
     mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) and key == "input_ids" else None
-    return {"input_ids": tensor, "attention_mask": mask} if isinstance(mask, Tensor) and mask.shape == tensor.shape else tensor
+    with_mask = isinstance(mask, Tensor) and mask.shape == tensor.shape
+    return tensor, ({"input_ids": tensor, "attention_mask": mask} if with_mask else tensor)
 
 
 def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Sequence[str], metrics: Sequence[str],
@@ -809,7 +815,7 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
         else:
             def rationale_args(chunk: Any, by_set: Mapping[str, Tensor], truth: Tensor, x: str = x,
                                m: Modality = set_modality, k: int | str = input_key) -> tuple[Any, ...]:
-                mapped = _set_modality_inputs(chunk, k)
+                mapped = token_set_input(chunk, k)[1]
                 return m.unit_scores(by_set[x], mapped), truth, m.removable(mapped)
 
             scorers[key] = (f"{x}/rationale", lambda: RationaleAgreement(sync_on_compute=False), rationale_args)

@@ -18,7 +18,14 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Ra
 from torchmetrics import Metric
 from typing_extensions import override
 
-from lightning_gae.compare import ATTRIBUTION_METHODS, attribute, last_positions, sequence_rows, token_set_inputs
+from lightning_gae.compare import (
+    ATTRIBUTION_METHODS,
+    attribute,
+    last_positions,
+    sequence_rows,
+    token_set_input,
+    token_set_inputs,
+)
 from lightning_gae.explain import METHODS, Explanation, explain, map_tensors
 from lightning_gae.metrics import (
     PERTURBATION_METRICS,
@@ -662,13 +669,7 @@ class GAECallback(Callback):
 
     def _set_views(self, inputs: Any) -> dict[str, SetInput]:
         """What the views draw each token set with; a text set among keyword inputs keeps its attention_mask."""
-        views = {}
-        for x, (modality, key) in self._sets.items():
-            tensor = inputs[key] if isinstance(inputs, (Mapping, tuple, list)) else inputs
-            mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) and key == "input_ids" else None
-            with_mask = isinstance(mask, Tensor) and mask.shape == tensor.shape
-            views[x] = SetInput(modality, tensor, {"input_ids": tensor, "attention_mask": mask} if with_mask else tensor)
-        return views
+        return {x: SetInput(modality, *token_set_input(inputs, key)) for x, (modality, key) in self._sets.items()}
 
     def _sequence_rows(self, explanations: dict[str, Explanation]) -> bool:
         """Whether each position of the query set (a decoder) is explained: sequence logits over it, a class target."""
@@ -702,6 +703,9 @@ class GAECallback(Callback):
             rows = None
             self._last = None
             if self._sequence_rows(explanations):
+                if self.target == "label" and self._labels.dim() != 2:
+                    raise ValueError(f"target='label' on sequence outputs needs labels [B, T], one per target position; "
+                                     f"the batches carry labels of shape {tuple(self._labels.shape)}")
                 self._last = last_positions(pl_module, inputs, attention_modules=self.attention_modules,
                                             streams=self.streams).cpu()
                 rows = self._rows(pl_module, inputs)
