@@ -438,6 +438,9 @@ class TensorBoardViews:
         for k, index in enumerate(sample_indices):
             label = None if labels is None or labels.dim() != 1 else int(labels[k])
             header = self._header(index, label, predictions[k], class_names)
+            if matrices is not None:
+                # The header's one explained class would be one row's; every row explains its own.
+                header = f"val #{index} · row t explains the token predicted at target position t"
             if matrices is None:
                 picture = self._sets_picture(sets, kept, k, shown_maps, ranges, header)
             else:
@@ -531,7 +534,7 @@ class TensorBoardViews:
                         (vmin, vmax), saturated = visualize.value_range(matrix), False
                     panel = visualize.matrix_panel(matrix, row_labels, col_labels, (vmin, vmax), self.panel_px)
                     bar = visualize.colorbar(vmin, vmax, max(panel.shape[1], 128), saturated=saturated)
-                    line.append((f"{method} · {x} (a row per target position)", visualize.stack([panel, bar], axis=0, gap=3)))
+                    line.append((f"{method} · {x} (rows: targets)", visualize.stack([panel, bar], axis=0, gap=3)))
                     if isinstance(s.modality, TextTokens):
                         tables.append((f"{method} · {x}", row_labels, col_labels, matrix))
                 panels.append(line)
