@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,9 @@ def _compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", required=True, help="directory for the three files (created)")
     parser.add_argument("--num_samples", type=int, default=256, help="first N validation samples (default 256)")
     parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=ATTRIBUTION_METHODS)
-    parser.add_argument("--metrics", nargs="+", default=list(COMPARE_METRICS), choices=list(PERTURBATION_METRICS))
+    parser.add_argument("--metrics", nargs="+", default=None, choices=list(PERTURBATION_METRICS),
+                        help=f"default: {' '.join(COMPARE_METRICS)}; none for models with several token sets, whose "
+                             "sets are scored against the batches' ground truth instead")
     parser.add_argument("--batch_size", type=int, default=64, help="samples per attribution call (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random floor and GradientSHAP")
     parser.add_argument("--protocol", default="predicted", choices=("predicted", "target"),
@@ -95,12 +97,17 @@ def _configured(config: str) -> tuple[Any, Any, Any]:
     return cli.model, cli.datamodule, callback
 
 
-def _first_validation_samples(datamodule: Any, count: int, callback: Any) -> tuple[Any, Any, Any]:
-    """``(inputs, labels, ground truth)`` of the first ``count`` validation samples, collated by the
-    datamodule's own loader and read with the config's callback's batch functions (or their defaults)."""
+def _first_validation_samples(datamodule: Any, count: int, callback: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """``(inputs, labels, ground truth, ground truth by batch key)`` of the first ``count`` validation samples,
+    collated by the datamodule's own loader and read with the config's callback's batch functions (or their defaults)."""
     from torch.utils.data import DataLoader
 
-    from lightning_gae.callbacks.gae_monitor import default_batch_ground_truth, default_batch_inputs, default_batch_labels
+    from lightning_gae.callbacks.gae_monitor import (
+        _keyed_truth,
+        default_batch_ground_truth,
+        default_batch_inputs,
+        default_batch_labels,
+    )
 
     datamodule.setup("validate")
     loader = datamodule.val_dataloader()
@@ -109,8 +116,39 @@ def _first_validation_samples(datamodule: Any, count: int, callback: Any) -> tup
     # One batch of `count` straight from the dataset: the first samples, in order, whatever the loader's batch size.
     batch = next(iter(DataLoader(loader.dataset, batch_size=count, collate_fn=loader.collate_fn)))
     if callback is None:
-        return default_batch_inputs(batch), default_batch_labels(batch), default_batch_ground_truth(batch)
-    return callback.batch_inputs(batch), callback.batch_labels(batch), callback.batch_ground_truth(batch)
+        return default_batch_inputs(batch), default_batch_labels(batch), default_batch_ground_truth(batch), _keyed_truth(batch)
+    return (callback.batch_inputs(batch), callback.batch_labels(batch), callback.batch_ground_truth(batch),
+            _keyed_truth(batch))
+
+
+def _set_comparison_picture(model: Any, inputs: Any, methods: Sequence[str], layout: dict[str, Any], target: Any,
+                            streams: Any, sequence: bool) -> Any:
+    """The first samples of a model with several token sets, drawn as the callback draws them, one under another."""
+    from lightning_gae import visualize
+    from lightning_gae.compare import last_positions, sequence_rows, token_set_input
+    from lightning_gae.explain import METHODS, explain, map_tensors
+    from lightning_gae.tensorboard import SetInput, TensorBoardViews
+
+    count = min(_GRID_SAMPLES, next(t.shape[0] for t in _tensors(inputs)))
+    first = map_tensors(inputs, lambda t: t[:count] if t.dim() else t)
+    shown = [m for m in methods if m in METHODS and m != "attn_gradcam_vit"]
+    explained = target if callable(target) else None
+    explanations = {m: explain(model, first, target=explained, method=m, streams=streams) for m in shown}
+    rows = None
+    if sequence:
+        last = last_positions(model, first, streams=streams)
+        rows = {m: sequence_rows(model, first, m, last, streams=streams) for m in shown}
+    sets = {x: SetInput(modality, *token_set_input(first, key)) for x, (modality, key) in layout.items()}
+    pictures = TensorBoardViews().set_pictures(sets, list(range(count)), explanations, rows)
+    return visualize.stack(pictures, axis=0, gap=8)
+
+
+def _tensors(inputs: Any) -> list[Any]:
+    from lightning_gae.explain import map_tensors
+
+    found: list[Any] = []
+    map_tensors(inputs, lambda t: found.append(t) or t)
+    return found
 
 
 def compare_main(argv: Sequence[str]) -> None:
@@ -137,11 +175,10 @@ def compare_main(argv: Sequence[str]) -> None:
             --ckpt_path runs/vit_digits/version_0/checkpoints/last.ckpt --output runs/compare
         # -> runs/compare/comparison.md, comparison.json, comparison.png
     """
-    import matplotlib.image
     import torch
 
-    from lightning_gae.compare import comparison_grid, compare, infer_modality
-    from lightning_gae.explain import map_tensors
+    from lightning_gae.compare import comparison_grid, compare, infer_modality, token_set_inputs
+    from lightning_gae.explain import explain, map_tensors
 
     parser = _compare_parser()
     args = parser.parse_args(list(argv))
@@ -152,24 +189,58 @@ def compare_main(argv: Sequence[str]) -> None:
     checkpoint = torch.load(args.ckpt_path, map_location="cpu", weights_only=True)
     model.load_state_dict(checkpoint["state_dict"])
     model.eval()
-    inputs, labels, truth = _first_validation_samples(datamodule, args.num_samples, callback)
-    modality = callback.modality if callback is not None and callback.modality is not None else infer_modality(model, inputs)
-
-    result = compare(model, inputs, labels, methods=args.methods, metrics=args.metrics, modality=modality,
-                     batch_size=args.batch_size, seed=args.seed, protocol=args.protocol, ground_truth=truth)
+    inputs, labels, truth, keyed = _first_validation_samples(datamodule, args.num_samples, callback)
+    given = None if callback is None else callback.modality
+    streams = getattr(callback, "streams", None)
+    explained = callback.target if callback is not None and callable(callback.target) else None
+    try:
+        probe = explain(model, map_tensors(inputs, lambda t: t[:1] if t.dim() else t), target=explained,
+                        method="raw_attention", streams=streams)
+    except ValueError:
+        # Nothing to tell token sets apart with; compare() says what is wrong with the model, if anything.
+        probe = None
     output = Path(args.output)
     output.mkdir(parents=True, exist_ok=True)
-    table = result.to_markdown()
-    explained = "its predicted class" if args.protocol == "predicted" or labels is None else "its label"
-    against = "its label" if labels is not None else "its unperturbed prediction"
-    (output / "comparison.md").write_text(
-        f"{result.num_samples} validation samples of `{args.config}` at `{args.ckpt_path}`, each explained for "
-        f"{explained}; a perturbed prediction counts as correct while it equals {against} "
-        f"(protocol `{args.protocol}`); values ± standard error over the samples.\n\n{table}"
-    )
-    (output / "comparison.json").write_text(result.to_json() + "\n")
+    if isinstance(given, Mapping) or (probe is not None and len(probe.relevance) > 1):
+        # Each token set is scored against the ground truth the batches carry for it (compare() says why not perturbation).
+        set_inputs = getattr(callback, "set_inputs", None)
+        target = explained if explained is not None else (labels if args.protocol == "target" else None)
+        result = compare(model, inputs, target, methods=args.methods, metrics=args.metrics or (), modality=given,
+                         batch_size=args.batch_size, seed=args.seed, protocol=args.protocol, ground_truth=keyed or None,
+                         streams=streams, set_inputs=set_inputs)
+        layout = token_set_inputs(inputs, {x: r.shape[1] for x, r in probe.relevance.items()}, given, set_inputs)
+        sequence = (explained is None and probe.logits is not None and probe.logits.dim() == 3
+                    and probe.logits.shape[1] == probe.tokens.shape[1])
+        picture = _set_comparison_picture(model, inputs, args.methods, layout, explained, streams, sequence)
+        _write_comparison(output, args, result, labels, picture)
+        return
+    modality = given if given is not None else infer_modality(model, inputs)
+
+    result = compare(model, inputs, labels, methods=args.methods, metrics=args.metrics or COMPARE_METRICS,
+                     modality=modality, batch_size=args.batch_size, seed=args.seed, protocol=args.protocol,
+                     ground_truth=truth)
     first = map_tensors(inputs, lambda t: t[:_GRID_SAMPLES])
     picture = comparison_grid(model, first, methods=args.methods, modality=modality, seed=args.seed)
+    _write_comparison(output, args, result, labels, picture)
+
+
+def _write_comparison(output: Path, args: argparse.Namespace, result: Any, labels: Any, picture: Any) -> None:
+    import matplotlib.image
+
+    table = result.to_markdown()
+    if result.sets:
+        how = (f"the relevance of each token set ({', '.join(result.sets)}) scored against the ground truth the "
+               "batches carry for it (`<set>/<metric>`)")
+    else:
+        explained = "its predicted class" if args.protocol == "predicted" or labels is None else "its label"
+        against = "its label" if labels is not None else "its unperturbed prediction"
+        how = (f"each explained for {explained}; a perturbed prediction counts as correct while it equals {against} "
+               f"(protocol `{args.protocol}`)")
+    (output / "comparison.md").write_text(
+        f"{result.num_samples} validation samples of `{args.config}` at `{args.ckpt_path}`, {how}; values ± standard "
+        f"error over the samples.\n\n{table}"
+    )
+    (output / "comparison.json").write_text(result.to_json() + "\n")
     matplotlib.image.imsave(output / "comparison.png", picture)
     print(table)
     print(f"wrote {output / 'comparison.md'}, {output / 'comparison.json'}, {output / 'comparison.png'}")

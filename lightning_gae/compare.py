@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from lightning_gae import visualize
 from lightning_gae.explain import METHODS, eval_mode, explain, map_tensors, model_logits
 from lightning_gae.metrics import (
     PERTURBATION_METRICS,
+    AlignmentAccuracy,
     RationaleAgreement,
     RelevanceSegmentation,
     perturbation_metric,
@@ -44,8 +46,21 @@ from lightning_gae.metrics import (
 )
 from lightning_gae.metrics.functional.perturbation import Protocol, _check_protocol, _class_index, _forward_logits
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.streams import Streams
 
-__all__ = ["ATTRIBUTION_METHODS", "DEFAULT_METHODS", "Comparison", "attribute", "compare", "comparison_grid", "infer_modality"]
+__all__ = [
+    "ATTRIBUTION_METHODS",
+    "DEFAULT_METHODS",
+    "Comparison",
+    "attribute",
+    "compare",
+    "comparison_grid",
+    "infer_modality",
+    "last_positions",
+    "sequence_rows",
+    "token_set_input",
+    "token_set_inputs",
+]
 
 _CAPTUM: dict[str, Callable[[Callable[..., Tensor]], Any]] = {
     "saliency": Saliency,
@@ -67,6 +82,7 @@ _SHAP_SAMPLES = 16
 _SHAP_BASELINES = 8
 
 Target = Union[None, int, Sequence[int], Tensor]
+SetTarget = Union[Target, Callable[[Any], Tensor]]
 
 
 def _batch_tensor(inputs: Any) -> tuple[Tensor, str | None]:
@@ -296,6 +312,11 @@ class Comparison:
         protocol: which class was explained and scored, ``"target"`` or ``"predicted"`` (see :func:`compare`).
         stderr: method -> {metric name -> the value's standard error over the samples} (see
             :func:`compare`); empty when not measured.
+        sets: the token sets of a model with several (encoder/decoder, image/text); empty otherwise.
+            Their scores are named ``<set>/<metric>``.
+        relevance: for a model with several token sets, method -> set -> the relevance of every
+            sample, ``[N, N_set]`` (``[N, T, N_set]`` for sequence outputs: a row per target position).
+        skipped: method -> why it was left out (Captum's methods on a model with several token sets).
     """
 
     methods: dict[str, dict[str, float]]
@@ -303,12 +324,20 @@ class Comparison:
     higher_is_better: dict[str, bool] = field(default_factory=dict)
     protocol: str = "target"
     stderr: dict[str, dict[str, float]] = field(default_factory=dict)
+    sets: list[str] = field(default_factory=list)
+    relevance: dict[str, dict[str, Tensor]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """``{"methods": {name: {metric: value, ..., "seconds_per_sample": s}}, "num_samples": n, "protocol": p,
         "stderr": {name: {metric: se}}}``, JSON-ready."""
-        return {"methods": {name: dict(values) for name, values in self.methods.items()}, "num_samples": self.num_samples,
-                "protocol": self.protocol, "stderr": {name: dict(values) for name, values in self.stderr.items()}}
+        out = {"methods": {name: dict(values) for name, values in self.methods.items()}, "num_samples": self.num_samples,
+               "protocol": self.protocol, "stderr": {name: dict(values) for name, values in self.stderr.items()}}
+        if self.sets:
+            out["sets"] = list(self.sets)
+        if self.skipped:
+            out["skipped"] = dict(self.skipped)
+        return out
 
     def to_json(self) -> str:
         """:meth:`to_dict` as indented JSON."""
@@ -329,6 +358,7 @@ class Comparison:
             cells = [(f"**{scores[m]:.4g}**" if scores[m] == best[m] else f"{scores[m]:.4g}")
                      + (f" ± {errors[m]:.2g}" if m in errors else "") for m in metrics]
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {1000 * scores['seconds_per_sample']:.3g} |")
+        lines += [f"\n{name} left out: {reason}" for name, reason in self.skipped.items()]
         return "\n".join(lines) + "\n"
 
 
@@ -390,6 +420,130 @@ def _truth_metric(modality: Modality) -> tuple[str, Metric, Callable[[Any, Tenso
     raise ValueError(f"ground_truth needs an ImageTokens, TextTokens or TabularTokens modality; got {type(modality).__name__}")
 
 
+# --- models with several token sets ------------------------------------------------------------------
+
+
+def _fits(modality: Modality, x: Tensor, size: int) -> bool:
+    """Whether ``x`` is laid out like ``size`` tokens of ``modality``."""
+    if isinstance(modality, ImageTokens):
+        return x.dim() == 4 and x.is_floating_point() and modality.prefix_tokens + (
+            x.shape[-2] // modality.patch_size) * (x.shape[-1] // modality.patch_size) == size
+    if isinstance(modality, TextTokens):
+        return x.dim() == 2 and not x.is_floating_point() and x.shape[1] == size
+    if isinstance(modality, TabularTokens):
+        return x.dim() == 2 and x.shape[1] == len(modality.feature_names) == size - modality.prefix_tokens
+    return False
+
+
+def token_set_inputs(
+    inputs: Any,
+    sizes: Mapping[str, int],
+    modality: Mapping[str, Modality] | None = None,
+    set_inputs: Mapping[str, int | str] | None = None,
+    caller: str = "compare",
+) -> dict[str, tuple[Modality, int | str]]:
+    """Each token set's modality and the model input its tokens come from.
+
+    Args:
+        inputs: the model inputs: a mapping of keyword arguments, a tuple, or one tensor.
+        sizes: token set -> its token count (``{x: r.shape[1] for x, r in explain(...).relevance.items()}``).
+        modality: set -> modality; a set left out is inferred when exactly one input is images whose
+            patch grid fits its token count (:meth:`ImageTokens.infer`).
+        set_inputs: set -> the key of a mapping input or the position in a tuple; a set left out
+            takes the one input its modality fits (masks, keys ending in ``mask``, hold no tokens).
+        caller: named in the errors (``"GAECallback"``, ``"compare"``).
+
+    Returns:
+        set -> ``(modality, key or position)``, one input per set.
+
+    Raises:
+        ValueError: a set named that the model does not have, a set whose modality cannot be
+            inferred, an input two sets fit alike (equal lengths: pass ``set_inputs``), or an input
+            given that does not fit the set's modality.
+    """
+    given = dict(modality or {})
+    for name, argument in (("modality", given), ("set_inputs", set_inputs or {})):
+        unknown = [x for x in argument if x not in sizes]
+        if unknown:
+            raise ValueError(f"{caller}({name}=...) names token sets {unknown}; the model's sets are {list(sizes)} "
+                             "(from explain(...).relevance)")
+    if isinstance(inputs, Mapping):
+        # Masks (attention_mask, key_padding_mask, ...) are laid out like the tokens but hold none.
+        candidates = {k: v for k, v in inputs.items() if isinstance(v, Tensor) and not str(k).endswith("mask")}
+    elif isinstance(inputs, (tuple, list)):
+        candidates = {i: v for i, v in enumerate(inputs) if isinstance(v, Tensor)}
+    else:
+        candidates = {0: inputs}
+    out: dict[str, tuple[Modality, int | str]] = {}
+    for x, size in sizes.items():
+        key = (set_inputs or {}).get(x)
+        if key is not None and key not in candidates:
+            raise ValueError(f"{caller}(set_inputs={{{x!r}: {key!r}}}): the model inputs have no tensor {key!r}; "
+                             f"they are {list(candidates)}")
+        chosen = given.get(x)
+        if chosen is None:
+            inferred = [(k, ImageTokens.infer(v, size)) for k, v in candidates.items() if key in (None, k)]
+            inferred = [(k, m) for k, m in inferred if m is not None]
+            if len(inferred) != 1:
+                raise ValueError(f"{caller}: cannot infer the modality of token set {x!r} ({size} tokens); pass "
+                                 f"modality={{{x!r}: ImageTokens(patch_size=...) or TextTokens(...)}} for every set "
+                                 f"(the model's sets: {list(sizes)})")
+            key, chosen = inferred[0]
+        if key is None:
+            fits = [k for k, v in candidates.items() if _fits(chosen, v, size)]
+            if len(fits) != 1:
+                found = f"the inputs {fits} fit it alike" if fits else "no input fits it"
+                raise ValueError(f"{caller}: token set {x!r} ({size} tokens, {chosen!r}): {found}; pass "
+                                 f"set_inputs={{set: input key or tuple position}} for the sets {list(sizes)}")
+            key = fits[0]
+        if not _fits(chosen, candidates[key], size):
+            raise ValueError(f"{caller}: {chosen!r} of token set {x!r} ({size} tokens) does not fit input {key!r} of "
+                             f"shape {tuple(candidates[key].shape)}")
+        out[x] = (chosen, key)
+    taken = [key for _, key in out.values()]
+    doubled = sorted({str(k) for k in taken if taken.count(k) > 1})
+    if doubled:
+        raise ValueError(f"{caller}: the token sets {list(out)} were matched to the inputs {taken}, {doubled} more than "
+                         "once; pass modality={set: ImageTokens(...)/TextTokens(...)} for every set and "
+                         "set_inputs={set: input key or tuple position}")
+    return out
+
+
+def last_positions(model: nn.Module, inputs: Any, **options: Any) -> Tensor:
+    """``[B]`` the last real position of the query set (a decoder) per sample, as ``explain(query="last")`` reads it.
+
+    ``options``: ``attention_modules`` or ``streams`` of :func:`~lightning_gae.explain`.
+    """
+    return explain(model, inputs, method="raw_attention", query="last", **options).query
+
+
+def sequence_rows(model: nn.Module, inputs: Any, method: str, last: Tensor, labels: Tensor | None = None,
+                  **options: Any) -> dict[str, Tensor]:
+    """Set -> ``[B, T, N_set]``: row ``t`` is ``explain(..., query=t)``'s relevance of the set, for sequence outputs.
+
+    One explanation per position ``t`` over the whole batch, of the prediction made at ``t`` (the
+    argmax, or ``labels[:, t]``). A sample whose last real position (``last``) is before ``t`` is
+    read at that last position and its row ``t`` is zeroed: nothing is predicted there.
+
+    Args:
+        model: a model whose logits are ``[B, T, C]`` over the query set (an encoder-decoder).
+        inputs: its inputs.
+        method: a method of :func:`~lightning_gae.explain`.
+        last: ``[B]`` from :func:`last_positions`.
+        labels: ``[B, T]`` classes to explain per position; None: the predictions.
+        options: ``attention_modules`` or ``streams`` of :func:`~lightning_gae.explain`.
+    """
+    rows: dict[str, list[Tensor]] = {}
+    for t in range(int(last.max()) + 1):
+        query = torch.clamp(last, max=t)
+        beyond = (last < t).cpu()
+        target = None if labels is None else labels.gather(1, query.to(labels.device)[:, None])[:, 0]
+        exp = explain(model, inputs, target=target, method=method, query=query, **options)
+        for x, row in exp.relevance.items():
+            rows.setdefault(x, []).append(row.detach().float().cpu().masked_fill(beyond[:, None], 0.0))
+    return {x: torch.stack(found, dim=1) for x, found in rows.items()}
+
+
 def infer_modality(model: nn.Module, inputs: Any) -> ImageTokens:
     """The :class:`ImageTokens` of a ViT-style model on square images, from one raw-attention pass.
 
@@ -413,16 +567,18 @@ def infer_modality(model: nn.Module, inputs: Any) -> ImageTokens:
 def compare(
     model: nn.Module,
     inputs: Any,
-    target: Target = None,
+    target: SetTarget = None,
     methods: Sequence[str] = DEFAULT_METHODS,
     metrics: Sequence[str] = ("positive_perturbation_auc", "negative_perturbation_auc"),
-    modality: Modality | None = None,
+    modality: Modality | Mapping[str, Modality] | None = None,
     batch_size: int = 64,
     max_batch: int = 256,
     embedding_layer: str | nn.Module | None = None,
     seed: int = 0,
     protocol: Protocol = "target",
-    ground_truth: Tensor | None = None,
+    ground_truth: Tensor | Mapping[str, Tensor] | None = None,
+    streams: Streams | None = None,
+    set_inputs: Mapping[str, int | str] | None = None,
 ) -> Comparison:
     r"""Score every attribution method with every perturbation metric on the same samples and targets.
 
@@ -448,11 +604,26 @@ def compare(
       metrics score it, and accuracy is "the prediction equals the label ``target``" (None: the
       unperturbed prediction), so the curve starts at the model's accuracy.
 
+    Models with several token sets (``explain(...).relevance`` has more than one: encoder-decoders,
+    image and text towers, co-attention) are compared set by set. Each method's relevance of every
+    set is kept in :attr:`Comparison.relevance` (for sequence outputs ``[B, T, C]`` over the query
+    set, a row per target position ``t``, each explained with ``query=t``, :func:`sequence_rows`).
+    ``ground_truth`` is then a mapping by batch key, and each entry scores the set it belongs to:
+    ``"alignment"`` ``[N, T]`` the source set's rows (``<set>/alignment_accuracy``,
+    :class:`~lightning_gae.metrics.AlignmentAccuracy`), ``"masks"`` the image set
+    (``<set>/segmentation_*``), ``"rationales"`` the text set (``<set>/rationale_*``). Perturbation
+    metrics do not apply (they remove units of one input and read one class logit): ask for none.
+    Captum's methods attribute one input tensor, not one per set; they are left out, with the reason
+    in :attr:`Comparison.skipped` and a warning.
+
     Args:
         model: the classifier (logits ``[B, C]``, a tuple or ``.logits``); it is left in the mode it had.
-        inputs: the samples: a tensor or a mapping of keyword arguments (see :func:`attribute`).
+        inputs: the samples: a tensor or a mapping of keyword arguments (see :func:`attribute`); a
+            tuple of tensors for a model with several token sets (e.g. ``(src, tgt_in)``).
         target: None, an int, or one class per sample (usually the labels): the class explained
-            and scored, or the labels the prediction is checked against (``protocol``).
+            and scored, or the labels the prediction is checked against (``protocol``). For a model
+            with several token sets also ``[N, T]`` classes per target position, or a callable
+            ``output -> Tensor[B]`` (e.g. an image-text similarity).
         methods: names from :data:`ATTRIBUTION_METHODS`.
         metrics: names from :data:`lightning_gae.metrics.PERTURBATION_METRICS`.
         modality: how inputs are removed and tokens mapped (``ImageTokens``, ``TextTokens``,
@@ -462,7 +633,11 @@ def compare(
         embedding_layer: the embedding of token-id inputs for Captum's methods (see :func:`attribute`).
         seed: seed of ``"random"`` and GradientSHAP; batch ``i`` uses ``seed + i``.
         protocol: ``"target"`` or ``"predicted"``, as above.
-        ground_truth: None, or the known answer per sample (nonzero = right), as above.
+        ground_truth: None, or the known answer per sample (nonzero = right), as above; a mapping
+            by batch key for a model with several token sets.
+        streams: declares the token sets (:class:`~lightning_gae.Streams`) where no preset or inference does.
+        set_inputs: set -> the input its tokens come from (see :func:`token_set_inputs`); needed
+            when two sets' inputs look alike (equal lengths).
 
     Returns:
         A :class:`Comparison`; ``to_markdown()`` and ``to_dict()`` give the table.
@@ -486,6 +661,20 @@ def compare(
     unknown = [m for m in methods if m not in ATTRIBUTION_METHODS]
     if unknown or not methods:
         raise ValueError(f"methods={list(methods)}: choose from {list(ATTRIBUTION_METHODS)}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    total = _first_tensor(inputs).shape[0]
+    try:
+        probe = explain(model, _take(inputs, 0, 1, total), target=target if callable(target) else None,
+                        method="raw_attention", streams=streams)
+    except ValueError:
+        # No attention to tell sets apart (a model scored with Captum's methods alone): one input, as before.
+        if isinstance(modality, Mapping):
+            raise
+        probe = None
+    if isinstance(modality, Mapping) or (probe is not None and len(probe.relevance) > 1):
+        return _compare_sets(model, inputs, target, methods, metrics, modality, batch_size, seed, protocol, ground_truth,
+                             streams, set_inputs, probe, total)
     unknown = [m for m in metrics if m not in PERTURBATION_METRICS]
     if unknown or not metrics:
         raise ValueError(f"metrics={list(metrics)}: choose from {list(PERTURBATION_METRICS)}")
@@ -549,6 +738,143 @@ def compare(
                 directions[column] = bool(scorer.higher_is_better)
         results[method]["seconds_per_sample"] = seconds / total
     return Comparison(methods=results, num_samples=total, higher_is_better=directions, protocol=protocol, stderr=errors)
+
+
+def _first_tensor(inputs: Any) -> Tensor:
+    found: list[Tensor] = []
+    map_tensors(inputs, lambda t: found.append(t) or t)
+    if not found:
+        raise TypeError(f"inputs hold no tensor; got {type(inputs).__name__}")
+    return found[0]
+
+
+_SET_TRUTH = {"alignment": None, "masks": ImageTokens, "segmentation": ImageTokens, "rationales": TextTokens}
+
+
+def token_set_input(inputs: Any, key: int | str) -> tuple[Tensor, Any]:
+    """``(tensor, what the set's modality maps with)`` of the input at ``key`` (:func:`token_set_inputs`).
+
+    The second is the tensor itself, or for ``input_ids`` among keyword inputs a mapping that also
+    holds their ``attention_mask``, so that text padding is known.
+    """
+    tensor = inputs[key] if isinstance(inputs, (Mapping, tuple, list)) else inputs
+    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) and key == "input_ids" else None
+    with_mask = isinstance(mask, Tensor) and mask.shape == tensor.shape
+    return tensor, ({"input_ids": tensor, "attention_mask": mask} if with_mask else tensor)
+
+
+def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Sequence[str], metrics: Sequence[str],
+                  modality: Mapping[str, Modality] | None, batch_size: int, seed: int, protocol: str,
+                  ground_truth: Tensor | Mapping[str, Tensor] | None, streams: Streams | None,
+                  set_inputs: Mapping[str, int | str] | None, probe: Any, total: int) -> Comparison:
+    """:func:`compare` for a model with several token sets: each set's relevance, scored against its own ground truth."""
+    sizes = {x: r.shape[1] for x, r in probe.relevance.items()}
+    if metrics:
+        raise ValueError(
+            f"metrics={list(metrics)} cannot apply to a model with the token sets {list(sizes)}: a perturbation metric "
+            "removes units of one input and reads one class logit per sample, and here neither says which set's tokens "
+            "to remove. Pass metrics=() and score the sets against ground truth (ground_truth={'alignment' | 'masks' | "
+            "'rationales': tensor})"
+        )
+    if modality is not None and not isinstance(modality, Mapping):
+        raise ValueError(f"modality={modality!r}: the model has the token sets {list(sizes)}; pass one per set, "
+                         "modality={set: ImageTokens(...)/TextTokens(...)}")
+    if ground_truth is not None and not isinstance(ground_truth, Mapping):
+        raise ValueError(f"ground_truth of a model with the token sets {list(sizes)} is a mapping from the batch key "
+                         f"({list(_SET_TRUTH)}) to its tensor, so that each set is scored with its own")
+    truths = dict(ground_truth or {})
+    unknown = [k for k in truths if k not in _SET_TRUTH]
+    if unknown:
+        raise ValueError(f"ground_truth keys {unknown}: use {list(_SET_TRUTH)}")
+    layout = token_set_inputs(inputs, sizes, modality, set_inputs, "compare")
+    sequence = (not callable(target) and probe.logits is not None and probe.logits.dim() == 3
+                and probe.logits.shape[1] == probe.tokens.shape[1])
+    scorers: dict[str, tuple[str, Callable[[], Metric], Callable[..., tuple[Any, ...]]]] = {}
+    for key, truth in truths.items():
+        if truth.shape[0] != total:
+            raise ValueError(f"ground_truth[{key!r}] has {truth.shape[0]} samples for {total} inputs; give one per sample")
+        kind = _SET_TRUTH[key]
+        if kind is None:
+            if not sequence or len(sizes) != 2:
+                raise ValueError(f"ground_truth['alignment'] scores a source set per target position: it needs sequence "
+                                 f"logits [B, T, C] over the query set, a class target and two token sets; the model has "
+                                 f"{list(sizes)} and logits {None if probe.logits is None else tuple(probe.logits.shape)}")
+            source = next(x for x in sizes if x != probe.query_set)
+            scorers[key] = (f"{source}/alignment_accuracy", lambda: AlignmentAccuracy(sync_on_compute=False),
+                            lambda chunk, by_set, truth: (by_set[source], truth))
+            continue
+        owners = [x for x, (m, _) in layout.items() if isinstance(m, kind)]
+        if len(owners) != 1 or sequence:
+            raise ValueError(f"ground_truth[{key!r}] scores the one {kind.__name__} set of a model read at one position; "
+                             f"the sets are {[f'{x}: {m!r}' for x, (m, _) in layout.items()]}"
+                             + ("; its outputs are sequences" if sequence else ""))
+        x, (set_modality, input_key) = owners[0], layout[owners[0]]
+        if kind is ImageTokens:
+            scorers[key] = (f"{x}/segmentation", lambda m=set_modality: RelevanceSegmentation(m, sync_on_compute=False),
+                            lambda chunk, by_set, truth, x=x: (by_set[x], truth))
+        else:
+            def rationale_args(chunk: Any, by_set: Mapping[str, Tensor], truth: Tensor, x: str = x,
+                               m: Modality = set_modality, k: int | str = input_key) -> tuple[Any, ...]:
+                mapped = token_set_input(chunk, k)[1]
+                return m.unit_scores(by_set[x], mapped), truth, m.removable(mapped)
+
+            scorers[key] = (f"{x}/rationale", lambda: RationaleAgreement(sync_on_compute=False), rationale_args)
+    skipped = {m: (f"Captum's {m} attributes one input tensor, but this model takes one input per token set "
+                   f"({', '.join(f'{x}: {k!r}' for x, (_, k) in layout.items())}), so it gives no relevance per set")
+               for m in methods if m in _CAPTUM}
+    if "attn_gradcam_vit" in methods:
+        skipped["attn_gradcam_vit"] = "the ViT baseline's Grad-CAM is defined on one token set; attn_gradcam is its form for several"
+    for method, reason in skipped.items():
+        warnings.warn(f"compare: {reason}; {method} is left out", UserWarning, stacklevel=3)
+    labels = target if isinstance(target, Tensor) and target.dim() == 2 else None
+    starts = range(0, total, batch_size)
+    results: dict[str, dict[str, float]] = {}
+    errors: dict[str, dict[str, float]] = {}
+    directions: dict[str, bool] = {}
+    relevance: dict[str, dict[str, Tensor]] = {}
+    for method in (m for m in methods if m not in skipped):
+        explained = "raw_attention" if method == "random" else method
+        metrics_now = {key: build() for key, (_, build, _) in scorers.items()}
+        states: dict[str, list[dict[str, Tensor]]] = {key: [] for key in scorers}
+        parts: dict[str, list[Tensor]] = {}
+        seconds = 0.0
+        for index, start in enumerate(starts):
+            stop = min(start + batch_size, total)
+            chunk = _take(inputs, start, stop, total)
+            began = time.perf_counter()
+            if sequence:
+                last = last_positions(model, chunk, streams=streams)
+                chunk_labels = None if labels is None else labels[start:stop].to(last.device)
+                by_set = sequence_rows(model, chunk, explained, last, chunk_labels, streams=streams)
+            else:
+                chunk_target = target if callable(target) or target is None or isinstance(target, int) else \
+                    torch.as_tensor(target)[start:stop]
+                exp = explain(model, chunk, target=chunk_target, method=explained, streams=streams)
+                by_set = {x: r.detach().float().cpu() for x, r in exp.relevance.items()}
+            if method == "random":
+                flat = [r.flatten(1) for r in by_set.values()]
+                noise = random_attribution(torch.cat(flat, dim=1), seed + index).split([f.shape[1] for f in flat], dim=1)
+                by_set = {x: n.reshape(r.shape) for (x, r), n in zip(by_set.items(), noise)}
+            seconds += time.perf_counter() - began
+            for x, r in by_set.items():
+                parts.setdefault(x, []).append(r)
+            for key, (_, _, args) in scorers.items():
+                truth = truths[key][start:stop].cpu()
+                metric = metrics_now[key]
+                states[key] += _per_sample_states(metric, lambda i: metric.update(*args(
+                    _take(chunk, i, i + 1, stop - start), {x: r[i : i + 1] for x, r in by_set.items()}, truth[i : i + 1])),
+                    stop - start)
+        relevance[method] = {x: torch.cat(found) for x, found in parts.items()}
+        results[method], errors[method] = {}, {}
+        for key, (name, _, _) in scorers.items():
+            value, stderr = _value_and_stderr(metrics_now[key], states[key])
+            for part in value:
+                column = name if part == "" else f"{name}_{part}"
+                results[method][column], errors[method][column] = value[part], stderr[part]
+                directions[column] = bool(metrics_now[key].higher_is_better)
+        results[method]["seconds_per_sample"] = seconds / total
+    return Comparison(methods=results, num_samples=total, higher_is_better=directions, protocol=protocol, stderr=errors,
+                      sets=list(sizes), relevance=relevance, skipped=skipped)
 
 
 def comparison_grid(

@@ -17,9 +17,10 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_gae.modalities import TextTokens
 from recipes.common import TensorDictDataset, adamw_one_cycle
 
-__all__ = ["BOS", "EOS", "NO_ALIGNMENT", "PAD", "CopyTaskDataModule", "Seq2SeqCopier", "make_copy_task"]
+__all__ = ["BOS", "EOS", "NO_ALIGNMENT", "PAD", "CopyTaskDataModule", "CopyTokens", "Seq2SeqCopier", "make_copy_task"]
 
 PAD, BOS, EOS = 0, 1, 2
 NUM_SPECIAL = 3
@@ -59,6 +60,15 @@ def make_copy_task(
     labels = torch.cat([symbols.flip(1), torch.full((n, 1), EOS)], dim=1)
     tgt_in = torch.cat([torch.full((n, 1), BOS), labels[:, :-1]], dim=1)
     return {"src": src, "tgt_in": tgt_in, "labels": labels, "alignment": alignment}
+
+
+class CopyTokens(TextTokens):
+    """:class:`~lightning_gae.TextTokens` of the copy task's ids: ``<pad> <bos> <eos>``, content symbols
+    ``s0 s1 ...`` and distractors ``d0 d1 ...`` (the same counts as :func:`make_copy_task`'s)."""
+
+    def __init__(self, num_symbols: int = 20, num_distractors: int = 8) -> None:
+        vocab = ["<pad>", "<bos>", "<eos>", *(f"s{i}" for i in range(num_symbols)), *(f"d{i}" for i in range(num_distractors))]
+        super().__init__(vocab=vocab, special_ids=(PAD, BOS, EOS), pad_id=PAD)
 
 
 class CopyTaskDataModule(pl.LightningDataModule):

@@ -19,12 +19,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from lightning_gae.modalities import TextTokens
 from recipes.common import TensorDictDataset
 
 __all__ = [
     "COLOURS",
     "SHAPES",
     "VOCAB",
+    "CaptionTokens",
     "ShapesDataModule",
     "caption_ids",
     "decode",
@@ -50,6 +52,15 @@ VOCAB: tuple[str, ...] = SPECIALS + ("a",) + tuple(COLOURS) + SHAPES + FILLERS
 as a legacy config and pools at the largest id instead of at the EOS."""
 PAD_ID, BOS_ID, MASK_ID, EOS_ID = range(4)
 _IDS = {word: i for i, word in enumerate(VOCAB)}
+
+
+class CaptionTokens(TextTokens):
+    """:class:`~lightning_gae.TextTokens` of the captions' :data:`VOCAB`; ``<pad> <bos> <mask> <eos>`` are special,
+    a removed word becomes ``<mask>``."""
+
+    def __init__(self, cmap: str = "Reds") -> None:
+        super().__init__(vocab=VOCAB, special_ids=(PAD_ID, BOS_ID, MASK_ID, EOS_ID), pad_id=PAD_ID, mask_id=MASK_ID,
+                         cmap=cmap)
 
 
 def caption_ids(words: list[str]) -> list[int]:

@@ -18,7 +18,17 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Ra
 from torchmetrics import Metric
 from typing_extensions import override
 
-from lightning_gae.compare import ATTRIBUTION_METHODS, _per_sample_states, _take, _value_and_stderr, attribute
+from lightning_gae.compare import (
+    ATTRIBUTION_METHODS,
+    _per_sample_states,
+    _take,
+    _value_and_stderr,
+    attribute,
+    last_positions,
+    sequence_rows,
+    token_set_input,
+    token_set_inputs,
+)
 from lightning_gae.explain import METHODS, Explanation, explain, map_tensors
 from lightning_gae.metrics import (
     PERTURBATION_METRICS,
@@ -694,78 +704,15 @@ class GAECallback(Callback):
     def _set_inputs(self, inputs: Any, explanations: dict[str, Explanation]) -> dict[str, tuple[Modality, int | str]]:
         """Each token set's modality and the key (or tuple position) of the input its tokens come from."""
         first = next(iter(explanations.values()))
-        sizes = {x: r.shape[1] for x, r in first.relevance.items()}
-        given = dict(self.modality) if isinstance(self.modality, Mapping) else {}
-        for name, argument in (("modality", given), ("set_inputs", self.set_inputs or {})):
-            unknown = [x for x in argument if x not in sizes]
-            if unknown:
-                raise ValueError(f"GAECallback({name}=...) names token sets {unknown}; the model's sets are "
-                                 f"{list(sizes)} (from explain(...).relevance)")
         if self.modality is not None and not isinstance(self.modality, Mapping):
-            raise ValueError(f"GAECallback(modality={self.modality!r}): the model has the token sets {list(sizes)}; "
+            raise ValueError(f"GAECallback(modality={self.modality!r}): the model has the token sets {list(first.relevance)}; "
                              "pass one modality per set, modality={set: ImageTokens(...)/TextTokens(...)}")
-        if isinstance(inputs, Mapping):
-            # Masks (attention_mask, key_padding_mask, ...) are laid out like the tokens but hold none.
-            candidates = {k: v for k, v in inputs.items() if isinstance(v, Tensor) and not str(k).endswith("mask")}
-        elif isinstance(inputs, (tuple, list)):
-            candidates = {i: v for i, v in enumerate(inputs) if isinstance(v, Tensor)}
-        else:
-            candidates = {0: inputs}
-        out: dict[str, tuple[Modality, int | str]] = {}
-        for x, size in sizes.items():
-            key = (self.set_inputs or {}).get(x)
-            if key is not None and key not in candidates:
-                raise ValueError(f"GAECallback(set_inputs={{{x!r}: {key!r}}}): the model inputs have no tensor {key!r}; "
-                                 f"they are {list(candidates)}")
-            modality = given.get(x)
-            if modality is None:
-                images = [(k, v) for k, v in candidates.items() if key in (None, k)]
-                inferred = [(k, ImageTokens.infer(v, size)) for k, v in images]
-                inferred = [(k, m) for k, m in inferred if m is not None]
-                if len(inferred) != 1:
-                    raise ValueError(f"GAECallback: cannot infer the modality of token set {x!r} ({size} tokens); pass "
-                                     f"modality={{{x!r}: ImageTokens(patch_size=...) or TextTokens(...)}} for every set "
-                                     f"(the model's sets: {list(sizes)})")
-                key, modality = inferred[0] if key is None else (key, inferred[0][1])
-            if key is None:
-                fits = [k for k, v in candidates.items() if self._fits(modality, v, size, inputs, k)]
-                if len(fits) != 1:
-                    found = f"the inputs {fits} fit it alike" if fits else "no input fits it"
-                    raise ValueError(f"GAECallback: token set {x!r} ({size} tokens, {modality!r}): {found}; pass "
-                                     f"set_inputs={{set: input key or tuple position}} for the sets {list(sizes)}")
-                key = fits[0]
-            if not self._fits(modality, candidates[key], size, inputs, key):
-                raise ValueError(f"GAECallback: {modality!r} of token set {x!r} ({size} tokens) does not fit input "
-                                 f"{key!r} of shape {tuple(candidates[key].shape)}")
-            out[x] = (modality, key)
-        taken = [key for _, key in out.values()]
-        doubled = sorted({str(k) for k in taken if taken.count(k) > 1})
-        if doubled:
-            raise ValueError(f"GAECallback: the token sets {list(out)} were matched to the inputs {taken}, "
-                             f"{doubled} more than once; pass modality={{set: ImageTokens(...)/TextTokens(...)}} for "
-                             "every set and set_inputs={set: input key or tuple position}")
-        return out
-
-    @staticmethod
-    def _fits(modality: Modality, x: Tensor, size: int, inputs: Any, key: int | str) -> bool:
-        if isinstance(modality, ImageTokens):
-            return x.dim() == 4 and x.is_floating_point() and modality.prefix_tokens + (
-                x.shape[-2] // modality.patch_size) * (x.shape[-1] // modality.patch_size) == size
-        if isinstance(modality, TextTokens):
-            return x.dim() == 2 and not x.is_floating_point() and x.shape[1] == size
-        if isinstance(modality, TabularTokens):
-            return x.dim() == 2 and x.shape[1] == len(modality.feature_names) == size - modality.prefix_tokens
-        return False
+        return token_set_inputs(inputs, {x: r.shape[1] for x, r in first.relevance.items()}, self.modality,
+                                self.set_inputs, "GAECallback")
 
     def _set_views(self, inputs: Any) -> dict[str, SetInput]:
         """What the views draw each token set with; a text set among keyword inputs keeps its attention_mask."""
-        views = {}
-        for x, (modality, key) in self._sets.items():
-            tensor = inputs[key] if isinstance(inputs, (Mapping, tuple, list)) else inputs
-            mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) and key == "input_ids" else None
-            with_mask = isinstance(mask, Tensor) and mask.shape == tensor.shape
-            views[x] = SetInput(modality, tensor, {"input_ids": tensor, "attention_mask": mask} if with_mask else tensor)
-        return views
+        return {x: SetInput(modality, *token_set_input(inputs, key)) for x, (modality, key) in self._sets.items()}
 
     def _sequence_rows(self, explanations: dict[str, Explanation]) -> bool:
         """Whether each position of the query set (a decoder) is explained: sequence logits over it, a class target."""
@@ -775,22 +722,10 @@ class GAECallback(Callback):
                 and logits.shape[1] == first.tokens.shape[1])
 
     def _rows(self, pl_module: LightningModule, inputs: Any) -> dict[str, dict[str, Tensor]]:
-        """Method -> set -> ``[B, T, N_set]``: row ``t`` is ``explain(..., query=t)``'s relevance of the set.
-
-        One explanation per position over all tracked samples; a sample whose last real position is
-        before ``t`` is read at its last one and its row ``t`` is zeroed (no token is predicted there).
-        """
-        last = self._last.to(pl_module.device)
-        out: dict[str, dict[str, list[Tensor]]] = {m: {} for m in self.methods}
-        for t in range(int(last.max()) + 1):
-            query = torch.clamp(last, max=t)
-            beyond = (last < t).cpu()
-            for m in self.methods:
-                exp = explain(pl_module, inputs, target=self._target_at(pl_module, query), method=m, query=query,
-                              attention_modules=self.attention_modules, streams=self.streams)
-                for x, row in exp.relevance.items():
-                    out[m].setdefault(x, []).append(row.detach().float().cpu().masked_fill(beyond[:, None], 0.0))
-        return {m: {x: torch.stack(rows, dim=1) for x, rows in by_set.items()} for m, by_set in out.items()}
+        """Method -> set -> ``[B, T, N_set]``: row ``t`` is ``explain(..., query=t)``'s relevance of the set."""
+        labels = None if self.target == "pred" else self._labels.to(pl_module.device)
+        return {m: sequence_rows(pl_module, inputs, m, self._last.to(pl_module.device), labels,
+                                 attention_modules=self.attention_modules, streams=self.streams) for m in self.methods}
 
     def _prepare_sets(self, trainer: Trainer, pl_module: LightningModule, inputs: Any,
                       explanations: dict[str, Explanation]) -> None:
@@ -811,12 +746,11 @@ class GAECallback(Callback):
             rows = None
             self._last = None
             if self._sequence_rows(explanations):
-                query = views[first.query_set]
-                last = torch.full((first.tokens.shape[0],), first.tokens.shape[1] - 1)
-                if isinstance(query.modality, TextTokens):
-                    valid, _ = TensorBoardViews._text_flags(query.modality, query.shown, query.inputs)
-                    last = torch.where(valid, torch.arange(valid.shape[1]), -1).amax(dim=1)
-                self._last = last
+                if self.target == "label" and self._labels.dim() != 2:
+                    raise ValueError(f"target='label' on sequence outputs needs labels [B, T], one per target position; "
+                                     f"the batches carry labels of shape {tuple(self._labels.shape)}")
+                self._last = last_positions(pl_module, inputs, attention_modules=self.attention_modules,
+                                            streams=self.streams).cpu()
                 rows = self._rows(pl_module, inputs)
             self._check_set_truth(first, rows)
             self._new_views().write([], 0, modality=self._modality, inputs=inputs, shown=views[first.query_set].shown,

@@ -8,10 +8,11 @@ tab that reads those tensors back, registered through the ``tensorboard_plugins`
 from lightning_gae.tensorboard.metadata import PLUGIN_NAME
 from lightning_gae.tensorboard.summary import (
     RELEVANCE_SCALARS,
+    SetInput,
     TensorBoardViews,
     custom_scalars_layout,
     sample_tag,
     scalar_tag,
 )
 
-__all__ = ["PLUGIN_NAME", "RELEVANCE_SCALARS", "TensorBoardViews", "custom_scalars_layout", "sample_tag", "scalar_tag"]
+__all__ = ["PLUGIN_NAME", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout", "sample_tag", "scalar_tag"]

@@ -421,10 +421,23 @@ class TensorBoardViews:
 
     # --- several token sets ---------------------------------------------------------------------
 
-    def _set_values(self, writers: Sequence[Any], step: int, sets: Mapping[str, SetInput], sample_indices: Sequence[int],
-                    explanations: Mapping[str, Explanation], rows: Mapping[str, Mapping[str, Tensor]] | None,
-                    labels: Tensor | None, class_names: Sequence[str] | None) -> tuple[list[Summary.Value], list[Summary.Value]]:
-        """Pictures and text of every token set written; the dashboard's tensors and the inputs' tensors returned."""
+    def set_pictures(
+        self,
+        sets: Mapping[str, SetInput],
+        sample_indices: Sequence[int],
+        explanations: Mapping[str, Explanation],
+        rows: Mapping[str, Mapping[str, Tensor]] | None = None,
+        labels: Tensor | None = None,
+        class_names: Sequence[str] | None = None,
+    ) -> list[np.ndarray]:
+        """The ``gae_heatmaps`` picture of each sample of a model with several token sets (see :meth:`write`), uint8 ``[h, w, 3]``."""
+        drawn = self._set_drawing(sets, sample_indices, explanations, rows, labels, class_names)
+        return [picture for picture, _ in drawn["pictures"]]
+
+    def _set_drawing(self, sets: Mapping[str, SetInput], sample_indices: Sequence[int],
+                     explanations: Mapping[str, Explanation], rows: Mapping[str, Mapping[str, Tensor]] | None,
+                     labels: Tensor | None, class_names: Sequence[str] | None) -> dict[str, Any]:
+        """Every set's values as drawn, each sample's picture and text table, and what the tensors need."""
         first = next(iter(explanations.values()))
         missing = [x for x in first.relevance if x not in sets]
         if missing:
@@ -444,22 +457,37 @@ class TensorBoardViews:
             ranges.update({(m, x): found[f"{m}/{x}"] for m in shown_maps})
         matrices = None if rows is None else self._matrices(rows, sets, kept, first)
         predictions = self._predictions(first, len(sample_indices))
-        values: list[Summary.Value] = []
-        inputs_values: list[Summary.Value] = []
+        pictures = []
         for k, index in enumerate(sample_indices):
             label = None if labels is None or labels.dim() != 1 else int(labels[k])
             header = self._header(index, label, predictions[k], class_names)
-            name = sample_tag(index)
+            if matrices is not None:
+                # The header's one explained class would be one row's; every row explains its own.
+                header = f"val #{index} · row t explains the token predicted at target position t"
             if matrices is None:
                 picture = self._sets_picture(sets, kept, k, shown_maps, ranges, header)
             else:
                 picture = self._matrix_picture(matrices, k, header)
+            pictures.append((_bounded(picture), self._sets_markdown(sets, kept, k, shown_maps, matrices, header)))
+        return {"sets": sets, "raw": raw, "pictures": pictures, "predictions": predictions, "query_set": first.query_set}
+
+    def _set_values(self, writers: Sequence[Any], step: int, sets: Mapping[str, SetInput], sample_indices: Sequence[int],
+                    explanations: Mapping[str, Explanation], rows: Mapping[str, Mapping[str, Tensor]] | None,
+                    labels: Tensor | None, class_names: Sequence[str] | None) -> tuple[list[Summary.Value], list[Summary.Value]]:
+        """Pictures and text of every token set written; the dashboard's tensors and the inputs' tensors returned."""
+        drawn = self._set_drawing(sets, sample_indices, explanations, rows, labels, class_names)
+        sets, raw, predictions, query_set = drawn["sets"], drawn["raw"], drawn["predictions"], drawn["query_set"]
+        values: list[Summary.Value] = []
+        inputs_values: list[Summary.Value] = []
+        for k, index in enumerate(sample_indices):
+            label = None if labels is None or labels.dim() != 1 else int(labels[k])
+            name = sample_tag(index)
+            picture, table = drawn["pictures"][k]
             for writer in writers:
-                writer.add_image(f"gae_heatmaps/{name}", _bounded(picture), step, dataformats="HWC")
-            table = self._sets_markdown(sets, kept, k, shown_maps, matrices, header)
+                writer.add_image(f"gae_heatmaps/{name}", picture, step, dataformats="HWC")
             if table:
                 values.extend(text_summary.text_pb(f"gae_tokens/{name}", table).value)
-            query = sets[first.query_set]
+            query = sets[query_set]
             inputs_values.append(self._input_value(query.modality, query.shown, query.inputs, k, index, label, class_names))
             for x, s in sets.items():
                 inputs_values.append(self._input_value(s.modality, s.shown, s.inputs, k, index, label, class_names,
@@ -469,7 +497,7 @@ class TensorBoardViews:
             for order, (method, by_set) in enumerate(raw.items()):
                 # The query set under the single-set kind too: a reader of those kinds shows that set.
                 values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/relevance/{method}/{name}",
-                                              by_set[first.query_set][k].numpy(),
+                                              by_set[query_set][k].numpy(),
                                               metadata.encode("relevance", sample=index, method=method, space="tokens",
                                                               order=order)))
                 for x, tensor in by_set.items():
@@ -530,7 +558,7 @@ class TensorBoardViews:
                         (vmin, vmax), saturated = visualize.value_range(matrix), False
                     panel = visualize.matrix_panel(matrix, row_labels, col_labels, (vmin, vmax), self.panel_px)
                     bar = visualize.colorbar(vmin, vmax, max(panel.shape[1], 128), saturated=saturated)
-                    line.append((f"{method} · {x} (a row per target position)", visualize.stack([panel, bar], axis=0, gap=3)))
+                    line.append((f"{method} · {x} (rows: targets)", visualize.stack([panel, bar], axis=0, gap=3)))
                     if isinstance(s.modality, TextTokens):
                         tables.append((f"{method} · {x}", row_labels, col_labels, matrix))
                 panels.append(line)
