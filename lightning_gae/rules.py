@@ -138,9 +138,12 @@ def token_set_relevance(
     the identity is kept apart because the attention terms can be far below float32's resolution
     around 1, and Eq. 8-9 subtract it again.
 
-    With ``rollout=True`` the maps are head-mean attention and a call within a set multiplies
-    every ``R^{s·}`` by ``rownorm(I + A)`` (rollout's own step); calls across sets still use
-    Eq. 10-11, which rollout has no counterpart for.
+    With ``rollout=True`` the maps are head-mean attention and every call is rollout's step on the
+    graph of all tokens: a call with queries ``s`` replaces the rows of ``s`` by ``rownorm(I + A)``
+    times the old rows, where ``A`` lives on the key set's columns (``I`` on ``s``'s own), and leaves
+    the other sets' rows alone. Within a set this is ``R^{s·} ← rownorm(I + A)·R^{s·}``; across sets
+    it is ``R^{s·} ← D·R^{s·} + D·A·R^{q·}`` with ``D = 1 / (1 + rowsum A)``. Eq. 8-9 do not apply:
+    rollout's rows already sum to 1, so ``R − I`` has rows summing to 0.
     """
     batch = steps[0][2].shape[0]
     device = steps[0][2].device
@@ -157,6 +160,19 @@ def token_set_relevance(
 
     for s, q, amap in steps:
         amap = _f32(amap)
+        if rollout and s != q:
+            scale = 1.0 / (1.0 + amap.sum(dim=-1, keepdim=True))
+            targets = {y for (x, y) in rel if x in (s, q)}
+            updated = {}
+            for y in targets:
+                own, keys = full(s, y), full(q, y)
+                new = scale * own if own is not None else 0.0
+                if keys is not None:
+                    new = new + scale * torch.bmm(amap, keys)
+                updated[y] = new - torch.eye(sizes[s], dtype=new.dtype, device=new.device) if y == s else new
+            for y, value in updated.items():
+                rel[(s, y)] = value
+            continue
         if s == q:
             step = _rollout_step_mean(amap) if rollout else None
             for (x, y), r in list(rel.items()):

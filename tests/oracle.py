@@ -139,3 +139,30 @@ def token_set_readout(rel: dict, query_set: str, query: int, sets: list) -> dict
             row[query] = 0.0
         out[x] = row
     return out
+
+
+def rollout_token_sets(steps, sizes: dict) -> dict:
+    """Rollout on the graph of all tokens, one sample, dense: every R^{xy} as blocks of one matrix.
+
+    The tokens of all sets are laid side by side. Each call is a layer matrix L: the rows of the
+    query set s are (I on s's own columns + the head-mean attention on the key set's columns), each
+    row divided by its sum; every other row is the identity's. R = L_last ... L_1.
+    """
+    names = list(sizes)
+    offsets, total = {}, 0
+    for x in names:
+        offsets[x] = total
+        total += sizes[x]
+    block = lambda x: slice(offsets[x], offsets[x] + sizes[x])  # noqa: E731
+    r = _eye(total)
+    for s, q, attn, _grad in steps:
+        layer = _eye(total)
+        mean = attn.double().mean(dim=0)
+        rows = torch.zeros(sizes[s], total, dtype=torch.float64)
+        rows[:, block(s)] = _eye(sizes[s])
+        rows[:, block(q)] = rows[:, block(q)] + mean
+        for i in range(sizes[s]):
+            rows[i] = rows[i] / rows[i].sum()
+        layer[block(s)] = rows
+        r = layer @ r
+    return {(x, y): r[block(x), block(y)] for x in names for y in names}

@@ -8,20 +8,20 @@ from torch import nn
 
 import lightning_gae as lg
 from models import TinyCoAttention, TinySeq2Seq, TinyViT, coattention_reference, seq2seq_reference
-from oracle import gae_token_sets, relative_error, token_set_readout
+from oracle import gae_token_sets, relative_error, rollout_token_sets, token_set_readout
 
 transformers = pytest.importorskip("transformers")
 
 TOL = 1e-4
 
 
-def assert_sets_match(exp, refs, sizes, query_set, queries, names=None, lengths=None):
+def assert_sets_match(exp, refs, sizes, query_set, queries, names=None, lengths=None, oracle=gae_token_sets):
     """Every set's row equals the oracle's (Eq. 6-11 from the recorded probabilities), sample by sample."""
     names = names or {s: s for s in sizes}
     largest = 0.0
     for b, steps in enumerate(refs):
         n = sizes if lengths is None else lengths[b]
-        rel = gae_token_sets(steps, n)
+        rel = oracle(steps, n)
         expected = token_set_readout(rel, query_set, queries[b], list(n))
         for oracle_name, row in expected.items():
             got = exp.relevance[names[oracle_name]][b, : row.shape[0]]
@@ -47,6 +47,23 @@ def test_own_seq2seq_matches_oracle_at_equal_and_unequal_lengths(src_len, tgt_le
     assert_sets_match(exp, refs, {"encoder": src_len, "decoder": tgt_len}, "decoder", [j] * 3)
     # The causal decoder cannot see later target tokens.
     assert torch.all(exp.relevance["decoder"][:, j + 1 :] == 0)
+
+
+@pytest.mark.parametrize("src_len,tgt_len", [(6, 6), (7, 4)])
+def test_rollout_on_seq2seq_is_rollout_on_the_graph_of_all_tokens(src_len, tgt_len):
+    """Cross-attention is a rollout step whose keys are the encoder's tokens; rows stay bounded."""
+    torch.manual_seed(0)
+    model = TinySeq2Seq().eval()
+    src, tgt = torch.randint(0, 11, (3, src_len)), torch.randint(0, 11, (3, tgt_len))
+    j = tgt_len - 2
+    exp = lg.explain(model, (src, tgt), query=j, method="rollout")
+    refs = seq2seq_reference(model, src, tgt, lambda logits, b: logits[0, j, 0])
+    assert_sets_match(exp, refs, {"encoder": src_len, "decoder": tgt_len}, "decoder", [j] * 3, oracle=rollout_token_sets)
+    # A rollout row is a distribution over all tokens: with the query's own entry, it sums to 1.
+    own = rollout_token_sets(refs[0], {"encoder": src_len, "decoder": tgt_len})[("decoder", "decoder")][j, j]
+    total = exp.relevance["encoder"][0].sum() + exp.relevance["decoder"][0].sum() + own
+    assert abs(total.item() - 1.0) < 1e-5
+    assert exp.relevance["encoder"].min() >= 0 and exp.relevance["encoder"].max() <= 1
 
 
 def test_chaining_the_sets_would_differ():
@@ -107,6 +124,9 @@ def test_coattention_matches_oracle(n_text, n_image):
     names = {"text": "text_self", "image": "image_self"}
     assert exp.query_set == "text_self"
     assert_sets_match(exp, refs, {"text": n_text, "image": n_image}, "text", [0] * 3, names=names)
+    rolled = lg.explain(model, (ids, feats), method="rollout")
+    assert_sets_match(rolled, refs, {"text": n_text, "image": n_image}, "text", [0] * 3, names=names,
+                      oracle=rollout_token_sets)
     batch = exp
     for b in range(3):
         alone = lg.explain(model, (ids[b : b + 1], feats[b : b + 1]), target=int(exp.target[b]))
