@@ -227,11 +227,40 @@ def preset_streams(model: nn.Module) -> Streams | None:
     ``wrapped_model``; the wrapper reports the model's own module paths.
     """
     model = getattr(model, "wrapped_model", None) or model
+    found = _root_preset(model)
+    if found is not None:
+        return found
+    # A known family held inside the user's module (a LightningModule around CLIP or T5): the
+    # outermost submodule a preset recognises, its globs moved under that submodule's path.
+    matches: list[tuple[str, Streams]] = []
+    for path, module in model.named_modules():
+        if not path or any(path.startswith(f"{outer}.") for outer, _ in matches):
+            continue
+        inner = _root_preset(module)
+        if inner is not None:
+            matches.append((path, inner))
+    if len(matches) != 1:
+        # Two known models in one module: their set names would clash, so the data flow decides.
+        return None
+    return _moved_under(*matches[0])
+
+
+def _root_preset(model: nn.Module) -> Streams | None:
     for preset in PRESETS:
         found = preset(model)
         if found is not None:
             return found
     return None
+
+
+def _moved_under(prefix: str, streams: Streams) -> Streams:
+    return Streams(
+        self_attention={name: [f"{prefix}.{g}" for g in ([globs] if isinstance(globs, str) else globs)]
+                        for name, globs in streams.self_attention.items()},
+        cross_attention={f"{prefix}.{g}": pair for g, pair in streams.cross_attention.items()},
+        query_set=streams.query_set,
+        queries=dict(streams.queries),
+    )
 
 
 # --- inference from the data flow -------------------------------------------------------------------

@@ -365,6 +365,36 @@ def test_clip_with_equal_token_counts_keeps_towers_apart(impl):
         assert relative_error(exp.relevance["image"][b], want_i) < TOL
 
 
+class Holder(nn.Module):
+    """A user's module around a known family (the way a LightningModule holds CLIP or BART)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.net = nn.ModuleDict({"inner": inner})
+
+    def forward(self, **kwargs):
+        return self.net["inner"](**kwargs)
+
+
+def test_presets_apply_to_a_known_family_held_inside_another_module():
+    clip = _clip()
+    ids = torch.tensor([[3, 4, 49, 0, 0], [5, 6, 7, 8, 49]])
+    kwargs = {"input_ids": ids, "attention_mask": (ids != 0).long(), "pixel_values": torch.randn(2, 3, 8, 8)}
+    alone = lg.explain(clip, kwargs, target=clip_similarity)
+    held = lg.explain(Holder(clip), kwargs, target=clip_similarity)
+    assert set(held.relevance) == {"text", "image"}
+    for x in ("text", "image"):
+        torch.testing.assert_close(held.relevance[x], alone.relevance[x])
+
+    bart, _ = _bart("eager")
+    src = {"input_ids": torch.randint(3, 40, (2, 6)), "decoder_input_ids": torch.randint(3, 40, (2, 6))}
+    alone = lg.explain(bart, src, query=4)
+    held = lg.explain(Holder(bart), src, query=4)
+    assert held.layers == [f"net.inner.{p}" for p in alone.layers]
+    for x in ("encoder", "decoder"):
+        torch.testing.assert_close(held.relevance[x], alone.relevance[x])
+
+
 # --- the same module run twice in one forward: a bi-encoder ------------------------------------------
 
 
