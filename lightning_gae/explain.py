@@ -438,18 +438,38 @@ def explain(
         exp = explain(t5, batch, query=3)                # decoder position 3
         exp.relevance["encoder"], exp.relevance["decoder"]
     """
-    if method not in METHODS:
-        raise ValueError(f"method={method!r}; choose one of {METHODS}")
+    return explain_methods(model, inputs, (method,), target, query, attention_modules, streams)[method]
+
+
+def explain_methods(
+    model: nn.Module,
+    inputs: Any,
+    methods: Sequence[Method],
+    target: Target = None,
+    query: Query | Mapping[str, Query] | None = None,
+    attention_modules: Sequence[str] | str | None = None,
+    streams: Streams | None = None,
+) -> dict[str, Explanation]:
+    """:func:`explain` with several methods from one recorded forward (and at most one backward).
+
+    Each value equals ``explain(..., method=m)``; the forward, the token sets and the gradients are
+    shared, which is what the callback and ``compare`` pay for once per batch instead of per method.
+    GAE alone takes the memory-lean path; with other methods the probabilities are recorded once.
+    """
+    methods = tuple(dict.fromkeys(methods))
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ValueError(f"method={unknown[0] if unknown else methods!r}; choose one of {METHODS}")
     model = _unwrap_compiled(model)
     _pooling_warning(model, query)
     try:
-        return _explain(model, inputs, target, method, query, attention_modules, streams, lean=method == "gae")
+        return _explain(model, inputs, target, methods, query, attention_modules, streams, lean=methods == ("gae",))
     except _OutOfOrder:
-        return _explain(model, inputs, target, method, query, attention_modules, streams, lean=False)
+        return _explain(model, inputs, target, methods, query, attention_modules, streams, lean=False)
 
 
-def _explain(model: nn.Module, inputs: Any, target: Target, method: str, query: Any,
-             attention_modules: Sequence[str] | str | None, streams: Streams | None, lean: bool) -> Explanation:
+def _explain(model: nn.Module, inputs: Any, target: Target, methods: tuple[str, ...], query: Any,
+             attention_modules: Sequence[str] | str | None, streams: Streams | None, lean: bool) -> dict[str, Explanation]:
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     # The graph is built for every method: token sets are told apart by following it.
     with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
@@ -488,47 +508,55 @@ def _explain(model: nn.Module, inputs: Any, target: Target, method: str, query: 
         query_index = starts[sets.query_set]
         score, target_index = _target_scores(output, logits, target, query_index, batch)
 
-        used_layers = layers[-1:] if single and method in _LAST_LAYER_ONLY else layers
-        grads: list[Tensor] = []
-        abars: list[Tensor] | None = None
-        lean_row: Tensor | None = None
-        if method in _NEEDS_GRAD and not score.requires_grad:
+        if any(m in _NEEDS_GRAD for m in methods) and not score.requires_grad:
             raise ValueError("the explained score does not depend on the attention (no gradient path); check target")
-        if method == "gae":
-            all_lean = all(r.lean is not None for r in used_layers)
+        lean_row: Tensor | None = None
+        abars: list[Tensor] | None = None
+        all_grads: list[Tensor] = []
+        if lean:
+            all_lean = all(r.lean is not None for r in layers)
             row_start = rules.start_rows(query_index, sets.sizes[sets.query_set]) if single and all_lean else None
-            abars, lean_row = _gae_backward(score, used_layers, recorder, row_start)
-        elif method in _NEEDS_GRAD:
-            found = torch.autograd.grad(score.sum(), [r.tensor for r in used_layers], allow_unused=True)
-            grads = [rec.as_heads(torch.zeros_like(rec.tensor) if g is None else g) for rec, g in zip(used_layers, found)]
-        with torch.no_grad():
-            if lean_row is not None:
-                rows = {sets.query_set: lean_row}
-            elif single:
-                rows = {sets.query_set: _relevance_row(method, used_layers, grads, query_index, keeps[sets.query_set], abars)}
-            else:
-                rows = _multi_set_rows(method, sets, grads, keeps, starts, abars)
-            relevance = {}
-            for x, row in rows.items():
-                if x in sets.pools.values():
-                    continue
-                own = single or _readers(sets)[x] == x
-                row = _hide_own(row, starts[x]) if own else row
-                relevance[x] = row.masked_fill(~keeps[x], 0.0).to(torch.float32).detach()
-    tokens = relevance.get(sets.query_set)
-    if tokens is None:
-        tokens = next(iter(relevance.values()))
-    return Explanation(
-        tokens=tokens,
-        logits=None if logits is None else logits.detach(),
-        target=target_index,
-        score=score.detach(),
-        method=method,
-        layers=[rec.path for rec in used_layers],
-        query=None if query_index.is_floating_point() else query_index,
-        relevance=relevance,
-        query_set=sets.query_set,
-    )
+            abars, lean_row = _gae_backward(score, layers, recorder, row_start)
+        elif any(m in _NEEDS_GRAD for m in methods):
+            # One backward for every gradient method: to every call when GAE or several sets need them all.
+            wanted = layers if "gae" in methods or not single else layers[-1:]
+            found = torch.autograd.grad(score.sum(), [r.tensor for r in wanted], allow_unused=True)
+            all_grads = [rec.as_heads(torch.zeros_like(rec.tensor) if g is None else g) for rec, g in zip(wanted, found)]
+            if "gae" in methods:
+                abars = [rules.avg_heads(rec.as_heads(), g) for rec, g in zip(layers, all_grads)]
+        explanations = {}
+        for method in methods:
+            used_layers = layers[-1:] if single and method in _LAST_LAYER_ONLY else layers
+            grads = all_grads[-len(used_layers):] if method in _NEEDS_GRAD and method != "gae" else []
+            with torch.no_grad():
+                if lean_row is not None:
+                    rows = {sets.query_set: lean_row}
+                elif single:
+                    rows = {sets.query_set: _relevance_row(method, used_layers, grads, query_index, keeps[sets.query_set], abars)}
+                else:
+                    rows = _multi_set_rows(method, sets, grads, keeps, starts, abars)
+                relevance = {}
+                for x, row in rows.items():
+                    if x in sets.pools.values():
+                        continue
+                    own = single or _readers(sets)[x] == x
+                    row = _hide_own(row, starts[x]) if own else row
+                    relevance[x] = row.masked_fill(~keeps[x], 0.0).to(torch.float32).detach()
+            tokens = relevance.get(sets.query_set)
+            if tokens is None:
+                tokens = next(iter(relevance.values()))
+            explanations[method] = Explanation(
+                tokens=tokens,
+                logits=None if logits is None else logits.detach(),
+                target=target_index,
+                score=score.detach(),
+                method=method,
+                layers=[rec.path for rec in used_layers],
+                query=None if query_index.is_floating_point() else query_index,
+                relevance=relevance,
+                query_set=sets.query_set,
+            )
+    return explanations
 
 
 def _resolve(readout: Any, kwargs: Mapping[str, Any], args: Sequence[Any] = ()) -> Any:

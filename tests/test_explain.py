@@ -51,6 +51,34 @@ def test_vit_with_sdpa(method):
     assert_matches_reference(exp, vit_reference(model, x, logit_score(exp)), method)
 
 
+@pytest.mark.parametrize("case", ["vit", "bert_padded", "seq2seq"])
+def test_explain_methods_shares_one_forward_and_equals_explain_per_method(case):
+    """Every method from one recorded forward equals its own explain() call (and the oracle through it)."""
+    from models import TinySeq2Seq
+
+    from lightning_gae.explain import explain_methods
+
+    torch.manual_seed(2)
+    query = None
+    if case == "vit":
+        model, inputs = TinyViT().eval(), torch.rand(4, 1, 8, 8)
+    elif case == "bert_padded":
+        model, _ = _bert("sdpa")
+        ids, mask = _padded_ids([7, 4, 6])
+        inputs = {"input_ids": ids, "attention_mask": mask}
+    else:
+        model, inputs, query = TinySeq2Seq().eval(), (torch.randint(0, 11, (3, 6)), torch.randint(0, 11, (3, 6))), 4
+    together = explain_methods(model, inputs, METHODS if case != "seq2seq" else
+                               [m for m in METHODS if m != "attn_gradcam_vit"], query=query)
+    for method, exp in together.items():
+        alone = lg.explain(model, inputs, method=method, query=query)
+        assert exp.method == method and exp.layers == alone.layers
+        assert torch.equal(exp.target, alone.target)
+        for name, row in alone.relevance.items():
+            torch.testing.assert_close(exp.relevance[name], row, rtol=1e-4, atol=1e-7)
+        assert row.abs().sum() > 0
+
+
 def test_batch_equals_one_by_one():
     torch.manual_seed(1)
     model = TinyViT().eval()

@@ -104,8 +104,8 @@ def test_lean_and_recorded_paths_agree(model_and_inputs):
         model, inputs, query = TinyViT().eval(), torch.rand(3, 1, 8, 8), 0
     else:
         model, inputs, query = TinySeq2Seq().eval(), (torch.randint(0, 11, (3, 6)), torch.randint(0, 11, (3, 5))), 3
-    lean = _explain(model, inputs, None, "gae", query, None, None, lean=True)
-    full = _explain(model, inputs, None, "gae", query, None, None, lean=False)
+    lean = _explain(model, inputs, None, ("gae",), query, None, None, lean=True)["gae"]
+    full = _explain(model, inputs, None, ("gae",), query, None, None, lean=False)["gae"]
     for name in full.relevance:
         torch.testing.assert_close(lean.relevance[name], full.relevance[name], rtol=1e-4, atol=1e-7)
     assert full.tokens.abs().sum() > 0

@@ -29,7 +29,7 @@ from lightning_gae.compare import (
     token_set_input,
     token_set_inputs,
 )
-from lightning_gae.explain import METHODS, Explanation, explain, map_tensors
+from lightning_gae.explain import METHODS, Explanation, explain, explain_methods, map_tensors
 from lightning_gae.metrics import (
     PERTURBATION_METRICS,
     AlignmentAccuracy,
@@ -676,11 +676,9 @@ class GAECallback(Callback):
             target = self._target_at(pl_module, self.query)
         else:
             target = None if self.target == "pred" else labels.to(pl_module.device)
-        explanations = {
-            m: explain(pl_module, inputs, target=target, method=m, query=self.query,
-                       attention_modules=self.attention_modules, streams=self.streams)
-            for m in self.methods
-        }
+        # One recorded forward for every method (GAE alone keeps its memory-lean path).
+        explanations = explain_methods(pl_module, inputs, self.methods, target=target, query=self.query,
+                                       attention_modules=self.attention_modules, streams=self.streams)
         first = next(iter(explanations.values()))
         # Every method explains the same classes: the first explanation's (the prediction or the label).
         maps = {m: attribute(m, pl_module, inputs, first.target, embedding_layer=self.embedding_layer, seed=self.seed)
