@@ -197,14 +197,20 @@ def perturbed_scores(
         fill = modality.remove(inputs, modality.removable(inputs))
     # A plain function has no modes to switch; a module runs in eval mode and gets its own flags back.
     modes = eval_mode(forward_fn) if isinstance(forward_fn, nn.Module) else nullcontext()
-    with torch.no_grad(), modes:
+    with torch.inference_mode(), modes:
         logits = torch.cat([_forward_logits(forward_fn, _select(inputs, idx, batch))
                             for idx in torch.arange(batch).split(max_batch)])
         explained, reference = _scored_classes(target, logits, protocol)
         clean = _score(logits, explained, reference, "probability")
         out = torch.empty(steps * batch, device=logits.device)
+        # A pair that removes nothing (the 0% step) is the unperturbed input: its score is the clean one.
+        removes = masks.reshape(steps * batch, -1).any(dim=1).cpu()
+        untouched = torch.nonzero(~removes).flatten()
+        sample_of = untouched % batch
+        out[untouched.to(out.device)] = _score(logits[sample_of.to(logits.device)], explained[sample_of.to(explained.device)],
+                                               reference[sample_of.to(reference.device)], score)
         # Step-major pairs, so one chunk mixes steps and samples and the count of forwards is ceil(S*B / max_batch).
-        for pairs in torch.arange(steps * batch).split(max_batch):
+        for pairs in torch.nonzero(removes).flatten().split(max_batch):
             step, sample = pairs // batch, pairs % batch
             chunk = modality.remove(_select(inputs, sample, batch), masks[step, sample], _select(fill, sample, batch))
             index = sample.to(logits.device)
