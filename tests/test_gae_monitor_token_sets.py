@@ -250,10 +250,12 @@ def test_clip_ground_truth_scores_each_set_with_its_own_truth(clip_run):
         rationale = RationaleAgreement()
         rationale.update(text.unit_scores(exp.relevance["text"], text_inputs), batch["rationales"],
                          text.removable(text_inputs))
+        # The callback explains every method from one recorded forward, explain() GAE on its lean path:
+        # the relevance agrees to float32 rounding, which can move the scores' last digits.
         for key, value in segmentation.compute().items():
-            assert acc.Scalars(f"segmentation_{key}/{method}")[-1].value == pytest.approx(value.item(), abs=1e-6)
+            assert acc.Scalars(f"segmentation_{key}/{method}")[-1].value == pytest.approx(value.item(), rel=1e-4, abs=1e-6)
         for key, value in rationale.compute().items():
-            assert acc.Scalars(f"rationale_{key}/{method}")[-1].value == pytest.approx(value.item(), abs=1e-6)
+            assert acc.Scalars(f"rationale_{key}/{method}")[-1].value == pytest.approx(value.item(), rel=1e-4, abs=1e-6)
 
 
 def test_clip_picture_puts_the_heatmap_beside_the_tokens(clip_run):
