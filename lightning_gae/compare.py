@@ -395,9 +395,16 @@ def _value_and_stderr(metric: Metric, samples: Sequence[Mapping[str, Tensor]]) -
         out = type(metric).compute(metric)
         return {key: float(v) for key, v in out.items()} if isinstance(out, dict) else {"": float(out)}
 
+    n = len(samples)
+    per_sample_values = getattr(metric, "per_sample_values", None)
+    if per_sample_values is not None:
+        # A mean over samples: the jackknife reduces to the own values' standard deviation over sqrt(n),
+        # without a compute() per left-out sample.
+        own = per_sample_values({name: torch.stack([s[name] for s in samples]) for name in samples[0]})
+        spread = float(own.std()) / math.sqrt(n) if n > 1 else math.nan
+        return {"": float(own.mean())}, {"": spread}
     total = {name: torch.stack([s[name] for s in samples]).sum(dim=0) for name in samples[0]}
     value = computed(total)
-    n = len(samples)
     leave_one_out = [computed({name: total[name] - s[name] for name in total}) for s in samples]
     stderr = {}
     for key in value:

@@ -388,6 +388,18 @@ def test_per_sample_states_are_each_samples_own_update_and_the_auc_is_linear(nam
     assert value[""] == pytest.approx(own.mean().item(), abs=1e-5)
     assert stderr[""] == pytest.approx((own.std() / math.sqrt(12)).item(), rel=1e-4, abs=1e-6)
     assert stderr[""] > 0
+    if hasattr(metric, "per_sample_values"):
+        # The closed form equals the jackknife written out: compute() with each sample left out.
+        total = {k: v.sum(dim=0) for k, v in states.items()}
+        thetas = []
+        for i in range(12):
+            for k, v in total.items():
+                setattr(metric, k, v - states[k][i])
+            thetas.append(type(metric).compute(metric).double())
+        thetas = torch.stack(thetas)
+        jackknife = math.sqrt(11 / 12 * float(((thetas - thetas.mean()) ** 2).sum()))
+        assert stderr[""] == pytest.approx(jackknife, rel=1e-4)
+        metric.reset()
 
 
 def test_random_attribution_is_seeded():

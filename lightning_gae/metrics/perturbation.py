@@ -9,7 +9,7 @@ after the first update, and then updates only the first of them.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -81,6 +81,7 @@ class _ModelMetric(Metric):
 
 class _CurveMetric(_ModelMetric):
     plot_lower_bound = 0.0
+    _scale: ClassVar[float] = 1.0
 
     def _curve_states(self, name: str, fractions: Sequence[float]) -> None:
         _check_fractions(fractions, "fractions")
@@ -113,6 +114,16 @@ class _CurveMetric(_ModelMetric):
     def _area(self, scale: float) -> Tensor:
         return _perturbation_auc_compute(getattr(self, self._sum_name), getattr(self, self._count_name),
                                          self.fractions, scale).float()
+
+    def per_sample_values(self, states: Mapping[str, Tensor]) -> Tensor:
+        """Each sample's own value ``[n]`` from the rows of :meth:`per_sample_states` (stacked ``{state: [n, ...]}``).
+
+        The area is linear in the curve, so the metric over the samples is the mean of these, and
+        their standard deviation over ``sqrt(n)`` is its standard error.
+        """
+        curves = states[self._sum_name].double() / states[self._count_name].double().reshape(-1, 1)
+        x = torch.tensor(self.fractions, dtype=torch.float64, device=curves.device)
+        return torch.trapezoid(curves, x, dim=-1) * self._scale
 
     def curve(self) -> Tensor:
         """The mean score at each fraction ``[S]`` over every sample seen so far (by every process, as ``compute``)."""
@@ -212,8 +223,10 @@ class PerturbationAUC(_CurveMetric):
         return _perturbation_curves(self.forward_fn, self.modality, inputs, attributions, target, self.order,
                                     self.fractions, self.score, self.max_batch, self.protocol)
 
+    _scale = 100.0
+
     def compute(self) -> Tensor:
-        return self._area(100.0)
+        return self._area(self._scale)
 
 
 class PositivePerturbationAUC(PerturbationAUC):
@@ -255,8 +268,10 @@ class DeletionAUC(_CurveMetric):
         return _deletion_curves(self.forward_fn, self.modality, inputs, attributions, target, self.fractions,
                                 self.max_batch, insertion=self._insertion, protocol=self.protocol)
 
+    _scale = 1.0
+
     def compute(self) -> Tensor:
-        return self._area(1.0)
+        return self._area(self._scale)
 
 
 class InsertionAUC(DeletionAUC):
