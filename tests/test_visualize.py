@@ -238,6 +238,33 @@ def test_heatmap_panel_uses_a_diverging_colormap_for_signed_maps_and_is_256_px()
     assert wide.shape == (128, 256, 3)
 
 
+def test_heatmap_panel_draws_each_patch_as_its_own_value_and_encodes_small():
+    import io
+
+    from PIL import Image
+
+    image = np.zeros((8, 8, 3))
+    grid = np.random.default_rng(0).random((4, 4))
+    panel = visualize.heatmap_panel(image, grid, size=256, vrange=(0.0, 1.0), alpha=1.0)
+    lut = visualize.colormap_lut(visualize.SEQUENTIAL_CMAP)
+    for r in range(4):
+        for c in range(4):
+            block = panel[64 * r : 64 * (r + 1), 64 * c : 64 * (c + 1)]
+            # One colour per patch: the value the metrics rank, not a blend with the neighbours.
+            np.testing.assert_array_equal(block, np.broadcast_to(lut[int(np.rint(grid[r, c] * 255))], block.shape))
+    smooth = visualize.heatmap_panel(image, grid, size=256, vrange=(0.0, 1.0), alpha=1.0, interpolation="bilinear")
+    assert len(np.unique(smooth.reshape(-1, 3), axis=0)) > 16
+
+    def png_bytes(picture):
+        buffer = io.BytesIO()
+        Image.fromarray(picture).save(buffer, format="PNG", compress_level=1)
+        return buffer.tell()
+
+    assert png_bytes(panel) * 5 < png_bytes(smooth)
+    with pytest.raises(ValueError, match="interpolation='cubic'"):
+        visualize.heatmap_panel(image, grid, interpolation="cubic")
+
+
 def test_text_line_is_one_line_of_constant_height_cut_to_its_width():
     short, tall = visualize.text_line("a"), visualize.text_line("Ågj|()")
     assert short.shape[0] == tall.shape[0] and (tall < 128).any()
