@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,25 @@ def test_samples_are_class_balanced():
     assert sorted(int(labels[i]) for i in chosen) == list(range(10))
     assert chosen == _balanced_choice(labels, 200, 10, seed=0)
     assert chosen != _balanced_choice(labels, 200, 10, seed=1)
+
+
+def test_tracked_samples_cover_every_class_or_the_warning_names_the_missing_ones(tmp_path):
+    data = DigitsDataModule(batch_size=64)
+    seed_everything(0)
+    every = GAECallback(num_samples=10, methods=("gae",), metric_samples=0, metrics=())
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        make_trainer(tmp_path / "ten", [every], max_epochs=1).fit(small_model(), data)
+    assert not [w for w in seen if "show no sample of class" in str(w.message)]
+    labels = torch.cat([batch[1] for batch in data.val_dataloader()])
+    assert sorted(int(labels[i]) for i in every.sample_indices) == list(range(10))
+
+    seed_everything(0)
+    eight = GAECallback(num_samples=8, methods=("gae",), metric_samples=0, metrics=())
+    with pytest.warns(UserWarning, match=r"10 classes, so the tracked samples show no sample of class \[8, 9\]; "
+                                         r"pass num_samples=10"):
+        make_trainer(tmp_path / "eight", [eight], max_epochs=1).fit(small_model(), data)
+    assert {int(labels[i]) for i in eight.sample_indices} == set(range(8))
 
 
 def _free_port():

@@ -523,6 +523,7 @@ class GAECallback(Callback):
                 rank_zero_warn(f"GAECallback(num_samples={self.num_samples}): there are only {scanned}; "
                                f"tracking all {total}")
             self.sample_indices = _balanced_choice(all_labels, total, self.num_samples, self.seed)
+            self._warn_missing_classes(all_labels, scanned)
         bad = [i for i in self.sample_indices if not 0 <= i < total]
         if bad:
             raise ValueError(f"GAECallback(sample_indices=...): {bad} are outside {scanned}")
@@ -539,6 +540,18 @@ class GAECallback(Callback):
         self._keyed = {k: _concat([part[k] for part in keyed])[index] for k in keyed[0] if all(k in part for part in keyed)}
         if self.target == "label" and self._labels is None:
             raise ValueError("GAECallback(target='label'): the batches carry no labels; pass batch_labels=... or use target='pred'")
+
+    def _warn_missing_classes(self, labels: Tensor | None, scanned: str) -> None:
+        """Say which classes no tracked sample shows, when there are more classes than ``num_samples``."""
+        if labels is None or labels.dim() != 1 or labels.is_floating_point():
+            return
+        classes = torch.unique(labels).tolist()
+        shown = set(labels[torch.tensor(self.sample_indices, dtype=torch.long)].tolist())
+        missing = [c for c in classes if c not in shown]
+        if missing:
+            rank_zero_warn(f"GAECallback(num_samples={self.num_samples}): {scanned} have {len(classes)} classes, so "
+                           f"the tracked samples show no sample of class {missing}; pass num_samples={len(classes)} "
+                           "(or more) to see every class")
 
     def _prepare(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Read the samples and explain them once, so that what cannot work stops the run now, with its fix.
