@@ -245,6 +245,18 @@ def test_misconfiguration_is_an_error_in_setup(tmp_path, kwargs, message):
         trainer.fit(small_model(), DigitsDataModule(batch_size=32))
 
 
+def test_fast_dev_run_explains_nothing_and_warns_nothing(tmp_path):
+    """fast_dev_run gives the Trainer no-op loggers: the callback checks its setup and stays quiet."""
+    callback = GAECallback(num_samples=10, metric_samples=16)
+    trainer = Trainer(default_root_dir=tmp_path, fast_dev_run=True, logger=TensorBoardLogger(tmp_path),
+                      callbacks=[callback], enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer.fit(small_model(), DigitsDataModule(batch_size=32))
+    assert not [w for w in seen if "GAECallback" in str(w.message)], [str(w.message) for w in seen]
+    assert callback.sample_indices is not None and callback._last_explained is None
+
+
 def test_no_logger_warns_with_the_fix(tmp_path):
     trainer = make_trainer(tmp_path, [GAECallback(num_samples=1)], max_epochs=1, logger=False)
     with pytest.warns(UserWarning, match=r"no logger.*TensorBoardLogger"):

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers.logger import DummyLogger
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 from lightning.pytorch.utilities.seed import isolate_rng
@@ -668,6 +669,9 @@ class GAECallback(Callback):
         # global step several times. The stage is part of it: validate() after fit() starts at fit's last step.
         explained = (str(trainer.state.fn), trainer.global_step)
         if self._inputs is None or self._last_explained == explained or not trainer.is_global_zero:
+            return
+        if trainer.loggers and all(isinstance(logger, DummyLogger) for logger in trainer.loggers):
+            # fast_dev_run swaps the loggers for no-op ones: there is nowhere to log an explanation to.
             return
         self._last_explained = explained
         # What the module's self.log uses at this moment (global_step runs ahead of it at epoch ends).
