@@ -92,7 +92,7 @@ class HFViTClassifier(pl.LightningModule):
     def __init__(self, image_size: int = 32, patch_size: int = 4, num_channels: int = 3, num_classes: int = len(SHAPES),
                  hidden_size: int = 64, num_hidden_layers: int = 4, num_attention_heads: int = 4,
                  intermediate_size: int = 128, dropout: float = 0.1, attn_implementation: str = "sdpa",
-                 lr: float = 3e-3, weight_decay: float = 0.05) -> None:
+                 lr: float = 3e-3, weight_decay: float = 0.05, initializer_range: float = 0.1) -> None:
         super().__init__()
         self.save_hyperparameters()
         # Optional dependency of the library; this recipe needs it.
@@ -101,7 +101,10 @@ class HFViTClassifier(pl.LightningModule):
         config = ViTConfig(image_size=image_size, patch_size=patch_size, num_channels=num_channels,
                            hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
                            num_attention_heads=num_attention_heads, intermediate_size=intermediate_size,
-                           hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, num_labels=num_classes)
+                           hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, num_labels=num_classes,
+                           # Hugging Face's 0.02 (made for width 768) leaves this 64-wide model at chance for 10
+                           # epochs on the shapes; 0.1 gets it to 0.55 in 4 (measured, same seed and schedule).
+                           initializer_range=initializer_range)
         self.model = ViTForImageClassification._from_config(config, attn_implementation=attn_implementation)
         self.val_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes=num_classes, average="micro")
