@@ -216,7 +216,8 @@ def _torch_transformer(model: nn.Module) -> Streams | None:
     return Streams(self_attention=self_attention, cross_attention=cross, query_set="decoder")
 
 
-PRESETS: tuple[Callable[[nn.Module], Streams | None], ...] = (_hf_encoder_decoder, _hf_dual_encoder, _torch_transformer)
+_HF_PRESETS = (_hf_encoder_decoder, _hf_dual_encoder)
+PRESETS: tuple[Callable[[nn.Module], Streams | None], ...] = (*_HF_PRESETS, _torch_transformer)
 """Functions ``model -> Streams | None`` tried in order; the first that recognises the model wins."""
 
 
@@ -234,9 +235,12 @@ def preset_streams(model: nn.Module) -> Streams | None:
     # outermost submodule a preset recognises, its globs moved under that submodule's path.
     matches: list[tuple[str, Streams]] = []
     for path, module in model.named_modules():
-        if not path or any(path.startswith(f"{outer}.") for outer, _ in matches):
+        # Only the Hugging Face presets (models that carry a config) are tried below the root: the
+        # nn.Transformer preset already finds its layers at any depth, and walking every submodule's
+        # tree again would cost O(n^2).
+        if not path or getattr(module, "config", None) is None or any(path.startswith(f"{outer}.") for outer, _ in matches):
             continue
-        inner = _root_preset(module)
+        inner = _root_preset(module, _HF_PRESETS)
         if inner is not None:
             matches.append((path, inner))
     if len(matches) != 1:
@@ -245,8 +249,8 @@ def preset_streams(model: nn.Module) -> Streams | None:
     return _moved_under(*matches[0])
 
 
-def _root_preset(model: nn.Module) -> Streams | None:
-    for preset in PRESETS:
+def _root_preset(model: nn.Module, presets: Sequence[Callable[[nn.Module], Streams | None]] = PRESETS) -> Streams | None:
+    for preset in presets:
         found = preset(model)
         if found is not None:
             return found
