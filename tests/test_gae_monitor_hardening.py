@@ -369,7 +369,9 @@ def test_nan_logits_skip_the_step_with_one_warning_and_nothing_non_finite_is_log
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(NaNAfterFirstEpoch(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
-    messages = [str(w.message) for w in caught if "GAECallback" in str(w.message)]
+    # The 2 tracked digits leave classes out, which is said once at fit start; not counted here.
+    messages = [str(w.message) for w in caught
+                if "GAECallback" in str(w.message) and "show no sample of class" not in str(w.message)]
     assert len(messages) == 1 and "not finite (NaN or inf)" in messages[0], messages
     assert trainer.state.finished and trainer.current_epoch == 3
     acc = events(trainer.logger.log_dir)
