@@ -34,6 +34,7 @@ from lightning_gae.metrics import (
     perturbation_metric,
     random_attribution,
 )
+from lightning_gae.metrics.functional.perturbation import perturbed_scores
 
 matplotlib.use("Agg")
 
@@ -175,6 +176,10 @@ def test_chunking_changes_nothing_and_counts_forwards():
         assert len(model.calls) == math.ceil(5 / max_batch) + math.ceil(3 * 5 / max_batch)
         assert max(model.calls) <= max_batch
     assert values[0] == pytest.approx(values[1]) == pytest.approx(values[2])
+    # The forwards run under inference_mode; what comes back is an ordinary tensor a caller may change.
+    scores, clean = perturbed_scores(SumModel(threshold=2.0), TAB, x, torch.zeros(2, 5, 4, dtype=torch.bool))
+    scores += 1
+    assert not scores.is_inference() and not clean.is_inference()
 
 
 # --- removal belongs to the modality ----------------------------------------------------------------

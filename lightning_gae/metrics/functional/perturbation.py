@@ -215,7 +215,8 @@ def perturbed_scores(
             chunk = modality.remove(_select(inputs, sample, batch), masks[step, sample], _select(fill, sample, batch))
             index = sample.to(logits.device)
             out[pairs.to(out.device)] = _score(_forward_logits(forward_fn, chunk), explained[index], reference[index], score)
-    return out.reshape(steps, batch), clean
+    # Cloned outside inference mode: callers may update the scores in place or keep them in metric states.
+    return out.reshape(steps, batch).clone(), clean.clone()
 
 
 def _units(modality: Modality, inputs: Any, attributions: Tensor) -> tuple[Tensor, Tensor]:
