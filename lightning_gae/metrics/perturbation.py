@@ -111,9 +111,9 @@ class _CurveMetric(_ModelMetric):
         return {self._sum_name: curves.to(total),
                 self._count_name: torch.ones(curves.shape[0], dtype=count.dtype, device=count.device)}
 
-    def _area(self, scale: float) -> Tensor:
+    def compute(self) -> Tensor:
         return _perturbation_auc_compute(getattr(self, self._sum_name), getattr(self, self._count_name),
-                                         self.fractions, scale).float()
+                                         self.fractions, self._scale).float()
 
     def per_sample_values(self, states: Mapping[str, Tensor]) -> Tensor:
         """Each sample's own value ``[n]`` from the rows of :meth:`per_sample_states` (stacked ``{state: [n, ...]}``).
@@ -190,6 +190,7 @@ class PerturbationAUC(_CurveMetric):
 
     order: ClassVar[Order]
     plot_upper_bound = 100.0
+    _scale = 100.0  # the area in percent points (at most 90 with the default fractions)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> PerturbationAUC:
         if cls is PerturbationAUC:
@@ -222,11 +223,6 @@ class PerturbationAUC(_CurveMetric):
     def _curves(self, inputs: Any, attributions: Tensor, target: Target) -> Tensor:
         return _perturbation_curves(self.forward_fn, self.modality, inputs, attributions, target, self.order,
                                     self.fractions, self.score, self.max_batch, self.protocol)
-
-    _scale = 100.0
-
-    def compute(self) -> Tensor:
-        return self._area(self._scale)
 
 
 class PositivePerturbationAUC(PerturbationAUC):
@@ -267,11 +263,6 @@ class DeletionAUC(_CurveMetric):
     def _curves(self, inputs: Any, attributions: Tensor, target: Target) -> Tensor:
         return _deletion_curves(self.forward_fn, self.modality, inputs, attributions, target, self.fractions,
                                 self.max_batch, insertion=self._insertion, protocol=self.protocol)
-
-    _scale = 1.0
-
-    def compute(self) -> Tensor:
-        return self._area(self._scale)
 
 
 class InsertionAUC(DeletionAUC):
