@@ -35,7 +35,7 @@ def scalars(trainer):
 
 def test_perturbation_aucs_are_logged_for_every_method_and_random(tmp_path):
     seed_everything(0)
-    callback = GAECallback(num_samples=4, methods=("gae", "rollout"))
+    callback = GAECallback(num_samples=4, methods=("gae", "rollout"), metric_every_n_explanations=1)
     trainer = make_trainer(tmp_path, [callback])
     trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
     logged = scalars(trainer)
@@ -45,6 +45,73 @@ def test_perturbation_aucs_are_logged_for_every_method_and_random(tmp_path):
             assert len(values) == 2, (method, metric)
             assert all(0.0 <= v <= 90.0 for v in values)
     assert not [tag for tag in logged if "heatmap" in tag]
+
+
+def scalar_steps(trainer, tag):
+    acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"scalars": 0, "tensors": 0, "images": 0})
+    acc.Reload()
+    return acc, [e.step for e in acc.Scalars(tag)]
+
+
+class ModeRecordingViT(ViTClassifier):
+    """Records, for every forward in inference mode (validation, the callback's metrics), whether dropout was on."""
+
+    def __init__(self):
+        super().__init__(dim=32, depth=2, heads=2, dropout=0.5)
+        self.inference_modes = []
+
+    def forward(self, x):
+        if torch.is_inference_mode_enabled():
+            self.inference_modes.append(self.training)
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("every,scored", [(None, [3]), (1, [0, 1, 2, 3]), (2, [0, 2, 3])],
+                         ids=["default: when fit ends", "every step", "every second step and the end"])
+def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weights(tmp_path, every, scored):
+    # Explanation steps at the end of epochs 0-3. The subset is scored at the first explanation step and every
+    # n-th after it; the final weights (those of the last explanation step here) are always scored, once.
+    seed_everything(0)
+    callback = GAECallback(num_samples=2, metric_samples=16, metric_every_n_explanations=every)
+    trainer = make_trainer(tmp_path, [callback], max_epochs=4, limit_train_batches=2)
+    trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    acc, pictures = scalar_steps(trainer, "relevance_concentration/gae")
+    assert len(pictures) == 4
+    for tag in ("positive_perturbation_auc/gae", "negative_perturbation_auc/random",
+                "positive_perturbation_auc/gae/stderr"):
+        assert [e.step for e in acc.Scalars(tag)] == [pictures[i] for i in scored], tag
+    # The GAE tab's curves are written with the scalars, at steps where the tab has pictures to show beside them.
+    curve = "gae_dashboard/curve/positive_perturbation_auc/gae"
+    assert [e.step for e in acc.Tensors(curve)] == [pictures[i] for i in scored]
+
+
+def test_fit_that_ends_between_explanation_steps_scores_the_final_weights_in_eval_mode(tmp_path):
+    # every_n_epochs=2 over 3 epochs: one explanation step (epoch 1). The last epoch's weights are scored when
+    # fit ends, at the step Lightning logs then, with dropout off like every other forward of the callback.
+    seed_everything(0)
+    callback = GAECallback(num_samples=2, metric_samples=16, every_n_epochs=2)
+    trainer = make_trainer(tmp_path, [callback], max_epochs=3, limit_train_batches=2)
+    model = ModeRecordingViT()
+    trainer.fit(model, DigitsDataModule(batch_size=32))
+    acc, pictures = scalar_steps(trainer, "relevance_concentration/gae")
+    final = trainer.fit_loop.epoch_loop._batches_that_stepped
+    assert len(pictures) == 1 and pictures[0] < final
+    assert [e.step for e in acc.Scalars("positive_perturbation_auc/gae")] == [final]
+    assert model.inference_modes and not any(model.inference_modes)
+
+
+def test_explanations_between_training_steps_score_in_eval_mode(tmp_path):
+    # on_train_batch_end sees the module in training mode: the metrics' forwards must not run with dropout.
+    seed_everything(0)
+    callback = GAECallback(num_samples=2, metric_samples=16, every_n_epochs=None, every_n_train_steps=3,
+                           metric_every_n_explanations=1)
+    trainer = make_trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=4)
+    model = ModeRecordingViT()
+    trainer.fit(model, DigitsDataModule(batch_size=32))
+    acc, scored = scalar_steps(trainer, "positive_perturbation_auc/gae")
+    # Optimizer steps 3 and 6, and the final weights of step 8 (fit ended between explanation steps).
+    assert len(scored) == 3 and scored[-1] == trainer.fit_loop.epoch_loop._batches_that_stepped
+    assert model.inference_modes and not any(model.inference_modes)
 
 
 def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp_path):

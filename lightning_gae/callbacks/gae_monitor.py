@@ -177,7 +177,9 @@ class GAECallback(Callback):
       ``random`` (seeded uniform relevance, the floor): the ``metrics`` named (default: positive and
       negative perturbation AUC, :mod:`lightning_gae.metrics`); and, when the batches carry ground
       truth, ``segmentation_{pixel_accuracy,miou,mean_ap}/<method>`` (image masks) or
-      ``rationale_{token_f1,auprc}/<method>`` (rationale tokens); a Custom Scalars layout charts
+      ``rationale_{token_f1,auprc}/<method>`` (rationale tokens), scored on a subset of
+      ``metric_samples`` validation samples: by default once per fit, on the final weights
+      (``metric_every_n_explanations`` scores it during training too); a Custom Scalars layout charts
       each metric with one line per method;
     * for the "GAE" tab of TensorBoard (:mod:`lightning_gae.tensorboard.plugin`): the raw relevance
       of every sample and method, the inputs, predictions and the metrics' curves, as tensors.
@@ -249,7 +251,14 @@ class GAECallback(Callback):
             ``metric_max_batch``. Each scalar ``<metric>/<method>`` comes with its standard error
             ``<metric>/<method>/stderr`` over these samples (the jackknife of
             :func:`lightning_gae.compare.compare`). 0 scores the displayed samples instead (the
-            behaviour before this option; their standard errors are then large).
+            behaviour before this option; their standard errors are then large, and they are scored
+            at every explanation step).
+        metric_every_n_explanations: when ``fit`` scores the faithfulness subset, its expensive part
+            (``len(metrics)`` x scored methods x ``metric_samples`` x 9 forward passes): None (default)
+            once, on the final weights when fit ends (at the last explanation step when fit ended on
+            one, so the GAE tab shows the curves beside its pictures); an integer ``n`` also at the
+            first explanation step and every ``n``-th after it (1: every step). ``validate``/``test``
+            score it at every explanation.
         set_inputs: for several token sets, which model input each set's tokens come from: the
             key of a mapping input or the position in a tuple input, e.g. ``{"encoder": 0, "decoder": 1}``
             or ``{"text_model": "input_ids", "image_model": "pixel_values"}``. None finds the one input
@@ -321,6 +330,7 @@ class GAECallback(Callback):
         batch_ground_truth: Callable[[Any], Tensor | None] | None = None,
         heatmap_scale: Scale = "per_map",
         metric_samples: int = 256,
+        metric_every_n_explanations: int | None = None,
         set_inputs: Mapping[str, int | str] | None = None,
         streams: Streams | None = None,
     ) -> None:
@@ -349,6 +359,7 @@ class GAECallback(Callback):
         self.batch_ground_truth = batch_ground_truth or default_batch_ground_truth
         self.heatmap_scale = heatmap_scale
         self.metric_samples = metric_samples
+        self.metric_every_n_explanations = metric_every_n_explanations
         self.set_inputs = None if set_inputs is None else dict(set_inputs)
         self.streams = streams
 
@@ -368,6 +379,10 @@ class GAECallback(Callback):
         self._last: Tensor | None = None
         self._metric_objects: dict[str, Metric] = {}
         self._last_explained: tuple[str, int] | None = None
+        # The faithfulness subset's schedule: explanation steps of this fit so far, and the last (stage, step) scored.
+        self._explanation_count = 0
+        self._last_scored: tuple[str, int] | None = None
+        self._last_step = 0
         # Across runs: what the stability scalars and evolution strips compare with.
         self._previous: dict[str, Tensor] = {}
         # Built in setup, once the arguments are checked; kept across runs (evolution columns, fixed colour ranges).
@@ -420,6 +435,10 @@ class GAECallback(Callback):
         if self.metric_samples < 0:
             raise ValueError(f"GAECallback(metric_samples={self.metric_samples}): use a positive integer, "
                              "or 0 to score the displayed samples")
+        every = self.metric_every_n_explanations
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise ValueError(f"GAECallback(metric_every_n_explanations={every!r}): use a positive integer (1: every "
+                             "explanation step), or None to score the faithfulness subset once, when fit ends")
         if not 0 < self.top_fraction <= 1:
             raise ValueError(f"GAECallback(top_fraction={self.top_fraction}): use a fraction in (0, 1]")
         if self.heatmap_scale not in ("per_map", "fixed"):
@@ -466,7 +485,8 @@ class GAECallback(Callback):
         self._scored_inputs = self._scored_labels = self._scored_truth = None
         self._keyed = {}
         self._metric_objects = {}
-        self._last_explained = None
+        self._last_explained = self._last_scored = None
+        self._explanation_count = 0
 
     # --- reading the samples and checking them, before the loops -----------------------------------
 
@@ -667,7 +687,7 @@ class GAECallback(Callback):
     def _explain_and_log(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # The same weights are explained once: with gradient accumulation on_train_batch_end sees a
         # global step several times. The stage is part of it: validate() after fit() starts at fit's last step.
-        explained = (str(trainer.state.fn), trainer.global_step)
+        explained = (trainer.state.fn.value, trainer.global_step)
         if self._inputs is None or self._last_explained == explained or not trainer.is_global_zero:
             return
         if trainer.loggers and all(isinstance(logger, DummyLogger) for logger in trainer.loggers):
@@ -676,12 +696,54 @@ class GAECallback(Callback):
         self._last_explained = explained
         # What the module's self.log uses at this moment (global_step runs ahead of it at epoch ends).
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        self._last_step = step
+        score = self._subset_due(trainer)
+        self._explanation_count += 1
         with isolate_rng():
             try:
-                self._run(trainer, pl_module, step)
+                self._run(trainer, pl_module, step, score)
             except Exception as err:  # noqa: BLE001 - an explanation must never take training down
                 reason = f"{type(err).__name__}: {err}"
                 self._warn_once(reason, f"GAECallback: explanation at step {step} failed and was skipped ({reason})")
+
+    def _subset_due(self, trainer: Trainer) -> bool:
+        """Whether this explanation step scores the faithfulness subset: every validate/test run does; in fit,
+        the first explanation step and every ``metric_every_n_explanations``-th after it (None: none, the
+        subset is scored when fit ends)."""
+        if trainer.state.fn != "fit":
+            return True
+        every = self.metric_every_n_explanations
+        return every is not None and self._explanation_count % every == 0
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # The faithfulness subset on the final weights, unless the last explanation step scored these weights.
+        if self._scored_inputs is None or self._sets is not None or not trainer.is_global_zero:
+            return
+        if not self.metrics and self._scored_truth is None:
+            return
+        if trainer.loggers and all(isinstance(logger, DummyLogger) for logger in trainer.loggers):
+            return
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        if self._last_explained == ("fit", trainer.global_step):
+            # The weights of the last explanation step (fit ended on a validation): its scalars, curves and pictures
+            # share that step, where the GAE tab shows them together.
+            step = self._last_step
+        if self._last_scored == ("fit", step):
+            return
+        self._last_scored = ("fit", step)
+        # explain() and the metrics put the module in eval mode themselves: at the end of fit it is in training mode.
+        with isolate_rng():
+            try:
+                scalars = self._finite(self._faithfulness(pl_module, self._scored_batches(trainer, pl_module)), step)
+                for logger in trainer.loggers:
+                    logger.log_metrics(scalars, step=step)
+                writers = [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
+                self._views.write_scores(writers, step, scalars, self._curves)
+            except Exception as err:  # noqa: BLE001 - nor may scoring take the end of training down
+                reason = f"{type(err).__name__}: {err}"
+                self._warn_once(reason, f"GAECallback: scoring the faithfulness subset when fit ended (step {step}) "
+                                        f"failed and was skipped ({reason})")
 
     def _explain(self, pl_module: LightningModule, inputs: Any,
                  labels: Tensor | None = None) -> tuple[dict[str, Explanation], dict[str, Tensor]]:
@@ -828,7 +890,7 @@ class GAECallback(Callback):
                     out.update({scalar_tag(f"rationale_{k}", method): v.item() for k, v in metric.compute().items()})
         return out
 
-    def _run(self, trainer: Trainer, pl_module: LightningModule, step: int) -> None:
+    def _run(self, trainer: Trainer, pl_module: LightningModule, step: int, score: bool = True) -> None:
         inputs = self._model_inputs(trainer, pl_module)
         explanations, maps = self._explain(pl_module, inputs)
         first = next(iter(explanations.values()))
@@ -853,19 +915,27 @@ class GAECallback(Callback):
             scored["random"] = random_attribution(first.tokens, self.seed)
         if self._scored_inputs is None or views is not None:
             # Models with several token sets score no perturbation metric; their ground truth is per set.
+            # metric_samples=0: the displayed samples are scored, at every step (they are few).
             batches: Iterable[_ScoredBatch] = [(inputs, scored, first.target, self._labels, self._truth)]
-        else:
+        elif score:
             batches = self._scored_batches(trainer, pl_module)
+            self._last_scored = (trainer.state.fn.value, step)
+        else:
+            batches = []
         scalars.update(self._faithfulness(pl_module, batches))
         if views is not None:
             scalars.update(self._set_truth(pl_module, explanations, rows, views))
+        scalars = self._finite(scalars, step)
+        self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
+        self._previous = {m: e.tokens.detach().cpu() for m, e in explanations.items()}
+
+    def _finite(self, scalars: dict[str, float], step: int) -> dict[str, float]:
+        """``scalars`` without the values that are not finite, which are named in a warning (once)."""
         dropped = sorted(tag for tag, value in scalars.items() if not math.isfinite(value))
         if dropped:
             self._warn_once(f"non-finite scalars {dropped}",
                             f"GAECallback: {dropped} came out not finite at step {step} and are not logged")
-            scalars = {tag: value for tag, value in scalars.items() if tag not in dropped}
-        self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
-        self._previous = {m: e.tokens.detach().cpu() for m, e in explanations.items()}
+        return {tag: value for tag, value in scalars.items() if tag not in dropped}
 
     def _scalars(self, method: str, tokens: Tensor) -> dict[str, float]:
         tokens = tokens.detach().cpu()

@@ -250,6 +250,37 @@ class TensorBoardViews:
                                                               order=order)))
         self._finish(writers, step, explanations, scalars, curves, values, inputs_values)
 
+    def write_scores(self, writers: Sequence[Any], step: int, scalars: Mapping[str, float],
+                     curves: Curves | None = None) -> None:
+        """The faithfulness of a step that draws nothing (the subset scored when fit ends): its curves for the
+        GAE tab and the Custom Scalars layout of its metrics; the loggers write the scalars themselves."""
+        values = self._curve_values(curves)
+        for writer in writers:
+            layout = self._layout(writer, scalars)
+            if layout:
+                writer.add_custom_scalars(layout)
+            if values:
+                writer._get_file_writer().add_summary(Summary(value=values), step)
+            writer.flush()
+
+    @staticmethod
+    def _curve_values(curves: Curves | None) -> list[Summary.Value]:
+        values = []
+        for metric, by_method in (curves or {}).items():
+            for method, (fractions, curve) in by_method.items():
+                points = np.stack([np.asarray(fractions, dtype=np.float64), curve.detach().double().cpu().numpy()])
+                values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/curve/{metric}/{method}", points,
+                                              metadata.encode("curve", metric=metric, method=method)))
+        return values
+
+    def _layout(self, writer: Any, scalars: Mapping[str, float] | None) -> dict[str, Any] | None:
+        """The Custom Scalars layout to write when ``scalars`` bring a metric this writer has not charted yet."""
+        metrics = {tag.split("/", 1)[0] for tag in scalars or {} if "/" in tag}
+        charted = self._charted.setdefault(_writer_key(writer), set())
+        layout = custom_scalars_layout(charted | metrics) if not metrics <= charted else None
+        charted |= metrics
+        return layout
+
     def _finish(self, writers: Sequence[Any], step: int, explanations: Mapping[str, Explanation],
                 scalars: Mapping[str, float] | None, curves: Curves | None, values: list[Summary.Value],
                 inputs_values: Sequence[Summary.Value]) -> None:
@@ -257,18 +288,10 @@ class TensorBoardViews:
 
         ``inputs_values`` (the tracked samples' inputs) go to each writer once, the first time it is written to.
         """
-        for metric, by_method in (curves or {}).items():
-            for method, (fractions, curve) in by_method.items():
-                points = np.stack([np.asarray(fractions, dtype=np.float64), curve.detach().double().cpu().numpy()])
-                values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/curve/{metric}/{method}", points,
-                                              metadata.encode("curve", metric=metric, method=method)))
-
-        metrics = {tag.split("/", 1)[0] for tag in scalars or {} if "/" in tag}
+        values = values + self._curve_values(curves)
         for writer in writers:
             key = _writer_key(writer)
-            charted = self._charted.setdefault(key, set())
-            layout = custom_scalars_layout(charted | metrics) if not metrics <= charted else None
-            charted |= metrics
+            layout = self._layout(writer, scalars)
             written = values if key in self._inputs_written else [*inputs_values, *values]
             self._inputs_written.add(key)
             for method, exp in explanations.items():
