@@ -78,54 +78,60 @@ class _LeanAttention(torch.autograd.Function):
         state: LeanState = ctx.state
         scale = ctx.scale
         dtype = torch.promote_types(q.dtype, torch.float32)
-        b, h, n_q, _ = q.shape
-        n_k = k.shape[-2]
-        kf, vf = k.to(dtype), v.to(dtype)
-        dq = torch.empty(q.shape, dtype=dtype, device=q.device)
-        dk = torch.zeros(k.shape, dtype=dtype, device=k.device)
-        dv = torch.zeros(v.shape, dtype=dtype, device=v.device)
+        b, h, n_q, e = q.shape
+        n_k, e_v = k.shape[-2], v.shape[-1]
+        # Batched matrices [B·H, N, E], contiguous once per call: a strided operand (q, k, v are often
+        # views of one qkv projection) would otherwise be copied by every chunk's product.
+        # The scale goes into the queries once (an [N, E] pass, not an N x N one); dK = scale·Qᵀ·dS takes it from there.
+        qf = (q.to(dtype) * scale).reshape(b * h, n_q, e)
+        kf = k.to(dtype).reshape(b * h, n_k, e)
+        vf = v.to(dtype).reshape(b * h, n_k, e_v)
+        do = dout.to(dtype).reshape(b * h, n_q, e_v)
+        dq = torch.empty(b * h, n_q, e, dtype=dtype, device=q.device)
+        # dK and dV accumulate transposed (Qᵀ·dS, dOᵀ·A): the chunk's N x N factor is then read in its
+        # own layout, which a CPU's BLAS does markedly faster than a transposed one.
+        dkt = torch.zeros(b * h, e, n_k, dtype=dtype, device=k.device)
+        dvt = torch.zeros(b * h, e_v, n_k, dtype=dtype, device=v.device)
         dbias = torch.zeros(bias.shape, dtype=dtype, device=bias.device) if ctx.bias_grad else None
         row = state.row if state.mode == "row" else None
         wanted = state.calls is None or ctx.call.index in state.calls
         update = None if row is None or not wanted else torch.zeros_like(row)
         abar = None if row is not None or not wanted else torch.empty(b, n_q, n_k, dtype=torch.float32, device=q.device)
         chunk = max(1, min(n_q, _CHUNK_ELEMENTS // max(1, b * h * n_k)))
-        # Three chunk-sized buffers reused by every chunk (ops write in place): fresh N x N-sized
+        # Three chunk-sized buffers reused by every chunk (ops write into them): fresh N x N-sized
         # temporaries per chunk cost more in page faults than the arithmetic on a CPU.
         size = b * h * chunk * n_k
         buffers = [torch.empty(size, dtype=dtype, device=q.device) for _ in range(3)]
-        kt, vt = kf.transpose(-2, -1), vf.transpose(-2, -1)
+        kt, vt = kf.transpose(1, 2), vf.transpose(1, 2)
         for start in range(0, n_q, chunk):
             sl = slice(start, min(start + chunk, n_q))
             rows = sl.stop - sl.start
-            probs, grads, positive = (buf[: b * h * rows * n_k].view(b, h, rows, n_k) for buf in buffers)
-            qc = q[:, :, sl].to(dtype)
-            torch.matmul(qc, kt, out=probs)
-            probs.mul_(scale)
+            probs, grads, spare = (buf[: b * h * rows * n_k].view(b * h, rows, n_k) for buf in buffers)
+            qc, doc = qf[:, sl], do[:, sl]
+            torch.bmm(qc, kt, out=spare)  # the scores
             bc = _rows(bias, sl, n_q)
             if bc is not None:
-                probs.add_(bc.to(dtype))
-            # Softmax in place; a row whose keys are all masked (-inf) gets probability 0.
-            top = probs.amax(dim=-1, keepdim=True)
+                spare.view(b, h, rows, n_k).add_(bc.to(dtype))
+            torch.ops.aten._softmax.out(spare, -1, False, out=probs)
             if bc is not None:
-                top.masked_fill_(torch.isneginf(top), 0.0)
-            probs.sub_(top).exp_()
-            total = probs.sum(dim=-1, keepdim=True)
-            probs.div_(total.masked_fill_(total == 0, 1.0))
-            doc = dout[:, :, sl].to(dtype)
-            torch.matmul(doc, vt, out=grads)  # ∇A for these queries
-            dv += probs.transpose(-2, -1) @ doc
-            weighted = grads.mul_(probs)  # ∇A ⊙ A
+                # A row whose keys are all masked (-inf) gets probability 0 (softmax gives NaN there).
+                probs.masked_fill_(torch.isneginf(spare.amax(dim=-1, keepdim=True)), 0.0)
+            torch.bmm(doc, vt, out=grads)  # ∇A for these queries
+            dvt.baddbmm_(doc.transpose(1, 2), probs)
             if wanted:
-                a = torch.clamp(weighted, min=0, out=positive).mean(dim=1).to(torch.float32)  # Eq. 5 for these queries
-            dscores = weighted.sub_(probs.mul_(weighted.sum(dim=-1, keepdim=True)))
-            dq[:, :, sl] = (dscores @ kf) * scale
-            dk += (dscores.transpose(-2, -1) @ qc) * scale
+                # Eq. 5 for these queries: E_h[(∇A ⊙ A)⁺]
+                a = torch.mul(grads, probs, out=spare).clamp_(min=0).view(b, h, rows, n_k).mean(dim=1)
+                a = a.to(torch.float32)
+            # dS = A ⊙ (∇A − rowsum(∇A ⊙ A)): softmax's own backward kernel, one pass.
+            dscores = torch.ops.aten._softmax_backward_data.out(grads, probs, -1, dtype, grad_input=spare)
+            dq[:, sl] = torch.bmm(dscores, kf)
+            dkt.baddbmm_(qc.transpose(1, 2), dscores)
             if dbias is not None:
+                ds4 = dscores.view(b, h, rows, n_k)
                 if bias.shape[-2] == n_q:
-                    dbias[..., sl, :] += _reduce_to(dscores, bias[..., sl, :].shape)
+                    dbias[..., sl, :] += _reduce_to(ds4, bias[..., sl, :].shape)
                 else:
-                    dbias += _reduce_to(dscores, bias.shape)
+                    dbias += _reduce_to(ds4, bias.shape)
             if update is not None:
                 update += torch.bmm(row[:, sl].unsqueeze(1), a).squeeze(1)
             elif abar is not None:
@@ -136,6 +142,9 @@ class _LeanAttention(torch.autograd.Function):
             state.abars[ctx.call.index] = abar
         if wanted:
             state.order.append(ctx.call.index)
+        dq = dq.mul_(scale).view(b, h, n_q, e)
+        dk = dkt.transpose(1, 2).reshape(b, h, n_k, e)
+        dv = dvt.transpose(1, 2).reshape(b, h, n_k, e_v)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
                 None if dbias is None else dbias.to(bias.dtype), None, None, None, None)
 
