@@ -557,18 +557,20 @@ def stack(parts: Sequence[np.ndarray], axis: int, gap: int = 0, align: str = "st
     """
     other = 1 - axis
     extent = max(p.shape[other] for p in parts)
-    padded = []
-    for i, part in enumerate(parts):
-        missing = extent - part.shape[other]
-        before = missing // 2 if align == "center" else 0
-        pad = [(0, 0), (0, 0), (0, 0)]
-        pad[other] = (before, missing - before)
-        if i:
-            gap_shape = [0, 0, 3]
-            gap_shape[axis], gap_shape[other] = gap, extent
-            padded.append(np.full(gap_shape, _WHITE, dtype=np.uint8))
-        padded.append(np.pad(part, pad, constant_values=_WHITE))
-    return np.concatenate(padded, axis=axis)
+    length = sum(p.shape[axis] for p in parts) + gap * (len(parts) - 1)
+    shape = [0, 0, 3]
+    shape[axis], shape[other] = length, extent
+    # One white canvas, each part copied into its place (no padded copy per part).
+    out = np.full(shape, _WHITE, dtype=np.uint8)
+    at = 0
+    for part in parts:
+        before = (extent - part.shape[other]) // 2 if align == "center" else 0
+        place = [slice(None), slice(None)]
+        place[axis] = slice(at, at + part.shape[axis])
+        place[other] = slice(before, before + part.shape[other])
+        out[tuple(place)] = part
+        at += part.shape[axis] + gap
+    return out
 
 
 def _number(value: float) -> str:
@@ -624,14 +626,28 @@ def heatmap_panel(
     scale = size / max(height, width)
     out_h, out_w = max(1, round(height * scale)), max(1, round(width * scale))
     rows, cols = np.arange(out_h) * height // out_h, np.arange(out_w) * width // out_w
-    grey = picture[rows][:, cols].astype(np.float32) @ np.array([0.299, 0.587, 0.114], dtype=np.float32)
     if interpolation not in ("nearest", "bilinear"):
         raise ValueError(f"interpolation={interpolation!r}; use 'nearest' or 'bilinear'")
-    mode, smooth = ("bilinear", {"align_corners": False}) if interpolation == "bilinear" else ("nearest-exact", {})
-    resized = F.interpolate(torch.from_numpy(heat)[None, None], size=(out_h, out_w), mode=mode, **smooth)
     vmin, vmax = vrange or value_range(heat)
-    colours = colorize(resized[0, 0].numpy(), vmin, vmax, _cmap_for(vmin, cmap)).astype(np.float32)
-    return (alpha * colours + (1.0 - alpha) * grey[..., None] + 0.5).astype(np.uint8)
+    weights = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    if interpolation == "bilinear":
+        grey = picture[rows][:, cols].astype(np.float32) @ weights
+        resized = F.interpolate(torch.from_numpy(heat)[None, None], size=(out_h, out_w), mode="bilinear",
+                                align_corners=False)
+        colours = colorize(resized[0, 0].numpy(), vmin, vmax, _cmap_for(vmin, cmap)).astype(np.float32)
+        return (alpha * colours + (1.0 - alpha) * grey[..., None] + 0.5).astype(np.uint8)
+    # Nearest: every output pixel takes one image pixel and one relevance value (the source index of
+    # torch's "nearest-exact"), so the blend is computed once per distinct pair of rows and of columns
+    # and then repeated: the same pixels, without colouring and blending the enlarged panel.
+    src_h, src_w = heat.shape
+    rows_h = np.minimum(((np.arange(out_h) + 0.5) * src_h / out_h).astype(np.intp), src_h - 1)
+    cols_w = np.minimum(((np.arange(out_w) + 0.5) * src_w / out_w).astype(np.intp), src_w - 1)
+    row_pairs, row_of = np.unique(rows * src_h + rows_h, return_inverse=True)
+    col_pairs, col_of = np.unique(cols * src_w + cols_w, return_inverse=True)
+    grey = picture[row_pairs // src_h][:, col_pairs // src_w].astype(np.float32) @ weights
+    colours = colorize(heat, vmin, vmax, _cmap_for(vmin, cmap))[row_pairs % src_h][:, col_pairs % src_w]
+    blocks = (alpha * colours.astype(np.float32) + (1.0 - alpha) * grey[..., None] + 0.5).astype(np.uint8)
+    return blocks[row_of.reshape(-1)][:, col_of.reshape(-1)]
 
 
 def matrix_panel(
