@@ -266,6 +266,8 @@ def _gae_backward(score: Tensor, layers: list[AttentionRecord], recorder: Attent
         state.mode, state.row = "row", row_start
     wanted = ([recorder.lean_token] if lean else []) + [r.tensor for r in explicit]
     found = torch.autograd.grad(score.sum(), wanted, allow_unused=True)
+    if state is not None:
+        state.workspace = []  # the backward's buffers are not needed past it
     if state is not None and row_start is not None:
         if state.order != sorted(state.order, reverse=True):
             raise _OutOfOrder

@@ -46,6 +46,18 @@ class LeanState:
     abars: dict[int, Tensor] = field(default_factory=dict)
     order: list[int] = field(default_factory=list)
     calls: set[int] | None = None  # the calls whose Ā is wanted (attention_modules may select some); None: all
+    # The backward's chunk buffers, shared by the calls (their backwards run one after another): fresh
+    # N x N-sized blocks per layer would be paged in again by every layer.
+    workspace: list[Tensor] = field(default_factory=list)
+
+    def buffers(self, size: int, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
+        """Three flat buffers of at least ``size`` elements, reused from the previous call when they fit."""
+        fits = len(self.workspace) == 3 and all(
+            w.numel() >= size and w.dtype == dtype and w.device == device for w in self.workspace)
+        if not fits:
+            self.workspace = []  # dropped before the new ones are made
+            self.workspace = [torch.empty(size, dtype=dtype, device=device) for _ in range(3)]
+        return self.workspace
 
 
 def _reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:
@@ -98,10 +110,9 @@ class _LeanAttention(torch.autograd.Function):
         update = None if row is None or not wanted else torch.zeros_like(row)
         abar = None if row is not None or not wanted else torch.empty(b, n_q, n_k, dtype=torch.float32, device=q.device)
         chunk = max(1, min(n_q, _CHUNK_ELEMENTS // max(1, b * h * n_k)))
-        # Three chunk-sized buffers reused by every chunk (ops write into them): fresh N x N-sized
+        # Three chunk-sized buffers reused by every chunk and call (ops write into them): fresh N x N-sized
         # temporaries per chunk cost more in page faults than the arithmetic on a CPU.
-        size = b * h * chunk * n_k
-        buffers = [torch.empty(size, dtype=dtype, device=q.device) for _ in range(3)]
+        buffers = state.buffers(b * h * chunk * n_k, dtype, q.device)
         kt, vt = kf.transpose(1, 2), vf.transpose(1, 2)
         for start in range(0, n_q, chunk):
             sl = slice(start, min(start + chunk, n_q))
