@@ -80,6 +80,7 @@ def test_a_real_tensorboard_serves_the_relevance_explain_gives(run, served):
     assert info["steps"] == [3, 7]
     assert info["methods"] == list(METHODS)
     assert info["metrics"] == ["negative_perturbation_auc", "positive_perturbation_auc"]
+    assert info["curve_steps"] == [3, 7]  # metric_samples=0: the shown samples, scored at every step
     samples = info["samples"]
     assert [s["sample"] for s in samples] == callback.sample_indices
     for sample, image, label in zip(samples, x, run["y"]):

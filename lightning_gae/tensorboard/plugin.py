@@ -8,8 +8,8 @@ module that TensorBoard loads into the tab's iframe.
 Routes (``run`` and ``step`` are query parameters):
 
 * ``/runs``: the runs with dashboard data;
-* ``/run?run=``: its steps, methods, metrics, the tracked samples (input, modality layout,
-  label) and each method's largest relevance magnitude over all steps;
+* ``/run?run=``: its steps, methods, metrics, the steps that have the metrics' curves, the tracked
+  samples (input, modality layout, label) and each method's largest relevance magnitude over all steps;
 * ``/step?run=&step=``: at that step, every sample's prediction and raw relevance per method,
   and every metric's curve per method;
 * ``/colormaps``: matplotlib's colormaps as 256-entry tables, and the line colours of the curves.
@@ -136,8 +136,10 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
         relevance = self._of_kind(described, "relevance")
         predictions = self._of_kind(described, "prediction")
         curves = self._of_kind(described, "curve")
-        data = self._read(request, run, [*inputs, *relevance, *predictions])
+        data = self._read(request, run, [*inputs, *relevance, *predictions, *curves])
         steps = sorted({d.step for tag in predictions for d in data.get(tag, [])})
+        # The faithfulness subset may be scored at a few steps only (by default once, when fit ends).
+        curve_steps = sorted({d.step for tag in curves for d in data.get(tag, [])})
         ranges: dict[str, float] = {}
         for tag, d in relevance.items():
             for datum in data.get(tag, []):
@@ -163,8 +165,8 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
         samples.sort(key=lambda s: s.get("position", 0))
         methods = [m for _, m in sorted({(d.get("order", 0), d["method"]) for d in relevance.values()})]
         metrics = sorted({d["metric"] for d in curves.values()})
-        payload = {"run": run, "steps": steps, "methods": methods, "metrics": metrics, "samples": samples,
-                   "ranges": ranges}
+        payload = {"run": run, "steps": steps, "methods": methods, "metrics": metrics, "curve_steps": curve_steps,
+                   "samples": samples, "ranges": ranges}
         return http_util.Respond(request, payload, "application/json")
 
     @wrappers.Request.application

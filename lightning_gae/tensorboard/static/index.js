@@ -383,6 +383,10 @@ async function draw() {
   const sections = [el("div", {class: "gae-section", text: `Tracked samples at step ${step}`}), grid];
   if (curves.childElementCount) {
     sections.push(el("div", {class: "gae-section", text: "Faithfulness curves (score vs fraction of the input removed, most relevant first for positive perturbation)"}), curves);
+  } else if ((info.curve_steps || []).length) {
+    // GAECallback scores its faithfulness subset at some steps only (by default once, when fit ends).
+    const at = info.curve_steps.join(", ");
+    sections.push(el("div", {class: "gae-section", text: `Faithfulness curves: none at this step; scored at step ${at} (GAECallback's metric_every_n_explanations sets when)`}));
   }
   state.ui.main.replaceChildren(...sections);
   state.ui.root.dataset.renderedStep = String(step);
