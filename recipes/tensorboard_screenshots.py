@@ -7,7 +7,8 @@ Run after ``lightning-gae fit --config configs/vit_digits.yaml``::
 It starts ``tensorboard --logdir <logdir>`` on a free loopback port, opens it in Debian's
 ``chromium`` (``apt-get install chromium``) driven over the DevTools protocol on a pipe, and saves
 ``tensorboard_gae_tab.png`` and ``tensorboard_gae_curves.png`` (the GAE dashboard),
-``tensorboard_images.png`` and ``tensorboard_custom_scalars.png``. The test of
+``tensorboard_images.png``, ``tensorboard_custom_scalars.png`` and ``tensorboard_faithfulness_table.png``
+(the Text tab). The test of
 the dashboard (``tests/test_tensorboard_plugin.py``) drives the browser through the same
 :class:`Chromium` and :func:`tensorboard_server`.
 """
@@ -319,6 +320,14 @@ def custom_scalars_tab(page: Page, output: Path) -> list[Path]:
     return [path]
 
 
+def text_tab(page: Page, output: Path) -> list[Path]:
+    page.wait_for(f"{DEEP}('table')", timeout=180)
+    _settle(page, 1.0)
+    path = output / "tensorboard_faithfulness_table.png"
+    page.screenshot(path, clip={"x": 0, "y": 0, "width": 1100, "height": 460})
+    return [path]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("logdir", type=Path, help="TensorBoard's logdir, e.g. runs/vit_digits")
@@ -329,7 +338,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("no chromium on PATH: install it (Debian: apt-get install chromium)")
     # 1600 px: the Images tab's cards then fit four 256 px panels at their actual size.
     with tensorboard_server(args.logdir) as base, Chromium(chromium, width=1600, height=1000) as browser:
-        for tab, shoot in (("gae", gae_tab), ("images", images_tab), ("custom_scalars", custom_scalars_tab)):
+        for tab, shoot in (("gae", gae_tab), ("images", images_tab), ("custom_scalars", custom_scalars_tab),
+                           ("text", text_tab)):
             page = browser.open(f"{base}/#{tab}")
             for path in shoot(page, args.output):
                 print(f"wrote {path}")

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util import tensor_util
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gae import ImageTokens, TextTokens, explain
@@ -83,6 +84,19 @@ def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weig
     # The GAE tab's curves are written with the scalars, at steps where the tab has pictures to show beside them.
     curve = "gae_dashboard/curve/positive_perturbation_auc/gae"
     assert [e.step for e in acc.Tensors(curve)] == [pictures[i] for i in scored]
+    # So is the Text tab's table of every method's scores (what a chart of one point cannot tell apart).
+    tables = acc.Tensors("gae_faithfulness")
+    assert [e.step for e in tables] == [pictures[i] for i in scored]
+    lines = tensor_util.make_ndarray(tables[-1].tensor_proto).item().decode().splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert header == ["method", "negative_perturbation_auc", "positive_perturbation_auc"]
+    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
+    assert set(rows) == {"gae", "random"}
+    for method, cells in rows.items():
+        for metric, cell in zip(header[1:], cells):
+            value, error = (float(x) for x in cell.split(" ± "))
+            assert value == pytest.approx(acc.Scalars(f"{metric}/{method}")[-1].value, rel=1e-3)
+            assert error == pytest.approx(acc.Scalars(f"{metric}/{method}/stderr")[-1].value, rel=0.06)  # 2 digits
 
 
 def test_fit_that_ends_between_explanation_steps_scores_the_final_weights_in_eval_mode(tmp_path):

@@ -42,7 +42,8 @@ from lightning_gae.explain import Explanation, map_tensors
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.tensorboard import metadata
 
-__all__ = ["RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout", "sample_tag", "scalar_tag"]
+__all__ = ["RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout", "faithfulness_table", "sample_tag",
+           "scalar_tag"]
 
 Scale = Literal["per_map", "fixed"]
 Curves = Mapping[str, Mapping[str, tuple[Sequence[float], Tensor]]]
@@ -77,6 +78,35 @@ def custom_scalars_layout(metrics: Iterable[str]) -> dict[str, dict[str, list[An
         category = "GAE relevance" if metric in RELEVANCE_SCALARS else "GAE faithfulness"
         charts[category][metric] = ["Multiline", [f"^{re.escape(metric)}/[^/]+$"]]
     return {title: content for title, content in charts.items() if content}
+
+
+def faithfulness_table(scalars: Mapping[str, float]) -> str | None:
+    """The faithfulness scalars of a step as one markdown table: a row per method, a column per metric,
+    ``value ± standard error``; None when the step has none.
+
+    Written to the Text tab (``gae_faithfulness``) next to the Custom Scalars charts, which cannot tell
+    methods apart when a metric was scored at one step only (by default the callback scores once).
+    """
+    values: dict[str, dict[str, float]] = {}
+    for tag, value in scalars.items():
+        parts = tag.split("/")
+        if len(parts) == 2 and parts[0] not in RELEVANCE_SCALARS:
+            values.setdefault(parts[0], {})[parts[1]] = value
+    if not values:
+        return None
+    metrics = sorted(values)
+    methods = list(dict.fromkeys(m for metric in metrics for m in values[metric]))
+
+    def cell(metric: str, method: str) -> str:
+        if method not in values[metric]:
+            return ""
+        error = scalars.get(f"{metric}/{method}/stderr")
+        return f"{values[metric][method]:.4g}" + ("" if error is None else f" ± {error:.2g}")
+
+    lines = ["| method | " + " | ".join(metrics) + " |", "| --- |" + " ---: |" * len(metrics)]
+    lines += ["| " + " | ".join([_markdown_cell(method), *(cell(metric, method) for metric in metrics)]) + " |"
+              for method in methods]
+    return "\n".join(lines)
 
 
 def _bounded(image: np.ndarray) -> np.ndarray:
@@ -254,7 +284,7 @@ class TensorBoardViews:
                      curves: Curves | None = None) -> None:
         """The faithfulness of a step that draws nothing (the subset scored when fit ends): its curves for the
         GAE tab and the Custom Scalars layout of its metrics; the loggers write the scalars themselves."""
-        values = self._curve_values(curves)
+        values = self._curve_values(curves) + self._table_values(scalars)
         for writer in writers:
             layout = self._layout(writer, scalars)
             if layout:
@@ -262,6 +292,11 @@ class TensorBoardViews:
             if values:
                 writer._get_file_writer().add_summary(Summary(value=values), step)
             writer.flush()
+
+    @staticmethod
+    def _table_values(scalars: Mapping[str, float] | None) -> list[Summary.Value]:
+        table = faithfulness_table(scalars or {})
+        return [] if table is None else list(text_summary.text_pb("gae_faithfulness", table).value)
 
     @staticmethod
     def _curve_values(curves: Curves | None) -> list[Summary.Value]:
@@ -288,7 +323,7 @@ class TensorBoardViews:
 
         ``inputs_values`` (the tracked samples' inputs) go to each writer once, the first time it is written to.
         """
-        values = values + self._curve_values(curves)
+        values = values + self._curve_values(curves) + self._table_values(scalars)
         for writer in writers:
             key = _writer_key(writer)
             layout = self._layout(writer, scalars)
