@@ -238,6 +238,9 @@ def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path):
     for sample in samples:
         assert sorted(s for (t, s) in counts if t == f"gae_heatmaps/val_{sample}") == [1, 2, 3, 5]
     assert set(counts.values()) == {1}
+    # The faithfulness subset is scored once, by rank zero when fit ends, on the weights of the last step (5).
+    acc = events(next(iter(event_dirs)))
+    assert [e.step for e in acc.Scalars("positive_perturbation_auc/gae")] == [5]
 
     # Each rank reads a shard of the validation set; the samples are nevertheless those one process picks.
     single = GAECallback(num_samples=3)
