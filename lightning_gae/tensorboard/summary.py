@@ -283,7 +283,8 @@ class TensorBoardViews:
     def write_scores(self, writers: Sequence[Any], step: int, scalars: Mapping[str, float],
                      curves: Curves | None = None) -> None:
         """The faithfulness of a step that draws nothing (the subset scored when fit ends): its curves for the
-        GAE tab and the Custom Scalars layout of its metrics; the loggers write the scalars themselves."""
+        GAE tab, the Text tab's ``gae_faithfulness`` table and the Custom Scalars layout of its metrics; the
+        loggers write the scalars themselves."""
         values = self._curve_values(curves) + self._table_values(scalars)
         for writer in writers:
             layout = self._layout(writer, scalars)
@@ -319,7 +320,8 @@ class TensorBoardViews:
     def _finish(self, writers: Sequence[Any], step: int, explanations: Mapping[str, Explanation],
                 scalars: Mapping[str, float] | None, curves: Curves | None, values: list[Summary.Value],
                 inputs_values: Sequence[Summary.Value]) -> None:
-        """The curves, histograms and Custom Scalars layout of a step, then every tensor summary, flushed.
+        """The curves, faithfulness table, histograms and Custom Scalars layout of a step, then every tensor
+        summary, flushed.
 
         ``inputs_values`` (the tracked samples' inputs) go to each writer once, the first time it is written to.
         """
