@@ -11,8 +11,10 @@ from lightning_gae.tensorboard.summary import (
     SetInput,
     TensorBoardViews,
     custom_scalars_layout,
+    faithfulness_table,
     sample_tag,
     scalar_tag,
 )
 
-__all__ = ["PLUGIN_NAME", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout", "sample_tag", "scalar_tag"]
+__all__ = ["PLUGIN_NAME", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout", "faithfulness_table",
+           "sample_tag", "scalar_tag"]
