@@ -634,8 +634,7 @@ def heatmap_panel(
         grey = picture[rows][:, cols].astype(np.float32) @ weights
         resized = F.interpolate(torch.from_numpy(heat)[None, None], size=(out_h, out_w), mode="bilinear",
                                 align_corners=False)
-        colours = colorize(resized[0, 0].numpy(), vmin, vmax, _cmap_for(vmin, cmap)).astype(np.float32)
-        return (alpha * colours + (1.0 - alpha) * grey[..., None] + 0.5).astype(np.uint8)
+        return _blend(colorize(resized[0, 0].numpy(), vmin, vmax, _cmap_for(vmin, cmap)), grey, alpha)
     # Nearest: every output pixel takes one image pixel and one relevance value (the source index of
     # torch's "nearest-exact"), so the blend is computed once per distinct pair of rows and of columns
     # and then repeated: the same pixels, without colouring and blending the enlarged panel.
@@ -646,8 +645,12 @@ def heatmap_panel(
     col_pairs, col_of = np.unique(cols * src_w + cols_w, return_inverse=True)
     grey = picture[row_pairs // src_h][:, col_pairs // src_w].astype(np.float32) @ weights
     colours = colorize(heat, vmin, vmax, _cmap_for(vmin, cmap))[row_pairs % src_h][:, col_pairs % src_w]
-    blocks = (alpha * colours.astype(np.float32) + (1.0 - alpha) * grey[..., None] + 0.5).astype(np.uint8)
-    return blocks[row_of.reshape(-1)][:, col_of.reshape(-1)]
+    return _blend(colours, grey, alpha)[row_of.reshape(-1)][:, col_of.reshape(-1)]
+
+
+def _blend(colours: np.ndarray, grey: np.ndarray, alpha: float) -> np.ndarray:
+    """uint8 colours ``[..., 3]`` over grey levels ``[...]`` with weight ``alpha``."""
+    return (alpha * colours.astype(np.float32) + (1.0 - alpha) * grey[..., None] + 0.5).astype(np.uint8)
 
 
 def matrix_panel(

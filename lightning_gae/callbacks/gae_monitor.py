@@ -157,6 +157,16 @@ def _private_reader(loader: Iterable[Any]) -> Iterable[Any]:
     return DataLoader(dataset, batch_size=batch_size, collate_fn=loader.collate_fn)
 
 
+def _only_dummy_loggers(trainer: Trainer) -> bool:
+    """fast_dev_run swaps the loggers for no-op ones: there is nowhere to log an explanation to."""
+    return bool(trainer.loggers) and all(isinstance(logger, DummyLogger) for logger in trainer.loggers)
+
+
+def _writers(trainer: Trainer) -> list[Any]:
+    """The loggers' ``SummaryWriter``s (those that take images)."""
+    return [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
+
+
 class GAECallback(Callback):
     r"""Explains a fixed set of validation samples every N epochs/steps and logs to TensorBoard.
 
@@ -690,8 +700,7 @@ class GAECallback(Callback):
         explained = (trainer.state.fn.value, trainer.global_step)
         if self._inputs is None or self._last_explained == explained or not trainer.is_global_zero:
             return
-        if trainer.loggers and all(isinstance(logger, DummyLogger) for logger in trainer.loggers):
-            # fast_dev_run swaps the loggers for no-op ones: there is nowhere to log an explanation to.
+        if _only_dummy_loggers(trainer):
             return
         self._last_explained = explained
         # What the module's self.log uses at this moment (global_step runs ahead of it at epoch ends).
@@ -722,7 +731,7 @@ class GAECallback(Callback):
             return
         if not self.metrics and self._scored_truth is None:
             return
-        if trainer.loggers and all(isinstance(logger, DummyLogger) for logger in trainer.loggers):
+        if _only_dummy_loggers(trainer):
             return
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         if self._last_explained == ("fit", trainer.global_step):
@@ -738,8 +747,7 @@ class GAECallback(Callback):
                 scalars = self._finite(self._faithfulness(pl_module, self._scored_batches(trainer, pl_module)), step)
                 for logger in trainer.loggers:
                     logger.log_metrics(scalars, step=step)
-                writers = [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
-                self._views.write_scores(writers, step, scalars, self._curves)
+                self._views.write_scores(_writers(trainer), step, scalars, self._curves)
             except Exception as err:  # noqa: BLE001 - nor may scoring take the end of training down
                 reason = f"{type(err).__name__}: {err}"
                 self._warn_once(reason, f"GAECallback: scoring the faithfulness subset when fit ended (step {step}) "
@@ -1049,7 +1057,7 @@ class GAECallback(Callback):
     def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation],
              maps: dict[str, Tensor], scalars: dict[str, float], views: dict[str, SetInput] | None = None,
              rows: dict[str, dict[str, Tensor]] | None = None) -> None:
-        writers = [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
+        writers = _writers(trainer)
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
         if writers:
