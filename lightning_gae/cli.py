@@ -102,11 +102,11 @@ def _first_validation_samples(datamodule: Any, count: int, callback: Any) -> tup
     collated by the datamodule's own loader and read with the config's callback's batch functions (or their defaults)."""
     from torch.utils.data import DataLoader
 
-    from lightning_gae.callbacks.gae_monitor import (
-        _keyed_truth,
+    from lightning_gae.callbacks._samples import (
         default_batch_ground_truth,
         default_batch_inputs,
         default_batch_labels,
+        keyed_truth,
     )
 
     datamodule.setup("validate")
@@ -116,20 +116,21 @@ def _first_validation_samples(datamodule: Any, count: int, callback: Any) -> tup
     # One batch of `count` straight from the dataset: the first samples, in order, whatever the loader's batch size.
     batch = next(iter(DataLoader(loader.dataset, batch_size=count, collate_fn=loader.collate_fn)))
     if callback is None:
-        return default_batch_inputs(batch), default_batch_labels(batch), default_batch_ground_truth(batch), _keyed_truth(batch)
+        return default_batch_inputs(batch), default_batch_labels(batch), default_batch_ground_truth(batch), keyed_truth(batch)
     return (callback.batch_inputs(batch), callback.batch_labels(batch), callback.batch_ground_truth(batch),
-            _keyed_truth(batch))
+            keyed_truth(batch))
 
 
 def _set_comparison_picture(model: Any, inputs: Any, methods: Sequence[str], layout: dict[str, Any], target: Any,
                             streams: Any, sequence: bool) -> Any:
     """The first samples of a model with several token sets, drawn as the callback draws them, one under another."""
     from lightning_gae import visualize
-    from lightning_gae.compare import last_positions, sequence_rows, token_set_input
-    from lightning_gae.explain import METHODS, explain, map_tensors
+    from lightning_gae._structures import first_tensor, map_tensors
+    from lightning_gae.explain import METHODS, explain
+    from lightning_gae.token_sets import last_positions, sequence_rows, token_set_input
     from lightning_gae.tensorboard import SetInput, TensorBoardViews
 
-    count = min(_GRID_SAMPLES, next(t.shape[0] for t in _tensors(inputs)))
+    count = min(_GRID_SAMPLES, first_tensor(inputs).shape[0])
     first = map_tensors(inputs, lambda t: t[:count] if t.dim() else t)
     shown = [m for m in methods if m in METHODS and m != "attn_gradcam_vit"]
     explained = target if callable(target) else None
@@ -141,14 +142,6 @@ def _set_comparison_picture(model: Any, inputs: Any, methods: Sequence[str], lay
     sets = {x: SetInput(modality, *token_set_input(first, key)) for x, (modality, key) in layout.items()}
     pictures = TensorBoardViews().set_pictures(sets, list(range(count)), explanations, rows)
     return visualize.stack(pictures, axis=0, gap=8)
-
-
-def _tensors(inputs: Any) -> list[Any]:
-    from lightning_gae.explain import map_tensors
-
-    found: list[Any] = []
-    map_tensors(inputs, lambda t: found.append(t) or t)
-    return found
 
 
 def compare_main(argv: Sequence[str]) -> None:

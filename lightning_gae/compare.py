@@ -1,52 +1,48 @@
 """GAE next to its attention baselines and Captum's gradient methods, on the same samples and metrics.
 
-:func:`attribute` gives one attribution per sample for any method named in
-:data:`ATTRIBUTION_METHODS`, in a form the faithfulness metrics (:mod:`lightning_gae.metrics`) and
-the modalities' ``render`` take: token relevance ``[B, N]`` for the attention methods and the
-random floor, Captum's input-shaped maps for float inputs (images ``[B, C, H, W]``, features
-``[B, F]``) and one value per token ``[B, T]`` for token ids. :func:`compare` scores every method
-with every metric and times the attribution step; :class:`Comparison` holds the table.
-
-Token ids cannot be interpolated or perturbed, so Captum's methods see them through the embedding
-layer: its output is the attributed tensor (what Captum's ``Layer*`` classes do), and the result is
-summed over the embedding dimension. Captum's ``LayerGradientShap`` scales and perturbs the
-*inputs*, which integer ids do not allow; attributing at the layer's output through one forward
-hook keeps every Captum method, ``GradientShap`` included, the same class on every modality:
-``saliency`` there is the absolute gradient of the embedding (``LayerGradientXActivation`` without
-the multiplication), ``input_x_gradient`` is ``LayerGradientXActivation``, and
-``integrated_gradients`` is ``LayerIntegratedGradients`` from a zero embedding.
+:func:`compare` scores every method (any name of :data:`~lightning_gae.attribution.ATTRIBUTION_METHODS`,
+attributed by :func:`~lightning_gae.attribution.attribute`) with every metric, each value with its
+standard error over the samples, and times the attribution step; :class:`Comparison` holds the
+table. :func:`comparison_grid` draws the attributions of a few samples side by side. Models with
+several token sets are compared set by set against each set's ground truth
+(:mod:`lightning_gae.token_sets`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 import numpy as np
 import torch
-from captum.attr import GradientShap, InputXGradient, IntegratedGradients, Saliency
 from torch import Tensor, nn
 from torchmetrics import Metric
 
 from lightning_gae import visualize
-from lightning_gae.explain import METHODS, eval_mode, explain, map_tensors, model_logits
-from lightning_gae.metrics import (
-    PERTURBATION_METRICS,
-    AlignmentAccuracy,
-    RationaleAgreement,
-    RelevanceSegmentation,
-    perturbation_metric,
-    random_attribution,
-)
-from lightning_gae.metrics.functional.perturbation import Protocol, _check_protocol, _class_index, _forward_logits
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae._structures import ClassTarget, class_index, first_tensor, take
+from lightning_gae.attribution import ATTRIBUTION_METHODS, CAPTUM_METHODS, attribute
+from lightning_gae.attribution.gradients import batch_tensor, predict
+from lightning_gae.explain import METHODS, explain
+from lightning_gae.metrics import PERTURBATION_METRICS, AlignmentAccuracy, perturbation_metric, random_attribution
+from lightning_gae.metrics._stderr import SampleScores
+from lightning_gae.metrics.functional.perturbation import Protocol, check_protocol
+from lightning_gae.modalities import ImageTokens, Modality
 from lightning_gae.streams import Streams
+from lightning_gae.token_sets import (
+    SET_TRUTH,
+    TruthScore,
+    infer_modality,
+    is_sequence_output,
+    last_positions,
+    sequence_rows,
+    token_set_input,
+    token_set_inputs,
+    truth_score,
+)
 
 __all__ = [
     "ATTRIBUTION_METHODS",
@@ -62,242 +58,11 @@ __all__ = [
     "token_set_inputs",
 ]
 
-_CAPTUM: dict[str, Callable[[Callable[..., Tensor]], Any]] = {
-    "saliency": Saliency,
-    "input_x_gradient": InputXGradient,
-    "integrated_gradients": IntegratedGradients,
-    "gradient_shap": GradientShap,
-}
-ATTRIBUTION_METHODS: tuple[str, ...] = (*METHODS, "random", *_CAPTUM)
-"""Every method :func:`attribute` and :func:`compare` know: the attention methods of
-:func:`~lightning_gae.explain`, ``"random"`` (the seeded floor) and Captum's gradient methods."""
 DEFAULT_METHODS: tuple[str, ...] = (*METHODS, "random", "saliency", "input_x_gradient", "integrated_gradients")
 """What :func:`compare` and ``lightning-gae compare`` run unless told otherwise (GradientSHAP is optional)."""
 
-# Keys of a keyword-argument input that hold the tensor being explained, in order of preference.
-_ATTRIBUTED_KEYS = ("input_ids", "pixel_values")
-_IG_STEPS = 32
-_IG_ROWS = 256  # interpolated inputs per forward+backward: bounds IG's memory, not its result
-_SHAP_SAMPLES = 16
-_SHAP_BASELINES = 8
-
-Target = Union[None, int, Sequence[int], Tensor]
+Target = ClassTarget
 SetTarget = Union[Target, Callable[[Any], Tensor]]
-
-
-def _batch_tensor(inputs: Any) -> tuple[Tensor, str | None]:
-    """The tensor attributed by Captum's methods and its key (None for a plain tensor)."""
-    if isinstance(inputs, Tensor):
-        return inputs, None
-    if isinstance(inputs, Mapping):
-        for key in _ATTRIBUTED_KEYS:
-            if isinstance(inputs.get(key), Tensor):
-                return inputs[key], key
-        raise ValueError(
-            f"inputs is a mapping with keys {sorted(inputs)}; the attributed tensor must be one of "
-            f"{list(_ATTRIBUTED_KEYS)} (the rest is passed to the model as keyword arguments)"
-        )
-    raise TypeError(f"inputs must be a tensor or a mapping of keyword arguments (a tokenizer's output); got {type(inputs).__name__}")
-
-
-def _cuda_devices(model: nn.Module) -> list[int]:
-    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
-
-
-@contextmanager
-def _seeded(seed: int, devices: Sequence[int]) -> Iterator[None]:
-    """Captum draws GradientSHAP's noise and baseline choice from the global torch and numpy RNGs:
-    seed both for the call and give the caller's state back."""
-    numpy_state = np.random.get_state()
-    try:
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            np.random.seed(seed)
-            yield
-    finally:
-        np.random.set_state(numpy_state)
-
-
-def _predict(model: nn.Module, inputs: Any) -> Tensor:
-    with torch.no_grad(), eval_mode(model):
-        return _forward_logits(model, inputs).argmax(dim=1)
-
-
-class _LogitsForward:
-    """``f(x, *values)``: the model on the attributed tensor, the other keyword inputs positional.
-
-    Captum only passes positional arguments and expands the tensors among them with the inputs
-    (IG's steps, GradientSHAP's samples); non-tensor keyword inputs stay fixed here.
-    """
-
-    def __init__(self, model: nn.Module, key: str | None, tensor_keys: Sequence[str], fixed: Mapping[str, Any]) -> None:
-        self.model, self.key, self.tensor_keys, self.fixed = model, key, list(tensor_keys), dict(fixed)
-
-    def __call__(self, x: Tensor, *values: Tensor) -> Tensor:
-        if self.key is None:
-            output = self.model(x)
-        else:
-            output = self.model(**{self.key: x}, **dict(zip(self.tensor_keys, values)), **self.fixed)
-        logits = model_logits(output)
-        if logits is None:
-            raise ValueError(f"{type(self.model).__name__} returned no logits (a tensor, a tuple or .logits) for Captum to attribute")
-        return logits
-
-
-class _EmbeddingForward:
-    """``g(embeds, ids, *values)``: ``forward(ids, *values)`` with the embedding layer's output replaced by ``embeds``."""
-
-    def __init__(self, forward: _LogitsForward, layer: nn.Module, name: str) -> None:
-        self.forward, self.layer, self.name = forward, layer, name
-
-    def embeddings(self, ids: Tensor, *values: Tensor) -> Tensor:
-        """The layer's output ``[B, T, D]`` in the model's own forward (whatever it feeds the layer)."""
-        outputs: list[Any] = []
-        handle = self.layer.register_forward_hook(lambda module, args, output: outputs.append(output))
-        try:
-            with torch.no_grad():
-                self.forward(ids, *values)
-        finally:
-            handle.remove()
-        found = outputs[0] if len(outputs) == 1 else None
-        if not isinstance(found, Tensor) or found.dim() != 3 or found.shape[:2] != ids.shape:
-            got = f"was called {len(outputs)} times" if found is None else (
-                f"returned {tuple(found.shape) if isinstance(found, Tensor) else type(found).__name__}")
-            raise ValueError(f"embedding_layer {self.name} {got}; it must be called once and map the token ids "
-                             f"{tuple(ids.shape)} to embeddings [B, T, D]: name the model's token embedding")
-        return found.detach()
-
-    def __call__(self, embeds: Tensor, ids: Tensor, *values: Tensor) -> Tensor:
-        handle = self.layer.register_forward_hook(lambda module, args, output: embeds)
-        try:
-            return self.forward(ids, *values)
-        finally:
-            handle.remove()
-
-
-def _embedding_layer(model: nn.Module, embedding_layer: str | nn.Module | None) -> tuple[nn.Module, str]:
-    if isinstance(embedding_layer, nn.Module):
-        return embedding_layer, type(embedding_layer).__name__
-    if isinstance(embedding_layer, str):
-        try:
-            return model.get_submodule(embedding_layer), repr(embedding_layer)
-        except AttributeError:
-            raise ValueError(f"embedding_layer={embedding_layer!r} is not a module path of {type(model).__name__}; "
-                             "give the dotted path of the layer mapping token ids to vectors, e.g. 'embed.tokens'") from None
-    # Hugging Face models say where their token embeddings are, also inside a LightningModule.
-    for module in model.modules():
-        get_embeddings = getattr(module, "get_input_embeddings", None)
-        if callable(get_embeddings):
-            try:
-                layer = get_embeddings()
-            except NotImplementedError:
-                continue
-            if isinstance(layer, nn.Module):
-                return layer, f"{type(module).__name__}.get_input_embeddings()"
-    raise ValueError(
-        f"token-id inputs are attributed at the embedding layer, and {type(model).__name__} has no "
-        "get_input_embeddings(): pass embedding_layer='path.to.embedding' (a module path, e.g. 'embed.tokens')"
-    )
-
-
-def _captum_options(method: str, x: Tensor, batch: int) -> dict[str, Any]:
-    """Moderate defaults: IG with 32 steps in chunks of 256 rows; GradientSHAP from seeded Gaussian
-    baselines at the inputs' scale around IG's zero baseline."""
-    if method == "integrated_gradients":
-        return {"n_steps": _IG_STEPS, "internal_batch_size": max(batch, _IG_ROWS)}
-    if method == "gradient_shap":
-        baselines = torch.randn((_SHAP_BASELINES, *x.shape[1:])) * x.detach().float().std().cpu()
-        return {"n_samples": _SHAP_SAMPLES, "baselines": baselines.to(x)}
-    return {}
-
-
-def _captum_attribute(method: str, model: nn.Module, inputs: Any, target: Tensor,
-                      embedding_layer: str | nn.Module | None, seed: int, options: Mapping[str, Any]) -> Tensor:
-    x, key = _batch_tensor(inputs)
-    batch, token_ids = x.shape[0], not x.is_floating_point()
-    rest = {k: v for k, v in inputs.items() if k != key} if key is not None else {}
-    tensor_keys = [k for k, v in rest.items() if isinstance(v, Tensor)]
-    fixed = {k: v for k, v in rest.items() if not isinstance(v, Tensor)}
-    forward: Callable[..., Tensor] = _LogitsForward(model, key, tensor_keys, fixed)
-    with _seeded(seed, _cuda_devices(model)), eval_mode(model), torch.inference_mode(False), torch.enable_grad():
-        # Fresh copies: tensors made under inference mode (a validation loop) cannot enter a graph.
-        x, target = x.detach().clone(), target.clone()
-        extra = tuple(rest[k].detach().clone() for k in tensor_keys)
-        if token_ids:
-            layer, name = _embedding_layer(model, embedding_layer)
-            forward = _EmbeddingForward(forward, layer, name)
-            x, extra = forward.embeddings(x, *extra), (x, *extra)
-        x.requires_grad_()
-        kwargs = {**_captum_options(method, x, batch), **options}
-        result = _CAPTUM[method](forward).attribute(x, target=target, additional_forward_args=extra or None, **kwargs)
-    result = result.detach().float()
-    # One value per token id: the embedding's attribution summed over its dimension.
-    return result.sum(dim=-1) if token_ids else result
-
-
-def attribute(
-    method: str,
-    model: nn.Module,
-    inputs: Any,
-    target: Target = None,
-    embedding_layer: str | nn.Module | None = None,
-    seed: int = 0,
-    **options: Any,
-) -> Tensor:
-    """One attribution per sample for ``method``, in a form the metrics score and the modality renders.
-
-    Args:
-        method: a name in :data:`ATTRIBUTION_METHODS`: ``"gae"``, ``"rollout"``, ``"raw_attention"``,
-            ``"attn_gradcam"`` (:func:`~lightning_gae.explain`), ``"random"`` (seeded uniform token
-            relevance, the floor every method must beat), or Captum's ``"saliency"``,
-            ``"input_x_gradient"``, ``"integrated_gradients"``, ``"gradient_shap"``.
-        model: the classifier (an ``nn.Module`` returning logits ``[B, C]``, a tuple or ``.logits``).
-            It runs in eval mode; every module's mode is restored and no parameter's ``.grad`` changes.
-        inputs: a tensor (``model(x)``) or a mapping of keyword arguments (``model(**x)``, e.g. a
-            tokenizer's output); Captum's methods attribute its ``input_ids`` or ``pixel_values``
-            and pass the rest (``attention_mask``, ...) to the model unchanged.
-        target: the class explained: None (each sample's prediction), an int, or one class per sample.
-        embedding_layer: for token-id inputs and Captum's methods, the layer mapping ids to vectors:
-            a module path (``"embed.tokens"``) or the module; None finds it with Hugging Face's
-            ``get_input_embeddings()`` on the model or any submodule.
-        seed: seeds ``"random"`` and GradientSHAP's baselines and noise (the caller's RNG state is kept).
-        options: keyword arguments of the underlying call, over the defaults: ``query`` or
-            ``attention_modules`` of :func:`~lightning_gae.explain` for the attention methods and
-            ``"random"``; Captum's ``attribute`` arguments otherwise (``n_steps`` and
-            ``internal_batch_size``, default 32 and 256 for IG; ``baselines``, ``n_samples``,
-            ``stdevs``; default for GradientSHAP: 16 samples from 8 Gaussian baselines with the
-            inputs' standard deviation).
-
-    Returns:
-        float32, detached: token relevance ``[B, N]`` for the attention methods and ``"random"``;
-        for Captum's methods the input's shape for float inputs (images ``[B, C, H, W]``, features
-        ``[B, F]``) and ``[B, T]`` for token ids (the embedding's attribution summed over ``D``).
-
-    Raises:
-        ValueError: an unknown method (the message lists them), a target that does not fit the
-            batch, a mapping without ``input_ids``/``pixel_values``, or token ids whose embedding
-            layer is not found (the message names ``embedding_layer=``).
-        TypeError: inputs that are neither a tensor nor a mapping.
-
-    Example::
-
-        from lightning_gae.compare import attribute
-
-        gae = attribute("gae", vit, images)                       # [B, N] token relevance
-        ig = attribute("integrated_gradients", vit, images)       # [B, C, H, W]
-        ig_text = attribute("integrated_gradients", bert, tokenizer(texts, padding=True, return_tensors="pt"))  # [B, T]
-        shap = attribute("gradient_shap", token_model, ids, embedding_layer="embed.tokens", seed=1)
-    """
-    if method not in ATTRIBUTION_METHODS:
-        raise ValueError(f"method={method!r}; choose one of {list(ATTRIBUTION_METHODS)}")
-    if method in METHODS:
-        return explain(model, inputs, target=target, method=method, **options).tokens
-    if method == "random":
-        # Only the token count is needed, and raw attention needs no backward.
-        return random_attribution(explain(model, inputs, method="raw_attention", **options).tokens, seed)
-    x, _ = _batch_tensor(inputs)
-    target_index = _predict(model, inputs) if target is None else _class_index(target, x.shape[0], x.device)
-    return _captum_attribute(method, model, inputs, target_index, embedding_layer, seed, options)
 
 
 @dataclass
@@ -362,213 +127,14 @@ class Comparison:
         return "\n".join(lines) + "\n"
 
 
-def _take(inputs: Any, start: int, stop: int, batch: int) -> Any:
-    """Samples ``start:stop`` of every tensor with the batch in dim 0."""
-    return map_tensors(inputs, lambda t: t[start:stop] if t.dim() and t.shape[0] == batch else t)
-
-
-def _per_sample_states(metric: Metric, update: Callable[[int], None], count: int) -> list[dict[str, Tensor]]:
-    """The metric's states after ``update(i)`` alone, for each sample ``i`` of ``count``."""
-    states = []
-    for i in range(count):
-        metric.reset()
-        update(i)
-        states.append({name: value.detach().clone() for name, value in metric.metric_state.items()})
-    return states
-
-
-def _value_and_stderr(metric: Metric, samples: Sequence[Mapping[str, Tensor]]) -> tuple[dict[str, float], dict[str, float]]:
-    r"""The metric over all samples and its jackknife standard error, from one state per sample.
-
-    Every state of the library's metrics is a sum over samples (that is how they sync across
-    processes), so the states of all samples but ``i`` are the total minus sample ``i``'s, and the
-    metric's own ``compute`` gives each leave-one-out value :math:`\theta_{(i)}`. The jackknife
-    :math:`\mathrm{se}^2 = \frac{n - 1}{n} \sum_i (\theta_{(i)} - \bar\theta)^2` is exactly
-    :math:`s / \sqrt{n}` for a mean over samples (the perturbation AUCs, AP, AUPRC) and also
-    covers ratios over pooled counts (pixel accuracy, mIoU). Returns ``{key: value}`` and
-    ``{key: se}`` (key ``""`` for a scalar metric).
-    """
-    def computed(states: Mapping[str, Tensor]) -> dict[str, float]:
-        for name, value in states.items():
-            setattr(metric, name, value)
-        # The class's own compute, not the instance's wrapper: that one syncs and caches.
-        out = type(metric).compute(metric)
-        return {key: float(v) for key, v in out.items()} if isinstance(out, dict) else {"": float(out)}
-
-    n = len(samples)
-    per_sample_values = getattr(metric, "per_sample_values", None)
-    if per_sample_values is not None:
-        # A mean over samples: the jackknife reduces to the own values' standard deviation over sqrt(n),
-        # without a compute() per left-out sample.
-        own = per_sample_values({name: torch.stack([s[name] for s in samples]) for name in samples[0]})
-        spread = float(own.std()) / math.sqrt(n) if n > 1 else math.nan
-        return {"": float(own.mean())}, {"": spread}
-    total = {name: torch.stack([s[name] for s in samples]).sum(dim=0) for name in samples[0]}
-    value = computed(total)
-    leave_one_out = [computed({name: total[name] - s[name] for name in total}) for s in samples]
-    stderr = {}
-    for key in value:
-        others = torch.tensor([v[key] for v in leave_one_out], dtype=torch.float64)
-        stderr[key] = math.sqrt((n - 1) / n * float(((others - others.mean()) ** 2).sum())) if n > 1 else math.nan
-    metric.reset()
-    return value, stderr
-
-
-def _truth_metric(modality: Modality) -> tuple[str, Metric, Callable[[Any, Tensor, Tensor], tuple[Any, ...]]]:
-    """``(prefix, metric, args)``: the ground-truth metric of the modality and how to call its update."""
-    if isinstance(modality, ImageTokens):
-        return "segmentation", RelevanceSegmentation(modality, sync_on_compute=False), lambda x, a, t: (a, t)
-    if isinstance(modality, TextTokens):
-        return "rationale", RationaleAgreement(sync_on_compute=False), lambda x, a, t: (
-            modality.unit_scores(a, x), t, modality.removable(x))
-    if isinstance(modality, TabularTokens):
-        return "feature_recovery", RationaleAgreement(sync_on_compute=False), lambda x, a, t: (
-            modality.unit_scores(a, x), t)
-    raise ValueError(f"ground_truth needs an ImageTokens, TextTokens or TabularTokens modality; got {type(modality).__name__}")
-
-
-# --- models with several token sets ------------------------------------------------------------------
-
-
-def _fits(modality: Modality, x: Tensor, size: int) -> bool:
-    """Whether ``x`` is laid out like ``size`` tokens of ``modality``."""
-    if isinstance(modality, ImageTokens):
-        return x.dim() == 4 and x.is_floating_point() and modality.prefix_tokens + (
-            x.shape[-2] // modality.patch_size) * (x.shape[-1] // modality.patch_size) == size
-    if isinstance(modality, TextTokens):
-        return x.dim() == 2 and not x.is_floating_point() and x.shape[1] == size
-    if isinstance(modality, TabularTokens):
-        return x.dim() == 2 and x.shape[1] == len(modality.feature_names) == size - modality.prefix_tokens
-    return False
-
-
-def token_set_inputs(
-    inputs: Any,
-    sizes: Mapping[str, int],
-    modality: Mapping[str, Modality] | None = None,
-    set_inputs: Mapping[str, int | str] | None = None,
-    caller: str = "compare",
-) -> dict[str, tuple[Modality, int | str]]:
-    """Each token set's modality and the model input its tokens come from.
-
-    Args:
-        inputs: the model inputs: a mapping of keyword arguments, a tuple, or one tensor.
-        sizes: token set -> its token count (``{x: r.shape[1] for x, r in explain(...).relevance.items()}``).
-        modality: set -> modality; a set left out is inferred when exactly one input is images whose
-            patch grid fits its token count (:meth:`ImageTokens.infer`).
-        set_inputs: set -> the key of a mapping input or the position in a tuple; a set left out
-            takes the one input its modality fits (masks, keys ending in ``mask``, hold no tokens).
-        caller: named in the errors (``"GAECallback"``, ``"compare"``).
-
-    Returns:
-        set -> ``(modality, key or position)``, one input per set.
-
-    Raises:
-        ValueError: a set named that the model does not have, a set whose modality cannot be
-            inferred, an input two sets fit alike (equal lengths: pass ``set_inputs``), or an input
-            given that does not fit the set's modality.
-    """
-    given = dict(modality or {})
-    for name, argument in (("modality", given), ("set_inputs", set_inputs or {})):
-        unknown = [x for x in argument if x not in sizes]
-        if unknown:
-            raise ValueError(f"{caller}({name}=...) names token sets {unknown}; the model's sets are {list(sizes)} "
-                             "(from explain(...).relevance)")
-    if isinstance(inputs, Mapping):
-        # Masks (attention_mask, key_padding_mask, ...) are laid out like the tokens but hold none.
-        candidates = {k: v for k, v in inputs.items() if isinstance(v, Tensor) and not str(k).endswith("mask")}
-    elif isinstance(inputs, (tuple, list)):
-        candidates = {i: v for i, v in enumerate(inputs) if isinstance(v, Tensor)}
-    else:
-        candidates = {0: inputs}
-    out: dict[str, tuple[Modality, int | str]] = {}
-    for x, size in sizes.items():
-        key = (set_inputs or {}).get(x)
-        if key is not None and key not in candidates:
-            raise ValueError(f"{caller}(set_inputs={{{x!r}: {key!r}}}): the model inputs have no tensor {key!r}; "
-                             f"they are {list(candidates)}")
-        chosen = given.get(x)
-        if chosen is None:
-            inferred = [(k, ImageTokens.infer(v, size)) for k, v in candidates.items() if key in (None, k)]
-            inferred = [(k, m) for k, m in inferred if m is not None]
-            if len(inferred) != 1:
-                raise ValueError(f"{caller}: cannot infer the modality of token set {x!r} ({size} tokens); pass "
-                                 f"modality={{{x!r}: ImageTokens(patch_size=...) or TextTokens(...)}} for every set "
-                                 f"(the model's sets: {list(sizes)})")
-            key, chosen = inferred[0]
-        if key is None:
-            fits = [k for k, v in candidates.items() if _fits(chosen, v, size)]
-            if len(fits) != 1:
-                found = f"the inputs {fits} fit it alike" if fits else "no input fits it"
-                raise ValueError(f"{caller}: token set {x!r} ({size} tokens, {chosen!r}): {found}; pass "
-                                 f"set_inputs={{set: input key or tuple position}} for the sets {list(sizes)}")
-            key = fits[0]
-        if not _fits(chosen, candidates[key], size):
-            raise ValueError(f"{caller}: {chosen!r} of token set {x!r} ({size} tokens) does not fit input {key!r} of "
-                             f"shape {tuple(candidates[key].shape)}")
-        out[x] = (chosen, key)
-    taken = [key for _, key in out.values()]
-    doubled = sorted({str(k) for k in taken if taken.count(k) > 1})
-    if doubled:
-        raise ValueError(f"{caller}: the token sets {list(out)} were matched to the inputs {taken}, {doubled} more than "
-                         "once; pass modality={set: ImageTokens(...)/TextTokens(...)} for every set and "
-                         "set_inputs={set: input key or tuple position}")
-    return out
-
-
-def last_positions(model: nn.Module, inputs: Any, **options: Any) -> Tensor:
-    """``[B]`` the last real position of the query set (a decoder) per sample, as ``explain(query="last")`` reads it.
-
-    ``options``: ``attention_modules`` or ``streams`` of :func:`~lightning_gae.explain`.
-    """
-    return explain(model, inputs, method="raw_attention", query="last", **options).query
-
-
-def sequence_rows(model: nn.Module, inputs: Any, method: str, last: Tensor, labels: Tensor | None = None,
-                  **options: Any) -> dict[str, Tensor]:
-    """Set -> ``[B, T, N_set]``: row ``t`` is ``explain(..., query=t)``'s relevance of the set, for sequence outputs.
-
-    One explanation per position ``t`` over the whole batch, of the prediction made at ``t`` (the
-    argmax, or ``labels[:, t]``). A sample whose last real position (``last``) is before ``t`` is
-    read at that last position and its row ``t`` is zeroed: nothing is predicted there.
-
-    Args:
-        model: a model whose logits are ``[B, T, C]`` over the query set (an encoder-decoder).
-        inputs: its inputs.
-        method: a method of :func:`~lightning_gae.explain`.
-        last: ``[B]`` from :func:`last_positions`.
-        labels: ``[B, T]`` classes to explain per position; None: the predictions.
-        options: ``attention_modules`` or ``streams`` of :func:`~lightning_gae.explain`.
-    """
-    rows: dict[str, list[Tensor]] = {}
-    for t in range(int(last.max()) + 1):
-        query = torch.clamp(last, max=t)
-        beyond = (last < t).cpu()
-        target = None if labels is None else labels.gather(1, query.to(labels.device)[:, None])[:, 0]
-        exp = explain(model, inputs, target=target, method=method, query=query, **options)
-        for x, row in exp.relevance.items():
-            rows.setdefault(x, []).append(row.detach().float().cpu().masked_fill(beyond[:, None], 0.0))
-    return {x: torch.stack(found, dim=1) for x, found in rows.items()}
-
-
-def infer_modality(model: nn.Module, inputs: Any) -> ImageTokens:
-    """The :class:`ImageTokens` of a ViT-style model on square images, from one raw-attention pass.
-
-    Raises:
-        ValueError: inputs that are not square images, or a token count no patching explains
-            (the message names ``modality=``).
-    """
-    x, _ = _batch_tensor(inputs)
-    probe = _take(inputs, 0, 1, x.shape[0])
-    num_tokens = explain(model, probe, method="raw_attention").tokens.shape[1]
-    modality = ImageTokens.infer(_batch_tensor(probe)[0], num_tokens)
-    if modality is None:
-        raise ValueError(
-            f"cannot tell how {type(model).__name__} made its {num_tokens} tokens from inputs of shape "
-            f"{tuple(x.shape)} (only square ViT-style images are inferred); pass modality=ImageTokens(...), "
-            "TextTokens(...) or TabularTokens(...)"
-        )
-    return modality
+def _tabulate(scores: SampleScores, results: dict[str, dict[str, float]], errors: dict[str, dict[str, float]],
+              directions: dict[str, bool]) -> None:
+    """Every column of ``scores`` into the :class:`Comparison` tables."""
+    for method, columns in scores.columns().items():
+        for column, score in columns.items():
+            results.setdefault(method, {})[column] = score.value
+            errors.setdefault(method, {})[column] = score.stderr
+            directions[column] = score.higher_is_better
 
 
 def compare(
@@ -670,9 +236,9 @@ def compare(
         raise ValueError(f"methods={list(methods)}: choose from {list(ATTRIBUTION_METHODS)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}")
-    total = _first_tensor(inputs).shape[0]
+    total = first_tensor(inputs).shape[0]
     try:
-        probe = explain(model, _take(inputs, 0, 1, total), target=target if callable(target) else None,
+        probe = explain(model, take(inputs, 0, 1, total), target=target if callable(target) else None,
                         method="raw_attention", streams=streams)
     except ValueError:
         # No attention to tell sets apart (a model scored with Captum's methods alone): one input, as before.
@@ -687,13 +253,13 @@ def compare(
         raise ValueError(f"metrics={list(metrics)}: choose from {list(PERTURBATION_METRICS)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}")
-    _check_protocol(protocol)
-    x, _ = _batch_tensor(inputs)
+    check_protocol(protocol)
+    x, _ = batch_tensor(inputs)
     total = x.shape[0]
     starts = range(0, total, batch_size)
-    given = None if target is None else _class_index(target, total, x.device)
+    given = None if target is None else class_index(target, total, x.device)
     if given is None or protocol == "predicted":
-        explained = torch.cat([_predict(model, _take(inputs, s, s + batch_size, total)) for s in starts])
+        explained = torch.cat([predict(model, take(inputs, s, s + batch_size, total)) for s in starts])
     else:
         explained = given
     # What the metrics are told: the class scored ("target"), or the labels to check against ("predicted").
@@ -703,71 +269,34 @@ def compare(
 
     if ground_truth is not None and ground_truth.shape[0] != total:
         raise ValueError(f"ground_truth has {ground_truth.shape[0]} samples for {total} inputs; give one per sample")
+    truth = truth_score(modality) if ground_truth is not None else None
 
     results: dict[str, dict[str, float]] = {}
     errors: dict[str, dict[str, float]] = {}
     directions: dict[str, bool] = {}
     for method in methods:
-        scorers: dict[str, Metric] = {name: perturbation_metric(name, model, modality, max_batch=max_batch,
-                                                                sync_on_compute=False, protocol=protocol)
-                                      for name in metrics}
-        truth_prefix, truth_metric, truth_args = _truth_metric(modality) if ground_truth is not None else ("", None, None)
-        if truth_metric is not None:
-            scorers[truth_prefix] = truth_metric
-        states: dict[str, list[dict[str, Tensor]]] = {name: [] for name in scorers}
+        scorers = {name: perturbation_metric(name, model, modality, max_batch=max_batch, sync_on_compute=False,
+                                             protocol=protocol) for name in metrics}
+        truth_metric = None if truth is None else truth.metric(modality)
+        scores = SampleScores()
         seconds = 0.0
         for index, start in enumerate(starts):
             stop = min(start + batch_size, total)
-            chunk = _take(inputs, start, stop, total)
+            chunk = take(inputs, start, stop, total)
             began = time.perf_counter()
             attributions = attribute(method, model, chunk, explained[start:stop], embedding_layer=embedding_layer,
                                      seed=seed + index)
             seconds += time.perf_counter() - began
-            size = stop - start
-
-            def one(i: int) -> tuple[Any, Tensor]:
-                return _take(chunk, i, i + 1, size), attributions[i : i + 1]
-
-            for name in metrics:
-                reference = None if scored is None else scored[start:stop]
-                states[name] += _per_sample_states(scorers[name], lambda i: scorers[name].update(
-                    *one(i), None if reference is None else reference[i : i + 1]), size)
+            for name, metric in scorers.items():
+                scores.add_perturbation(name, method, metric, chunk, attributions,
+                                        None if scored is None else scored[start:stop])
             if truth_metric is not None:
-                truth = ground_truth[start:stop].to(attributions.device)
-                states[truth_prefix] += _per_sample_states(truth_metric, lambda i: truth_metric.update(
-                    *truth_args(*one(i), truth[i : i + 1])), size)
-        results[method], errors[method] = {}, {}
-        for name, scorer in scorers.items():
-            value, stderr = _value_and_stderr(scorer, states[name])
-            for key in value:
-                column = name if key == "" else f"{name}_{key}"
-                results[method][column], errors[method][column] = value[key], stderr[key]
-                directions[column] = bool(scorer.higher_is_better)
+                known = ground_truth[start:stop].to(attributions.device)
+                scores.add_updates(truth.name, method, truth_metric, truth.update_args(modality, chunk, attributions, known))
+        results.setdefault(method, {})
+        _tabulate(scores, results, errors, directions)
         results[method]["seconds_per_sample"] = seconds / total
     return Comparison(methods=results, num_samples=total, higher_is_better=directions, protocol=protocol, stderr=errors)
-
-
-def _first_tensor(inputs: Any) -> Tensor:
-    found: list[Tensor] = []
-    map_tensors(inputs, lambda t: found.append(t) or t)
-    if not found:
-        raise TypeError(f"inputs hold no tensor; got {type(inputs).__name__}")
-    return found[0]
-
-
-_SET_TRUTH = {"alignment": None, "masks": ImageTokens, "segmentation": ImageTokens, "rationales": TextTokens}
-
-
-def token_set_input(inputs: Any, key: int | str) -> tuple[Tensor, Any]:
-    """``(tensor, what the set's modality maps with)`` of the input at ``key`` (:func:`token_set_inputs`).
-
-    The second is the tensor itself, or for ``input_ids`` among keyword inputs a mapping that also
-    holds their ``attention_mask``, so that text padding is known.
-    """
-    tensor = inputs[key] if isinstance(inputs, (Mapping, tuple, list)) else inputs
-    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) and key == "input_ids" else None
-    with_mask = isinstance(mask, Tensor) and mask.shape == tensor.shape
-    return tensor, ({"input_ids": tensor, "attention_mask": mask} if with_mask else tensor)
 
 
 def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Sequence[str], metrics: Sequence[str],
@@ -788,19 +317,19 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
                          "modality={set: ImageTokens(...)/TextTokens(...)}")
     if ground_truth is not None and not isinstance(ground_truth, Mapping):
         raise ValueError(f"ground_truth of a model with the token sets {list(sizes)} is a mapping from the batch key "
-                         f"({list(_SET_TRUTH)}) to its tensor, so that each set is scored with its own")
+                         f"({list(SET_TRUTH)}) to its tensor, so that each set is scored with its own")
     truths = dict(ground_truth or {})
-    unknown = [k for k in truths if k not in _SET_TRUTH]
+    unknown = [k for k in truths if k not in SET_TRUTH]
     if unknown:
-        raise ValueError(f"ground_truth keys {unknown}: use {list(_SET_TRUTH)}")
+        raise ValueError(f"ground_truth keys {unknown}: use {list(SET_TRUTH)}")
     layout = token_set_inputs(inputs, sizes, modality, set_inputs, "compare")
-    sequence = (not callable(target) and probe.logits is not None and probe.logits.dim() == 3
-                and probe.logits.shape[1] == probe.tokens.shape[1])
+    sequence = is_sequence_output(probe, target)
+    # Batch key -> (column prefix, a new metric, (chunk, relevance by set, truth) -> its update arguments).
     scorers: dict[str, tuple[str, Callable[[], Metric], Callable[..., tuple[Any, ...]]]] = {}
     for key, truth in truths.items():
         if truth.shape[0] != total:
             raise ValueError(f"ground_truth[{key!r}] has {truth.shape[0]} samples for {total} inputs; give one per sample")
-        kind = _SET_TRUTH[key]
+        kind = SET_TRUTH[key]
         if kind is None:
             if not sequence or len(sizes) != 2:
                 raise ValueError(f"ground_truth['alignment'] scores a source set per target position: it needs sequence "
@@ -816,19 +345,16 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
                              f"the sets are {[f'{x}: {m!r}' for x, (m, _) in layout.items()]}"
                              + ("; its outputs are sequences" if sequence else ""))
         x, (set_modality, input_key) = owners[0], layout[owners[0]]
-        if kind is ImageTokens:
-            scorers[key] = (f"{x}/segmentation", lambda m=set_modality: RelevanceSegmentation(m, sync_on_compute=False),
-                            lambda chunk, by_set, truth, x=x: (by_set[x], truth))
-        else:
-            def rationale_args(chunk: Any, by_set: Mapping[str, Tensor], truth: Tensor, x: str = x,
-                               m: Modality = set_modality, k: int | str = input_key) -> tuple[Any, ...]:
-                mapped = token_set_input(chunk, k)[1]
-                return m.unit_scores(by_set[x], mapped), truth, m.removable(mapped)
+        score = truth_score(set_modality)
 
-            scorers[key] = (f"{x}/rationale", lambda: RationaleAgreement(sync_on_compute=False), rationale_args)
+        def update_args(chunk: Any, by_set: Mapping[str, Tensor], truth: Tensor, x: str = x, m: Modality = set_modality,
+                        k: int | str = input_key, score: TruthScore = score) -> tuple[Any, ...]:
+            return score.update_args(m, token_set_input(chunk, k)[1], by_set[x], truth)
+
+        scorers[key] = (f"{x}/{score.name}", lambda m=set_modality, score=score: score.metric(m), update_args)
     skipped = {m: (f"Captum's {m} attributes one input tensor, but this model takes one input per token set "
                    f"({', '.join(f'{x}: {k!r}' for x, (_, k) in layout.items())}), so it gives no relevance per set")
-               for m in methods if m in _CAPTUM}
+               for m in methods if m in CAPTUM_METHODS}
     if "attn_gradcam_vit" in methods:
         skipped["attn_gradcam_vit"] = "the ViT baseline's Grad-CAM is defined on one token set; attn_gradcam is its form for several"
     for method, reason in skipped.items():
@@ -842,12 +368,12 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
     for method in (m for m in methods if m not in skipped):
         explained = "raw_attention" if method == "random" else method
         metrics_now = {key: build() for key, (_, build, _) in scorers.items()}
-        states: dict[str, list[dict[str, Tensor]]] = {key: [] for key in scorers}
+        scores = SampleScores()
         parts: dict[str, list[Tensor]] = {}
         seconds = 0.0
         for index, start in enumerate(starts):
             stop = min(start + batch_size, total)
-            chunk = _take(inputs, start, stop, total)
+            chunk = take(inputs, start, stop, total)
             began = time.perf_counter()
             if sequence:
                 last = last_positions(model, chunk, streams=streams)
@@ -865,20 +391,11 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
             seconds += time.perf_counter() - began
             for x, r in by_set.items():
                 parts.setdefault(x, []).append(r)
-            for key, (_, _, args) in scorers.items():
-                truth = truths[key][start:stop].cpu()
-                metric = metrics_now[key]
-                states[key] += _per_sample_states(metric, lambda i: metric.update(*args(
-                    _take(chunk, i, i + 1, stop - start), {x: r[i : i + 1] for x, r in by_set.items()}, truth[i : i + 1])),
-                    stop - start)
+            for key, (name, _, args) in scorers.items():
+                scores.add_updates(name, method, metrics_now[key], args(chunk, by_set, truths[key][start:stop].cpu()))
         relevance[method] = {x: torch.cat(found) for x, found in parts.items()}
-        results[method], errors[method] = {}, {}
-        for key, (name, _, _) in scorers.items():
-            value, stderr = _value_and_stderr(metrics_now[key], states[key])
-            for part in value:
-                column = name if part == "" else f"{name}_{part}"
-                results[method][column], errors[method][column] = value[part], stderr[part]
-                directions[column] = bool(metrics_now[key].higher_is_better)
+        results.setdefault(method, {})
+        _tabulate(scores, results, errors, directions)
         results[method]["seconds_per_sample"] = seconds / total
     return Comparison(methods=results, num_samples=total, higher_is_better=directions, protocol=protocol, stderr=errors,
                       sets=list(sizes), relevance=relevance, skipped=skipped)
@@ -914,10 +431,10 @@ def comparison_grid(
 
         matplotlib.image.imsave("grid.png", comparison_grid(vit, images[:4], methods=("gae", "saliency")))
     """
-    display, _ = _batch_tensor(inputs)
+    display, _ = batch_tensor(inputs)
     if modality is None:
         modality = infer_modality(model, inputs)
-    classes = _predict(model, inputs) if target is None else _class_index(target, display.shape[0], display.device)
+    classes = predict(model, inputs) if target is None else class_index(target, display.shape[0], display.device)
     columns = []
     for method in methods:
         attributions = attribute(method, model, inputs, classes, embedding_layer=embedding_layer, seed=seed)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_gae import rules
+from lightning_gae._structures import Target, call_args, eval_mode, map_tensors, model_logits
 from lightning_gae.attn_gradcam_vit import attn_gradcam_vit_row
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.streams import Streams, TokenSets, assign_token_sets
@@ -23,7 +24,6 @@ Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradca
 METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit")
 _NEEDS_GRAD = {"gae", "attn_gradcam", "attn_gradcam_vit"}
 _LAST_LAYER_ONLY = {"raw_attention", "attn_gradcam", "attn_gradcam_vit"}
-Target = Union[None, int, Sequence[int], Tensor, Callable[[Any], Tensor]]
 Query = Union[int, Literal["last", "mean"], Sequence[int], Tensor]
 
 # Keys of a keyword-argument input that mark padding, and whether a True/nonzero entry means "keep".
@@ -59,52 +59,6 @@ class Explanation:
     query: Tensor | None = None
     relevance: dict[str, Tensor] = field(default_factory=dict)
     query_set: str = "tokens"
-
-
-def model_logits(output: Any) -> Tensor | None:
-    """The logits of a model output: a tensor, a mapping or object with ``logits``, or a tuple's first tensor."""
-    if isinstance(output, Tensor):
-        return output
-    if isinstance(output, Mapping) and isinstance(output.get("logits"), Tensor):
-        return output["logits"]
-    logits = getattr(output, "logits", None)
-    if isinstance(logits, Tensor):
-        return logits
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
-        return output[0]
-    return None
-
-
-def map_tensors(x: Any, fn: Callable[[Tensor], Tensor]) -> Any:
-    """``fn`` applied to every tensor of a nested tuple/list/namedtuple/mapping, the structure kept."""
-    if isinstance(x, Tensor):
-        return fn(x)
-    if isinstance(x, Mapping):
-        return {k: map_tensors(v, fn) for k, v in x.items()}
-    if isinstance(x, (tuple, list)):
-        items = [map_tensors(v, fn) for v in x]
-        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
-    return x
-
-
-@contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """``model.eval()`` for the block; afterwards every module gets back its own flag (not just the root's)."""
-    modes = {m: m.training for m in model.modules()}
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in modes.items():
-            module.training = training
-
-
-def _call_args(inputs: Any) -> tuple[tuple, dict]:
-    if isinstance(inputs, Mapping):
-        return (), dict(inputs)
-    if isinstance(inputs, tuple):
-        return inputs, {}
-    return (inputs,), {}
 
 
 def _keep_mask(kwargs: Mapping[str, Any], batch: int, num_tokens: int) -> Tensor | None:
@@ -476,7 +430,7 @@ def _explain(model: nn.Module, inputs: Any, target: Target, methods: tuple[str, 
     # The graph is built for every method: token sets are told apart by following it.
     with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
         # Fresh copies: inference-mode tensors cannot enter an autograd graph.
-        args, kwargs = _call_args(map_tensors(inputs, lambda t: t.detach().clone()))
+        args, kwargs = call_args(map_tensors(inputs, lambda t: t.detach().clone()))
         with AttentionRecorder(model, attention_modules, lean=lean) as recorder:
             output = model(*args, **kwargs)
         if not recorder.records:

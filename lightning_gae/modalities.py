@@ -80,6 +80,10 @@ class Modality(ABC):
         """The start of an insertion curve: every removable unit removed (images: a blurred copy)."""
         return self.remove(inputs, self.removable(inputs))
 
+    def matches_input(self, x: Tensor, num_tokens: int) -> bool:
+        """Whether the input tensor ``x`` is laid out like ``num_tokens`` tokens of this modality."""
+        return False
+
 
 class ImageTokens(Modality):
     """ViT-style images: ``prefix_tokens`` (CLS, distillation, ...) then one token per patch, row-major.
@@ -280,6 +284,10 @@ class ImageTokens(Modality):
         bar = visualize.colorbar(vmin, vmax, panel.shape[1], cmap=self.cmap)
         return visualize.titled_image(visualize.stack([panel, bar], axis=0, gap=2), title)
 
+    def matches_input(self, x: Tensor, num_tokens: int) -> bool:
+        return x.dim() == 4 and x.is_floating_point() and self.prefix_tokens + (
+            x.shape[-2] // self.patch_size) * (x.shape[-1] // self.patch_size) == num_tokens
+
     @classmethod
     def infer(cls, inputs: object, num_tokens: int) -> ImageTokens | None:
         """Guess the patching from the input shape and the token count, or None.
@@ -377,14 +385,7 @@ class TextTokens(Modality):
         _check_tokens(tokens, ids.shape[0])
         if tokens.shape[1] != ids.shape[1]:
             raise ValueError(f"{tokens.shape[1]} token relevances for {ids.shape[1]} input ids; TextTokens expects one per id")
-        mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
-        if isinstance(mask, Tensor) and mask.shape == ids.shape:
-            keep = mask != 0
-        elif self.pad_id is not None:
-            keep = ids != self.pad_id
-        else:
-            return tokens.float().clone()
-        return tokens.float().masked_fill(~keep.to(tokens.device), 0.0)
+        return tokens.float().masked_fill(~self.real_tokens(inputs).to(tokens.device), 0.0)
 
     def unit_scores(self, attributions: Tensor, inputs: Any) -> Tensor:
         """One score per input id ``[B, T]``; embeddings-shaped maps ``[B, T, D]`` are summed over D."""
@@ -397,16 +398,23 @@ class TextTokens(Modality):
 
     def removable(self, inputs: Any) -> Tensor:
         """Real tokens that are not special (``special_ids``), by the attention mask or ``pad_id``."""
+        return self.real_tokens(inputs) & ~self.special_tokens(inputs)
+
+    def real_tokens(self, inputs: Any) -> Tensor:
+        """bool ``[B, T]``: the tokens that are not padding, by the ``attention_mask`` (when the inputs carry one of
+        their shape), else by ``pad_id``; all of them when neither says."""
         ids = self._input_ids(inputs)
-        keep = torch.ones_like(ids, dtype=torch.bool)
         mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
         if isinstance(mask, Tensor) and mask.shape == ids.shape:
-            keep &= mask != 0
-        elif self.pad_id is not None:
-            keep &= ids != self.pad_id
-        if self.special_ids:
-            keep &= ~torch.isin(ids, torch.tensor(sorted(self.special_ids), device=ids.device))
-        return keep
+            return mask != 0
+        if self.pad_id is not None:
+            return ids != self.pad_id
+        return torch.ones_like(ids, dtype=torch.bool)
+
+    def special_tokens(self, inputs: Any) -> Tensor:
+        """bool ``[B, T]``: the tokens whose id is one of ``special_ids`` (CLS, SEP, ...)."""
+        ids = self._input_ids(inputs)
+        return torch.isin(ids, torch.tensor(sorted(self.special_ids), dtype=ids.dtype, device=ids.device))
 
     def remove(self, inputs: Any, drop: Tensor, fill: Any = None) -> Any:
         """Dropped tokens become ``mask_id`` (or ``fill``'s ids), or leave the attention mask."""
@@ -426,6 +434,9 @@ class TextTokens(Modality):
                              "(or pad_id=, or a tokenizer with a mask or pad token), or use removal='attention'")
         new_ids = torch.where(drop, replacement, ids)
         return {**inputs, "input_ids": new_ids} if isinstance(inputs, Mapping) else new_ids
+
+    def matches_input(self, x: Tensor, num_tokens: int) -> bool:
+        return x.dim() == 2 and not x.is_floating_point() and x.shape[1] == num_tokens
 
     def token_strings(self, ids: Sequence[int] | Tensor) -> list[str]:
         """Display strings of ``ids``: the tokenizer's tokens, else ``vocab`` entries, else the ids."""
@@ -480,6 +491,9 @@ class TabularTokens(Modality):
 
     def __repr__(self) -> str:
         return f"TabularTokens({len(self.feature_names)} features, prefix_tokens={self.prefix_tokens})"
+
+    def matches_input(self, x: Tensor, num_tokens: int) -> bool:
+        return x.dim() == 2 and x.shape[1] == len(self.feature_names) == num_tokens - self.prefix_tokens
 
     def fit(self, features: Tensor) -> TabularTokens:
         """Set ``means`` to the column means of the training features ``[n, F]`` (as the model sees them); returns self.

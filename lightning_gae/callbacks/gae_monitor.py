@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers.logger import DummyLogger
@@ -15,146 +13,47 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelP
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 from lightning.pytorch.utilities.seed import isolate_rng
 from torch import Tensor
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler, Subset
 from torchmetrics import Metric
 from typing_extensions import override
 
-from lightning_gae.compare import (
-    ATTRIBUTION_METHODS,
-    _per_sample_states,
-    _take,
-    _value_and_stderr,
-    attribute,
+from lightning_gae._structures import display_input, map_tensors, take
+from lightning_gae.attribution import CAPTUM_METHODS, attribute
+from lightning_gae.callbacks._samples import (
+    Samples,
+    balanced_choice,
+    class_names,
+    default_batch_ground_truth,
+    default_batch_inputs,
+    default_batch_labels,
+    missing_classes,
+    private_reader,
+    read_samples,
+)
+from lightning_gae.callbacks._scoring import (
+    Curves,
+    ScoredBatch,
+    faithfulness,
+    relevance_scalars,
+    set_truth_scalars,
+)
+from lightning_gae.explain import METHODS, Explanation, explain_methods
+from lightning_gae.metrics import PERTURBATION_METRICS, random_attribution
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.streams import Streams
+from lightning_gae.tensorboard.summary import Scale, SetInput, TensorBoardViews
+from lightning_gae.token_sets import (
+    is_sequence_output,
     last_positions,
+    scored_truth,
     sequence_rows,
     token_set_input,
     token_set_inputs,
 )
-from lightning_gae.explain import METHODS, Explanation, explain, explain_methods, map_tensors
-from lightning_gae.metrics import (
-    PERTURBATION_METRICS,
-    AlignmentAccuracy,
-    RationaleAgreement,
-    RelevanceSegmentation,
-    perturbation_metric,
-    random_attribution,
-)
-from lightning_gae.metrics.functional import explanation_stability
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
-from lightning_gae.streams import Streams
-from lightning_gae.tensorboard.summary import Scale, SetInput, TensorBoardViews, scalar_tag
 
 __all__ = ["GAECallback"]
 
-# One batch of the faithfulness subset: inputs, attributions by method, explained class, labels, ground truth.
-_ScoredBatch = tuple[Any, dict[str, Tensor], Tensor, "Tensor | None", "Tensor | None"]
-
-_LABEL_KEYS = ("labels", "label")
-_TRUTH_KEYS = ("masks", "segmentation", "rationales")
-# Source position of each target token (encoder-decoders): ground truth of the source x target rows.
-_ALIGNMENT_KEYS = ("alignment",)
-
-
-def default_batch_inputs(batch: Any) -> Any:
-    """Model inputs of a batch: ``x`` of ``(x, y, ...)``, or every key of a mapping but labels and ground truth."""
-    if isinstance(batch, Mapping):
-        return {k: v for k, v in batch.items() if k not in _LABEL_KEYS + _TRUTH_KEYS + _ALIGNMENT_KEYS}
-    if isinstance(batch, (tuple, list)):
-        return batch[0]
-    return batch
-
-
-def default_batch_labels(batch: Any) -> Tensor | None:
-    """Labels of a batch: ``y`` of ``(x, y, ...)``, or a mapping's ``labels``/``label``; else None."""
-    if isinstance(batch, Mapping):
-        return next((batch[k] for k in _LABEL_KEYS if k in batch), None)
-    if isinstance(batch, (tuple, list)) and len(batch) > 1 and isinstance(batch[1], Tensor):
-        return batch[1]
-    return None
-
-
-def default_batch_ground_truth(batch: Any) -> Tensor | None:
-    """Ground truth of a batch: a mapping's ``masks``/``segmentation`` (images ``[B, H, W]``) or
-    ``rationales`` (tokens ``[B, T]``), or ``z`` of ``(x, y, z)``; else None."""
-    if isinstance(batch, Mapping):
-        return next((batch[k] for k in _TRUTH_KEYS if k in batch), None)
-    if isinstance(batch, (tuple, list)) and len(batch) > 2 and isinstance(batch[2], Tensor):
-        return batch[2]
-    return None
-
-
-def _keyed_truth(batch: Any) -> dict[str, Tensor]:
-    """Every ground truth a mapping batch carries, by key: what models with several token sets score each set with."""
-    if not isinstance(batch, Mapping):
-        return {}
-    return {k: batch[k].detach().cpu().clone() for k in _TRUTH_KEYS + _ALIGNMENT_KEYS if isinstance(batch.get(k), Tensor)}
-
-
-def _concat(parts: list[Any]) -> Any:
-    """Concatenate per-batch structures along dim 0, right-padding sequences of unequal length with 0."""
-    first = parts[0]
-    if isinstance(first, Tensor):
-        if first.dim() >= 2 and len({p.shape[1:] for p in parts}) > 1:
-            length = max(p.shape[1] for p in parts)
-            parts = [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, length - p.shape[1])) for p in parts]
-        return torch.cat(parts)
-    if isinstance(first, Mapping):
-        return {k: _concat([p[k] for p in parts]) for k in first}
-    if isinstance(first, (tuple, list)):
-        return type(first)(_concat(list(group)) for group in zip(*parts))
-    return first
-
-
-def _display_input(inputs: Any) -> Tensor:
-    """The tensor a person looks at: images, token ids or features."""
-    if isinstance(inputs, Mapping):
-        for key in ("pixel_values", "input_ids", "x"):
-            if key in inputs:
-                return inputs[key]
-        return next(v for v in inputs.values() if isinstance(v, Tensor))
-    if isinstance(inputs, (tuple, list)):
-        return inputs[0]
-    return inputs
-
-
-def _balanced_choice(labels: Tensor | None, total: int, count: int, seed: int) -> list[int]:
-    """``count`` indices out of ``total``, seeded; round-robin over classes when labels exist."""
-    rng = np.random.default_rng(seed)
-    if labels is None or labels.dim() != 1:
-        return sorted(rng.choice(total, size=min(count, total), replace=False).tolist())
-    by_class = {int(c): rng.permutation(torch.nonzero(labels == c).flatten().numpy()).tolist()
-                for c in torch.unique(labels)}
-    chosen: list[int] = []
-    while len(chosen) < min(count, total):
-        for members in by_class.values():
-            if members and len(chosen) < count:
-                chosen.append(members.pop())
-    return chosen
-
-
-def _class_names(trainer: Trainer) -> Sequence[str] | None:
-    """The data module's ``class_names``, if it has them (drawn beside the class numbers)."""
-    return getattr(getattr(trainer, "datamodule", None), "class_names", None)
-
-
-def _private_reader(loader: Iterable[Any]) -> Iterable[Any]:
-    """Batches of a validation loader read without touching it: a new single-process DataLoader over its dataset.
-
-    Iterating the Trainer's own loader would reset its live iterator when ``persistent_workers=True``
-    (the validation loop would then run on what is left). The loader's sampler is not used, as it may
-    shuffle or shard; one that picks part of the dataset (a validation split) keeps that part, in order.
-    Other iterables (e.g. a list of batches) are read as they are.
-    """
-    if not isinstance(loader, DataLoader):
-        return loader
-    dataset = loader.dataset
-    whole = (SequentialSampler, RandomSampler, DistributedSampler)
-    if not isinstance(dataset, IterableDataset) and not isinstance(loader.sampler, whole):
-        dataset = Subset(dataset, sorted(set(loader.sampler)))
-    batch_size = loader.batch_size
-    if batch_size is None and loader.batch_sampler is not None:
-        batch_size = getattr(loader.batch_sampler, "batch_size", None) or 1
-    return DataLoader(dataset, batch_size=batch_size, collate_fn=loader.collate_fn)
+# The readers of a batch are public here too: configs and the CLI name them by this path.
+__all__ += ["default_batch_ground_truth", "default_batch_inputs", "default_batch_labels"]
 
 
 def _only_dummy_loggers(trainer: Trainer) -> bool:
@@ -378,9 +277,7 @@ class GAECallback(Callback):
         self._labels: Tensor | None = None
         self._truth: Tensor | None = None
         # The faithfulness subset (None with metric_samples=0: the displayed samples are scored).
-        self._scored_inputs: Any = None
-        self._scored_labels: Tensor | None = None
-        self._scored_truth: Tensor | None = None
+        self._scored: Samples | None = None
         self._modality: Modality | None = None
         # Models with several token sets: each set's modality and input key; the ground truth by batch key;
         # the last real position of the query set per sample when the rows of a decoder are drawn.
@@ -398,7 +295,7 @@ class GAECallback(Callback):
         # Built in setup, once the arguments are checked; kept across runs (evolution columns, fixed colour ranges).
         self._views: TensorBoardViews | None = None
         # Per explanation step: the perturbation metrics' curves, for the dashboard.
-        self._curves: dict[str, dict[str, tuple[Sequence[float], Tensor]]] = {}
+        self._curves: Curves = {}
         self._warned: set[str] = set()
 
     @property
@@ -436,7 +333,7 @@ class GAECallback(Callback):
         unknown = [m for m in self.metrics if m not in PERTURBATION_METRICS]
         if unknown:
             raise ValueError(f"GAECallback(metrics={list(self.metrics)}): choose from {sorted(PERTURBATION_METRICS)}")
-        captum_names = [m for m in ATTRIBUTION_METHODS if m not in METHODS and m != "random"]
+        captum_names = list(CAPTUM_METHODS)
         unknown = [m for m in self.captum_baselines if m not in captum_names]
         if unknown:
             raise ValueError(f"GAECallback(captum_baselines={list(self.captum_baselines)}): choose from {captum_names}")
@@ -492,7 +389,7 @@ class GAECallback(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # The metric objects hold the module; the next fit or validate reads its own samples.
         self._inputs = self._labels = self._truth = self._modality = self._sets = self._last = None
-        self._scored_inputs = self._scored_labels = self._scored_truth = None
+        self._scored = None
         self._keyed = {}
         self._metric_objects = {}
         self._last_explained = self._last_scored = None
@@ -532,57 +429,32 @@ class GAECallback(Callback):
 
     def _collect(self, trainer: Trainer) -> None:
         """Read validation batches once and keep the tracked samples (on the CPU)."""
-        batches = _private_reader(self._pick_loader(self._validation_loaders(trainer)))
-        inputs, labels, truths, keyed = [], [], [], []
-        for batch in itertools.islice(batches, self.max_scan_batches):
-            keyed.append(_keyed_truth(batch))
-            inputs.append(map_tensors(self.batch_inputs(batch), lambda t: t.detach().cpu().clone()))
-            batch_labels = self.batch_labels(batch)
-            labels.append(None if batch_labels is None else batch_labels.detach().cpu().clone())
-            truth = self.batch_ground_truth(batch)
-            truths.append(None if truth is None else truth.detach().cpu().clone())
-        if not inputs:
-            raise ValueError("GAECallback: the validation dataloader is empty")
-        all_inputs = _concat(inputs)
-        all_labels = None if any(lbl is None for lbl in labels) else torch.cat(labels)
-        all_truth = None if any(t is None for t in truths) else _concat(truths)
-        total = _display_input(all_inputs).shape[0]
+        batches = private_reader(self._pick_loader(self._validation_loaders(trainer)))
+        read, count = read_samples(batches, self.max_scan_batches, self.batch_inputs, self.batch_labels,
+                                   self.batch_ground_truth)
+        total = len(read)
         scanned = (f"the first {total} samples read (max_scan_batches={self.max_scan_batches})"
-                   if len(inputs) == self.max_scan_batches else f"the {total} samples of the validation set")
+                   if count == self.max_scan_batches else f"the {total} samples of the validation set")
         if self.sample_indices is None:
             if self.num_samples > total:
                 rank_zero_warn(f"GAECallback(num_samples={self.num_samples}): there are only {scanned}; "
                                f"tracking all {total}")
-            self.sample_indices = _balanced_choice(all_labels, total, self.num_samples, self.seed)
-            self._warn_missing_classes(all_labels, scanned)
+            self.sample_indices = balanced_choice(read.labels, total, self.num_samples, self.seed)
+            missing, classes = missing_classes(read.labels, self.sample_indices)
+            if missing:
+                rank_zero_warn(f"GAECallback(num_samples={self.num_samples}): {scanned} have {classes} classes, so "
+                               f"the tracked samples show no sample of class {missing}; pass num_samples={classes} "
+                               "(or more) to see every class")
         bad = [i for i in self.sample_indices if not 0 <= i < total]
         if bad:
             raise ValueError(f"GAECallback(sample_indices=...): {bad} are outside {scanned}")
-        index = torch.tensor(self.sample_indices)
-        self._inputs = map_tensors(all_inputs, lambda t: t[index] if t.dim() and t.shape[0] == total else t)
-        self._labels = None if all_labels is None else all_labels[index]
-        self._truth = None if all_truth is None else all_truth[index]
+        tracked = read.subset(self.sample_indices)
+        self._inputs, self._labels, self._truth, self._keyed = tracked.inputs, tracked.labels, tracked.truth, tracked.keyed
         if self.metric_samples:
             # Another seed than the displayed choice: the subset is a sample of the validation set, not of the shown ones.
-            scored = torch.tensor(_balanced_choice(all_labels, total, self.metric_samples, self.seed + 1))
-            self._scored_inputs = map_tensors(all_inputs, lambda t: t[scored] if t.dim() and t.shape[0] == total else t)
-            self._scored_labels = None if all_labels is None else all_labels[scored]
-            self._scored_truth = None if all_truth is None else all_truth[scored]
-        self._keyed = {k: _concat([part[k] for part in keyed])[index] for k in keyed[0] if all(k in part for part in keyed)}
+            self._scored = read.subset(balanced_choice(read.labels, total, self.metric_samples, self.seed + 1))
         if self.target == "label" and self._labels is None:
             raise ValueError("GAECallback(target='label'): the batches carry no labels; pass batch_labels=... or use target='pred'")
-
-    def _warn_missing_classes(self, labels: Tensor | None, scanned: str) -> None:
-        """Say which classes no tracked sample shows, when there are more classes than ``num_samples``."""
-        if labels is None or labels.dim() != 1 or labels.is_floating_point():
-            return
-        classes = torch.unique(labels).tolist()
-        shown = set(labels[torch.tensor(self.sample_indices, dtype=torch.long)].tolist())
-        missing = [c for c in classes if c not in shown]
-        if missing:
-            rank_zero_warn(f"GAECallback(num_samples={self.num_samples}): {scanned} have {len(classes)} classes, so "
-                           f"the tracked samples show no sample of class {missing}; pass num_samples={len(classes)} "
-                           "(or more) to see every class")
 
     def _prepare(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Read the samples and explain them once, so that what cannot work stops the run now, with its fix.
@@ -621,7 +493,7 @@ class GAECallback(Callback):
             self._sets = None
             modality = self.modality
             if modality is None:
-                modality = ImageTokens.infer(_display_input(inputs), first.tokens.shape[1])
+                modality = ImageTokens.infer(display_input(inputs), first.tokens.shape[1])
             if modality is None:
                 raise ValueError(
                     "GAECallback: cannot infer the modality of these inputs; pass modality=ImageTokens(patch_size=...), "
@@ -635,19 +507,22 @@ class GAECallback(Callback):
                 )
             try:
                 self._modality = modality
-                shown = _display_input(inputs).detach().cpu()
+                shown = display_input(inputs).detach().cpu()
                 # to_input first: its error says which layout would fit the token count.
                 for exp in explanations.values():
                     modality.to_input(exp.tokens.detach().cpu(), shown)
                 # Every picture and tensor the first logged step will write, drawn once by views that write nowhere.
                 self._new_views().write([], 0, modality=modality, inputs=inputs, shown=shown,
                                         sample_indices=self.sample_indices, explanations=explanations, maps=maps,
-                                        labels=self._labels, class_names=_class_names(trainer))
-                # What the metrics (and rationale agreement) ask of the modality before their forwards.
-                if self.metrics or (self._truth is not None and isinstance(modality, TextTokens)):
-                    cpu_inputs = map_tensors(inputs, lambda t: t.cpu())
+                                        labels=self._labels, class_names=class_names(trainer))
+                # What the metrics and the ground truth's metric ask of the modality before their forwards.
+                cpu_inputs = map_tensors(inputs, lambda t: t.cpu())
+                if self.metrics:
                     modality.removable(cpu_inputs)
                     modality.unit_scores(first.tokens.cpu(), cpu_inputs)
+                entry = None if self._truth is None else scored_truth(modality, self._truth)
+                if entry is not None:
+                    entry.update_args(modality, cpu_inputs, first.tokens.cpu(), self._truth)
             except Exception as err:
                 self._modality = None
                 raise ValueError(f"GAECallback(modality={modality!r}) does not fit the model's explanations of these "
@@ -727,9 +602,9 @@ class GAECallback(Callback):
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # The faithfulness subset on the final weights, unless the last explanation step scored these weights.
-        if self._scored_inputs is None or self._sets is not None or not trainer.is_global_zero:
+        if self._scored is None or self._sets is not None or not trainer.is_global_zero:
             return
-        if not self.metrics and self._scored_truth is None:
+        if not self.metrics and self._scored.truth is None:
             return
         if _only_dummy_loggers(trainer):
             return
@@ -799,13 +674,6 @@ class GAECallback(Callback):
         """What the views draw each token set with; a text set among keyword inputs keeps its attention_mask."""
         return {x: SetInput(modality, *token_set_input(inputs, key)) for x, (modality, key) in self._sets.items()}
 
-    def _sequence_rows(self, explanations: dict[str, Explanation]) -> bool:
-        """Whether each position of the query set (a decoder) is explained: sequence logits over it, a class target."""
-        first = next(iter(explanations.values()))
-        logits = first.logits
-        return (not callable(self.target) and logits is not None and logits.dim() == 3
-                and logits.shape[1] == first.tokens.shape[1])
-
     def _rows(self, pl_module: LightningModule, inputs: Any) -> dict[str, dict[str, Tensor]]:
         """Method -> set -> ``[B, T, N_set]``: row ``t`` is ``explain(..., query=t)``'s relevance of the set."""
         labels = None if self.target == "pred" else self._labels.to(pl_module.device)
@@ -830,7 +698,7 @@ class GAECallback(Callback):
             views = self._set_views(map_tensors(inputs, lambda t: t.detach().cpu()))
             rows = None
             self._last = None
-            if self._sequence_rows(explanations):
+            if is_sequence_output(first, self.target):
                 if self.target == "label" and self._labels.dim() != 2:
                     raise ValueError(f"target='label' on sequence outputs needs labels [B, T], one per target position; "
                                      f"the batches carry labels of shape {tuple(self._labels.shape)}")
@@ -840,7 +708,7 @@ class GAECallback(Callback):
             self._check_set_truth(first, rows)
             self._new_views().write([], 0, modality=self._modality, inputs=inputs, shown=views[first.query_set].shown,
                                     sample_indices=self.sample_indices, explanations=explanations, labels=self._labels,
-                                    class_names=_class_names(trainer), sets=views, rows=rows)
+                                    class_names=class_names(trainer), sets=views, rows=rows)
         except Exception as err:
             self._sets = self._modality = None
             raise ValueError(f"GAECallback(modality={self.modality!r}, set_inputs={self.set_inputs!r}) does not fit "
@@ -858,45 +726,6 @@ class GAECallback(Callback):
         if len(first.relevance) != 2 or alignment.dim() != 2 or alignment.shape[1] != first.tokens.shape[1]:
             raise ValueError(f"the alignment {tuple(alignment.shape)} must be [B, T] with T = {first.tokens.shape[1]} "
                              f"target positions, for a model with two token sets (it has {list(first.relevance)})")
-
-    def _set_truth(self, pl_module: LightningModule, explanations: dict[str, Explanation],
-                   rows: dict[str, dict[str, Tensor]] | None, views: dict[str, SetInput]) -> dict[str, float]:
-        """Each set scored against the ground truth the batches carry for it: alignment, masks, rationales."""
-        out: dict[str, float] = {}
-        first = next(iter(explanations.values()))
-        alignment = self._keyed.get("alignment")
-        if alignment is not None and rows is not None:
-            source = next(x for x in first.relevance if x != first.query_set)
-            view = views[source]
-            valid = None
-            if isinstance(view.modality, TextTokens):
-                valid = TensorBoardViews._text_flags(view.modality, view.shown.cpu(), map_tensors(view.inputs, lambda t: t.cpu()))[0]
-            for method, by_set in rows.items():
-                metric = self._metric("alignment", pl_module, lambda: AlignmentAccuracy(sync_on_compute=False))
-                metric.update(by_set[source], alignment, valid)
-                out[scalar_tag("alignment_accuracy", method)] = metric.compute().item()
-        kinds = {"masks": ImageTokens, "segmentation": ImageTokens, "rationales": TextTokens}
-        for key, kind in kinds.items():
-            truth = self._keyed.get(key)
-            owners = [x for x, (modality, _) in self._sets.items() if isinstance(modality, kind)]
-            if truth is None or len(owners) != 1 or (key == "segmentation" and "masks" in self._keyed):
-                continue
-            x = owners[0]
-            view = views[x]
-            truth = truth.to(pl_module.device)
-            for method, exp in explanations.items():
-                relevance = exp.relevance[x]
-                if kind is ImageTokens:
-                    metric = self._metric("segmentation", pl_module,
-                                          lambda: RelevanceSegmentation(view.modality, sync_on_compute=False))
-                    metric.update(relevance, truth)
-                    out.update({scalar_tag(f"segmentation_{k}", method): v.item() for k, v in metric.compute().items()})
-                else:
-                    metric = self._metric("rationale", pl_module, lambda: RationaleAgreement(sync_on_compute=False))
-                    metric.update(view.modality.unit_scores(relevance, view.inputs), truth,
-                                  view.modality.removable(view.inputs))
-                    out.update({scalar_tag(f"rationale_{k}", method): v.item() for k, v in metric.compute().items()})
-        return out
 
     def _run(self, trainer: Trainer, pl_module: LightningModule, step: int, score: bool = True) -> None:
         inputs = self._model_inputs(trainer, pl_module)
@@ -917,14 +746,14 @@ class GAECallback(Callback):
             return
         scalars: dict[str, float] = {}
         for method, exp in explanations.items():
-            scalars.update(self._scalars(method, exp.tokens))
+            scalars.update(relevance_scalars(method, exp.tokens, self._previous.get(method), self.top_fraction))
         scored: dict[str, Tensor] = {**{m: e.tokens for m, e in explanations.items()}, **maps}
         if self.random_baseline:
             scored["random"] = random_attribution(first.tokens, self.seed)
-        if self._scored_inputs is None or views is not None:
+        if self._scored is None or views is not None:
             # Models with several token sets score no perturbation metric; their ground truth is per set.
             # metric_samples=0: the displayed samples are scored, at every step (they are few).
-            batches: Iterable[_ScoredBatch] = [(inputs, scored, first.target, self._labels, self._truth)]
+            batches: Iterable[ScoredBatch] = [(inputs, scored, first.target, self._labels, self._truth)]
         elif score:
             batches = self._scored_batches(trainer, pl_module)
             self._last_scored = (trainer.state.fn.value, step)
@@ -932,7 +761,8 @@ class GAECallback(Callback):
             batches = []
         scalars.update(self._faithfulness(pl_module, batches))
         if views is not None:
-            scalars.update(self._set_truth(pl_module, explanations, rows, views))
+            scalars.update(set_truth_scalars(explanations, rows, self._sets, views, self._keyed, pl_module,
+                                             self._metric_objects))
         scalars = self._finite(scalars, step)
         self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
         self._previous = {m: e.tokens.detach().cpu() for m, e in explanations.items()}
@@ -945,114 +775,29 @@ class GAECallback(Callback):
                             f"GAECallback: {dropped} came out not finite at step {step} and are not logged")
         return {tag: value for tag, value in scalars.items() if tag not in dropped}
 
-    def _scalars(self, method: str, tokens: Tensor) -> dict[str, float]:
-        tokens = tokens.detach().cpu()
-        k = max(1, round(self.top_fraction * tokens.shape[1]))
-        total = tokens.sum(dim=1).clamp(min=1e-12)
-        out = {scalar_tag("relevance_concentration", method): (tokens.topk(k, dim=1).values.sum(dim=1) / total).mean().item()}
-        previous = self._previous.get(method)
-        if previous is not None and previous.shape == tokens.shape:
-            stability = explanation_stability(tokens, previous, self.top_fraction)
-            out[scalar_tag("relevance_stability_spearman", method)] = stability["spearman"].item()
-            out[scalar_tag("relevance_stability_topk_overlap", method)] = stability["topk_overlap"].item()
-        return out
-
-    def _metric(self, name: str, pl_module: LightningModule, build: Callable[[], Metric]) -> Metric:
-        """One metric object per name, on the module's device, rebuilt for another module or device."""
-        metric = self._metric_objects.get(name)
-        stale = metric is None or metric.device != pl_module.device
-        if not stale and getattr(metric, "forward_fn", pl_module) is not pl_module:
-            stale = True
-        if stale:
-            metric = build().to(pl_module.device)
-            self._metric_objects[name] = metric
-        metric.reset()
-        return metric
-
-    def _scored_batches(self, trainer: Trainer, pl_module: LightningModule) -> Iterable[_ScoredBatch]:
+    def _scored_batches(self, trainer: Trainer, pl_module: LightningModule) -> Iterable[ScoredBatch]:
         """The faithfulness subset in batches of ``metric_max_batch``, each explained once per method."""
-        total = _display_input(self._scored_inputs).shape[0]
+        scored_inputs = self._scored.inputs
+        total = len(self._scored)
         for start in range(0, total, self.metric_max_batch):
             stop = min(start + self.metric_max_batch, total)
-            part = _take(self._scored_inputs, start, stop, total)
+            part = take(scored_inputs, start, stop, total)
             inputs = trainer.precision_plugin.convert_input(map_tensors(part, lambda t: t.to(pl_module.device)))
-            labels = None if self._scored_labels is None else self._scored_labels[start:stop]
+            labels = None if self._scored.labels is None else self._scored.labels[start:stop]
             explanations, maps = self._explain(pl_module, inputs, labels)
             first = next(iter(explanations.values()))
             scored: dict[str, Tensor] = {**{m: e.tokens for m, e in explanations.items()}, **maps}
             if self.random_baseline:
                 # Seeded by position, so that a sample's random ranking is the same at every step.
                 scored["random"] = random_attribution(first.tokens, self.seed + start)
-            truth = None if self._scored_truth is None else self._scored_truth[start:stop]
+            truth = None if self._scored.truth is None else self._scored.truth[start:stop]
             yield inputs, scored, first.target, labels, truth
 
-    def _faithfulness(self, pl_module: LightningModule, batches: Iterable[_ScoredBatch]) -> dict[str, float]:
-        """Each metric and method over every batch, with its standard error (``<tag>/stderr``).
-
-        The states are kept per sample and the value and its jackknife standard error come from
-        :func:`lightning_gae.compare` 's own helpers, so that the callback and ``compare`` agree on
-        the same samples.
-        """
-        # Only rank zero explains, so no metric may sync across processes (sync_on_compute=False).
-        modality = self._modality
-        states: dict[tuple[str, str], list[dict[str, Tensor]]] = {}
-        scorers: dict[tuple[str, str], Metric] = {}
-
-        def add(key: tuple[str, str], metric: Metric, update: Callable[[int], None], count: int) -> None:
-            scorers[key] = metric
-            states.setdefault(key, []).extend(_per_sample_states(metric, update, count))
-
-        for inputs, scored, target, labels, truth in batches:
-            count = next(iter(scored.values())).shape[0]
-            # The papers' protocols (Chefer et al., CVPR 2021, Table 1): explaining the prediction is scored against
-            # the labels ("predicted": its 0% step is the accuracy); explaining a given class (the label, or the
-            # prediction when the batches carry no class labels) scores that class ("target").
-            if self.target == "pred" and labels is not None and labels.dim() == 1 and not labels.is_floating_point():
-                protocol, reference = "predicted", labels.to(pl_module.device)
-            else:
-                protocol, reference = "target", target
-            for name in self.metrics:
-                metric = self._metric(f"{name}/{protocol}", pl_module, lambda: perturbation_metric(
-                    name, pl_module, modality, protocol=protocol, max_batch=self.metric_max_batch,
-                    sync_on_compute=False))
-                for method, attributions in scored.items():
-                    # Each sample's own states from one batched pass: perturbed inputs go through the model
-                    # max_batch at a time instead of one sample's few at a time.
-                    rows = metric.per_sample_states(inputs, attributions, reference)
-                    scorers[(name, method)] = metric
-                    states.setdefault((name, method), []).extend(
-                        {state: value[i] for state, value in rows.items()} for i in range(count))
-            if truth is None:
-                continue
-            truth = truth.to(pl_module.device)
-            if isinstance(modality, ImageTokens) and truth.dim() == 3:
-                metric = self._metric("segmentation", pl_module,
-                                      lambda: RelevanceSegmentation(modality, sync_on_compute=False))
-                for method, attributions in scored.items():
-                    add(("segmentation", method), metric,
-                        lambda i, a=attributions: metric.update(a[i:i + 1], truth[i:i + 1]), count)
-            elif isinstance(modality, TextTokens) and truth.dim() == 2:
-                valid = modality.removable(inputs)
-                units = {method: modality.unit_scores(a, inputs) for method, a in scored.items()}
-                metric = self._metric("rationale", pl_module, lambda: RationaleAgreement(sync_on_compute=False))
-                for method in scored:
-                    add(("rationale", method), metric,
-                        lambda i, u=units[method]: metric.update(u[i:i + 1], truth[i:i + 1], valid[i:i + 1]), count)
-        out: dict[str, float] = {}
-        self._curves = {}
-        for (name, method), per_sample in states.items():
-            metric = scorers[(name, method)]
-            values, errors = _value_and_stderr(metric, per_sample)
-            for key, value in values.items():
-                tag = scalar_tag(f"{name}_{key}" if key else name, method)
-                out[tag] = value
-                if len(per_sample) > 1:
-                    out[f"{tag}/stderr"] = errors[key]
-            if hasattr(metric, "curve"):
-                total = {state: torch.stack([s[state] for s in per_sample]).sum(dim=0) for state in per_sample[0]}
-                curve = total[metric._sum_name] / total[metric._count_name]
-                self._curves.setdefault(name, {})[method] = (metric.fractions, curve.float().cpu())
-        return out
+    def _faithfulness(self, pl_module: LightningModule, batches: Iterable[ScoredBatch]) -> dict[str, float]:
+        """Each metric and method over every batch with its standard error; keeps the curves for the GAE tab."""
+        scalars, self._curves = faithfulness(batches, self.metrics, self.target == "pred", self._modality, pl_module,
+                                             self._metric_objects, self.metric_max_batch)
+        return scalars
 
     def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation],
              maps: dict[str, Tensor], scalars: dict[str, float], views: dict[str, SetInput] | None = None,
@@ -1061,12 +806,12 @@ class GAECallback(Callback):
         for logger in trainer.loggers:
             logger.log_metrics(scalars, step=step)
         if writers:
-            shown = _display_input(inputs) if views is None else views[next(iter(explanations.values())).query_set].shown
+            shown = display_input(inputs) if views is None else views[next(iter(explanations.values())).query_set].shown
             self._views.write(
                 writers, step, modality=self._modality, inputs=inputs, shown=shown,
                 sample_indices=self.sample_indices, explanations=explanations, maps=maps, scalars=scalars,
                 curves=self._curves, labels=self._labels,
-                class_names=_class_names(trainer), sets=views, rows=rows,
+                class_names=class_names(trainer), sets=views, rows=rows,
             )
 
     # --- checkpointing --------------------------------------------------------------------------

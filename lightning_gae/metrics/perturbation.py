@@ -25,12 +25,12 @@ from lightning_gae.metrics.functional.perturbation import (
     Score,
     Target,
     _check_fractions,
-    _check_protocol,
     _deletion_curves,
     _eraser_per_sample,
     _mean_compute,
     _perturbation_auc_compute,
     _perturbation_curves,
+    check_protocol,
 )
 from lightning_gae.modalities import Modality
 
@@ -62,7 +62,7 @@ class _ModelMetric(Metric):
                              f"got {type(modality).__name__}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1; got {max_batch}")
-        _check_protocol(protocol)
+        check_protocol(protocol)
         # Kept out of the module tree: moving, saving or syncing the metric must not touch the model.
         self.__dict__["forward_fn"] = forward_fn
         self.modality = modality

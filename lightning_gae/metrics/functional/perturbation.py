@@ -15,12 +15,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from lightning_gae.explain import _call_args, eval_mode, map_tensors, model_logits
+from lightning_gae._structures import ClassTarget as Target
+from lightning_gae._structures import class_index, eval_mode, forward_logits, select_rows
 from lightning_gae.modalities import Modality
 
 __all__ = [
@@ -38,7 +39,6 @@ __all__ = [
     "sufficiency",
 ]
 
-Target = Union[None, int, Sequence[int], Tensor]
 Order = Literal["positive", "negative"]
 Score = Literal["accuracy", "probability"]
 Protocol = Literal["target", "predicted"]
@@ -109,33 +109,8 @@ def ranked_masks(scores: Tensor, removable: Tensor, counts: Tensor, order: Order
     return (ranks[None] < counts[:, :, None]) & removable[None]
 
 
-def _forward_logits(forward_fn: Callable[..., Any], inputs: Any) -> Tensor:
-    args, kwargs = _call_args(inputs)
-    logits = model_logits(forward_fn(*args, **kwargs))
-    if logits is None or logits.dim() != 2:
-        shape = None if logits is None else tuple(logits.shape)
-        raise ValueError(f"forward_fn must return class logits [B, C] (a tensor, a tuple or .logits); got {shape}")
-    return logits.float()
-
-
-def _select(inputs: Any, index: Tensor, batch: int) -> Any:
-    return map_tensors(inputs, lambda t: t[index.to(t.device)] if t.dim() and t.shape[0] == batch else t)
-
-
-def _class_index(target: Target, batch: int, device: torch.device, num_classes: int | None = None) -> Tensor:
-    """``[B]`` class indices from an int or one class per sample (list or tensor)."""
-    index = torch.as_tensor(target, device=device).long().reshape(-1)
-    if index.numel() == 1:
-        index = index.expand(batch)
-    out_of_range = num_classes is not None and bool(((index < 0) | (index >= num_classes)).any())
-    if index.shape != (batch,) or out_of_range:
-        classes = "" if num_classes is None else f" in [0, {num_classes})"
-        raise ValueError(f"target must be None, an int or one class per sample{classes} for {batch} samples; "
-                         f"got {index.tolist()}")
-    return index
-
-
-def _check_protocol(protocol: str) -> None:
+def check_protocol(protocol: str) -> None:
+    """Raise, naming both choices, unless ``protocol`` is one of :data:`PROTOCOLS`."""
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol={protocol!r}; use 'target' (score the class given as target, the prediction "
                          "for None) or 'predicted' (score the prediction, checked against the labels given as target)")
@@ -144,9 +119,9 @@ def _check_protocol(protocol: str) -> None:
 def _scored_classes(target: Target, logits: Tensor, protocol: Protocol) -> tuple[Tensor, Tensor]:
     """``(explained [B], reference [B])``: the class whose probability is scored, and the class a
     perturbed prediction must equal to count as correct (see :data:`PROTOCOLS`)."""
-    _check_protocol(protocol)
+    check_protocol(protocol)
     predicted = logits.argmax(dim=1)
-    given = None if target is None else _class_index(target, logits.shape[0], logits.device, logits.shape[1])
+    given = None if target is None else class_index(target, logits.shape[0], logits.device, logits.shape[1])
     if protocol == "predicted":
         return predicted, predicted if given is None else given
     explained = predicted if given is None else given
@@ -198,7 +173,7 @@ def perturbed_scores(
     # A plain function has no modes to switch; a module runs in eval mode and gets its own flags back.
     modes = eval_mode(forward_fn) if isinstance(forward_fn, nn.Module) else nullcontext()
     with torch.inference_mode(), modes:
-        logits = torch.cat([_forward_logits(forward_fn, _select(inputs, idx, batch))
+        logits = torch.cat([forward_logits(forward_fn, select_rows(inputs, idx, batch))
                             for idx in torch.arange(batch).split(max_batch)])
         explained, reference = _scored_classes(target, logits, protocol)
         clean = _score(logits, explained, reference, "probability")
@@ -212,9 +187,9 @@ def perturbed_scores(
         # Step-major pairs, so one chunk mixes steps and samples and the count of forwards is ceil(S*B / max_batch).
         for pairs in torch.nonzero(removes).flatten().split(max_batch):
             step, sample = pairs // batch, pairs % batch
-            chunk = modality.remove(_select(inputs, sample, batch), masks[step, sample], _select(fill, sample, batch))
+            chunk = modality.remove(select_rows(inputs, sample, batch), masks[step, sample], select_rows(fill, sample, batch))
             index = sample.to(logits.device)
-            out[pairs.to(out.device)] = _score(_forward_logits(forward_fn, chunk), explained[index], reference[index], score)
+            out[pairs.to(out.device)] = _score(forward_logits(forward_fn, chunk), explained[index], reference[index], score)
     # Cloned outside inference mode: callers may update the scores in place or keep them in metric states.
     return out.reshape(steps, batch).clone(), clean.clone()
 

@@ -1,0 +1,140 @@
+"""Batch plumbing every layer shares: walking nested inputs, calling a model, reading its logits, picking rows.
+
+Inputs are whatever a model takes: a tensor (``model(x)``), a tuple (``model(*x)``) or a mapping of
+keyword arguments (``model(**x)``, Hugging Face style), possibly nested. Everything here works on
+that shape without knowing the model. No other module of the package is imported: every layer
+builds on this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Union
+
+import torch
+from torch import Tensor, nn
+
+ClassTarget = Union[None, int, Sequence[int], Tensor]
+"""A class to explain or score: None (the prediction), one int, or one class per sample."""
+Target = Union[ClassTarget, Callable[[Any], Tensor]]
+"""A :data:`ClassTarget`, or a callable ``output -> Tensor[B]`` (any scalar per sample)."""
+
+# The tensor a person looks at among keyword inputs, in order of preference.
+_DISPLAY_KEYS = ("pixel_values", "input_ids", "x")
+
+
+def model_logits(output: Any) -> Tensor | None:
+    """The logits of a model output: a tensor, a mapping or object with ``logits``, or a tuple's first tensor."""
+    if isinstance(output, Tensor):
+        return output
+    if isinstance(output, Mapping) and isinstance(output.get("logits"), Tensor):
+        return output["logits"]
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, Tensor):
+        return logits
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0]
+    return None
+
+
+def map_tensors(x: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """``fn`` applied to every tensor of a nested tuple/list/namedtuple/mapping, the structure kept."""
+    if isinstance(x, Tensor):
+        return fn(x)
+    if isinstance(x, Mapping):
+        return {k: map_tensors(v, fn) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        items = [map_tensors(v, fn) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    return x
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model.eval()`` for the block; afterwards every module gets back its own flag (not just the root's)."""
+    modes = {m: m.training for m in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes.items():
+            module.training = training
+
+
+def call_args(inputs: Any) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` of ``model(*args, **kwargs)`` for a tensor, a tuple or a mapping of inputs."""
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    if isinstance(inputs, tuple):
+        return inputs, {}
+    return (inputs,), {}
+
+
+def forward_logits(forward_fn: Callable[..., Any], inputs: Any) -> Tensor:
+    """Float class logits ``[B, C]`` of ``forward_fn`` on ``inputs``; anything else raises with what was returned."""
+    args, kwargs = call_args(inputs)
+    logits = model_logits(forward_fn(*args, **kwargs))
+    if logits is None or logits.dim() != 2:
+        shape = None if logits is None else tuple(logits.shape)
+        raise ValueError(f"forward_fn must return class logits [B, C] (a tensor, a tuple or .logits); got {shape}")
+    return logits.float()
+
+
+def select_rows(inputs: Any, index: Tensor, batch: int) -> Any:
+    """The samples ``index`` of every tensor whose dim 0 is the batch (``batch`` samples); other tensors as they are."""
+    return map_tensors(inputs, lambda t: t[index.to(t.device)] if t.dim() and t.shape[0] == batch else t)
+
+
+def take(inputs: Any, start: int, stop: int, batch: int) -> Any:
+    """Samples ``start:stop`` of every tensor whose dim 0 is the batch (``batch`` samples)."""
+    return map_tensors(inputs, lambda t: t[start:stop] if t.dim() and t.shape[0] == batch else t)
+
+
+def first_tensor(inputs: Any) -> Tensor:
+    """The first tensor of nested inputs (its dim 0 is the batch)."""
+    found: list[Tensor] = []
+    map_tensors(inputs, lambda t: found.append(t) or t)
+    if not found:
+        raise TypeError(f"inputs hold no tensor; got {type(inputs).__name__}")
+    return found[0]
+
+
+def display_input(inputs: Any) -> Tensor:
+    """The tensor a person looks at: images (``pixel_values``), token ids (``input_ids``) or features."""
+    if isinstance(inputs, Mapping):
+        for key in _DISPLAY_KEYS:
+            if key in inputs:
+                return inputs[key]
+        return next(v for v in inputs.values() if isinstance(v, Tensor))
+    if isinstance(inputs, (tuple, list)):
+        return inputs[0]
+    return inputs
+
+
+def concat(parts: list[Any]) -> Any:
+    """Concatenate per-batch structures along dim 0, right-padding sequences of unequal length with 0."""
+    first = parts[0]
+    if isinstance(first, Tensor):
+        if first.dim() >= 2 and len({p.shape[1:] for p in parts}) > 1:
+            length = max(p.shape[1] for p in parts)
+            parts = [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, length - p.shape[1])) for p in parts]
+        return torch.cat(parts)
+    if isinstance(first, Mapping):
+        return {k: concat([p[k] for p in parts]) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(concat(list(group)) for group in zip(*parts))
+    return first
+
+
+def class_index(target: ClassTarget, batch: int, device: torch.device, num_classes: int | None = None) -> Tensor:
+    """``[B]`` class indices from an int or one class per sample (list or tensor)."""
+    index = torch.as_tensor(target, device=device).long().reshape(-1)
+    if index.numel() == 1:
+        index = index.expand(batch)
+    out_of_range = num_classes is not None and bool(((index < 0) | (index >= num_classes)).any())
+    if index.shape != (batch,) or out_of_range:
+        classes = "" if num_classes is None else f" in [0, {num_classes})"
+        raise ValueError(f"target must be None, an int or one class per sample{classes} for {batch} samples; "
+                         f"got {index.tolist()}")
+    return index

@@ -1,0 +1,202 @@
+"""Captum's gradient methods on this library's inputs: the adapter ``compare`` and ``GAECallback`` share.
+
+Token ids cannot be interpolated or perturbed, so Captum's methods see them through the embedding
+layer: its output is the attributed tensor (what Captum's ``Layer*`` classes do), and the result is
+summed over the embedding dimension. Captum's ``LayerGradientShap`` scales and perturbs the
+*inputs*, which integer ids do not allow; attributing at the layer's output through one forward
+hook keeps every Captum method, ``GradientShap`` included, the same class on every modality:
+``saliency`` there is the absolute gradient of the embedding (``LayerGradientXActivation`` without
+the multiplication), ``input_x_gradient`` is ``LayerGradientXActivation``, and
+``integrated_gradients`` is ``LayerIntegratedGradients`` from a zero embedding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import torch
+from captum.attr import GradientShap, InputXGradient, IntegratedGradients, Saliency
+from torch import Tensor, nn
+
+from lightning_gae._structures import eval_mode, forward_logits, model_logits
+
+__all__ = ["CAPTUM_METHODS", "batch_tensor", "captum_attribute", "predict"]
+
+CAPTUM_METHODS: dict[str, Callable[[Callable[..., Tensor]], Any]] = {
+    "saliency": Saliency,
+    "input_x_gradient": InputXGradient,
+    "integrated_gradients": IntegratedGradients,
+    "gradient_shap": GradientShap,
+}
+"""Captum's gradient methods by the names ``attribute``, ``compare`` and the callback use."""
+
+# Keys of a keyword-argument input that hold the tensor being explained, in order of preference.
+_ATTRIBUTED_KEYS = ("input_ids", "pixel_values")
+_IG_STEPS = 32
+_IG_ROWS = 256  # interpolated inputs per forward+backward: bounds IG's memory, not its result
+_SHAP_SAMPLES = 16
+_SHAP_BASELINES = 8
+
+
+def batch_tensor(inputs: Any) -> tuple[Tensor, str | None]:
+    """The tensor attributed by Captum's methods and its key (None for a plain tensor).
+
+    Raises:
+        ValueError: a mapping without ``input_ids``/``pixel_values``.
+        TypeError: inputs that are neither a tensor nor a mapping.
+    """
+    if isinstance(inputs, Tensor):
+        return inputs, None
+    if isinstance(inputs, Mapping):
+        for key in _ATTRIBUTED_KEYS:
+            if isinstance(inputs.get(key), Tensor):
+                return inputs[key], key
+        raise ValueError(
+            f"inputs is a mapping with keys {sorted(inputs)}; the attributed tensor must be one of "
+            f"{list(_ATTRIBUTED_KEYS)} (the rest is passed to the model as keyword arguments)"
+        )
+    raise TypeError(f"inputs must be a tensor or a mapping of keyword arguments (a tokenizer's output); got {type(inputs).__name__}")
+
+
+def _cuda_devices(model: nn.Module) -> list[int]:
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+
+@contextmanager
+def _seeded(seed: int, devices: Sequence[int]) -> Iterator[None]:
+    """Captum draws GradientSHAP's noise and baseline choice from the global torch and numpy RNGs:
+    seed both for the call and give the caller's state back."""
+    numpy_state = np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            np.random.seed(seed)
+            yield
+    finally:
+        np.random.set_state(numpy_state)
+
+
+def predict(model: nn.Module, inputs: Any) -> Tensor:
+    """``[B]`` the model's predicted classes, in eval mode and without gradients."""
+    with torch.no_grad(), eval_mode(model):
+        return forward_logits(model, inputs).argmax(dim=1)
+
+
+class _LogitsForward:
+    """``f(x, *values)``: the model on the attributed tensor, the other keyword inputs positional.
+
+    Captum only passes positional arguments and expands the tensors among them with the inputs
+    (IG's steps, GradientSHAP's samples); non-tensor keyword inputs stay fixed here.
+    """
+
+    def __init__(self, model: nn.Module, key: str | None, tensor_keys: Sequence[str], fixed: Mapping[str, Any]) -> None:
+        self.model, self.key, self.tensor_keys, self.fixed = model, key, list(tensor_keys), dict(fixed)
+
+    def __call__(self, x: Tensor, *values: Tensor) -> Tensor:
+        if self.key is None:
+            output = self.model(x)
+        else:
+            output = self.model(**{self.key: x}, **dict(zip(self.tensor_keys, values)), **self.fixed)
+        logits = model_logits(output)
+        if logits is None:
+            raise ValueError(f"{type(self.model).__name__} returned no logits (a tensor, a tuple or .logits) for Captum to attribute")
+        return logits
+
+
+class _EmbeddingForward:
+    """``g(embeds, ids, *values)``: ``forward(ids, *values)`` with the embedding layer's output replaced by ``embeds``."""
+
+    def __init__(self, forward: _LogitsForward, layer: nn.Module, name: str) -> None:
+        self.forward, self.layer, self.name = forward, layer, name
+
+    def embeddings(self, ids: Tensor, *values: Tensor) -> Tensor:
+        """The layer's output ``[B, T, D]`` in the model's own forward (whatever it feeds the layer)."""
+        outputs: list[Any] = []
+        handle = self.layer.register_forward_hook(lambda module, args, output: outputs.append(output))
+        try:
+            with torch.no_grad():
+                self.forward(ids, *values)
+        finally:
+            handle.remove()
+        found = outputs[0] if len(outputs) == 1 else None
+        if not isinstance(found, Tensor) or found.dim() != 3 or found.shape[:2] != ids.shape:
+            got = f"was called {len(outputs)} times" if found is None else (
+                f"returned {tuple(found.shape) if isinstance(found, Tensor) else type(found).__name__}")
+            raise ValueError(f"embedding_layer {self.name} {got}; it must be called once and map the token ids "
+                             f"{tuple(ids.shape)} to embeddings [B, T, D]: name the model's token embedding")
+        return found.detach()
+
+    def __call__(self, embeds: Tensor, ids: Tensor, *values: Tensor) -> Tensor:
+        handle = self.layer.register_forward_hook(lambda module, args, output: embeds)
+        try:
+            return self.forward(ids, *values)
+        finally:
+            handle.remove()
+
+
+def _embedding_layer(model: nn.Module, embedding_layer: str | nn.Module | None) -> tuple[nn.Module, str]:
+    if isinstance(embedding_layer, nn.Module):
+        return embedding_layer, type(embedding_layer).__name__
+    if isinstance(embedding_layer, str):
+        try:
+            return model.get_submodule(embedding_layer), repr(embedding_layer)
+        except AttributeError:
+            raise ValueError(f"embedding_layer={embedding_layer!r} is not a module path of {type(model).__name__}; "
+                             "give the dotted path of the layer mapping token ids to vectors, e.g. 'embed.tokens'") from None
+    # Hugging Face models say where their token embeddings are, also inside a LightningModule.
+    for module in model.modules():
+        get_embeddings = getattr(module, "get_input_embeddings", None)
+        if callable(get_embeddings):
+            try:
+                layer = get_embeddings()
+            except NotImplementedError:
+                continue
+            if isinstance(layer, nn.Module):
+                return layer, f"{type(module).__name__}.get_input_embeddings()"
+    raise ValueError(
+        f"token-id inputs are attributed at the embedding layer, and {type(model).__name__} has no "
+        "get_input_embeddings(): pass embedding_layer='path.to.embedding' (a module path, e.g. 'embed.tokens')"
+    )
+
+
+def _captum_options(method: str, x: Tensor, batch: int) -> dict[str, Any]:
+    """Moderate defaults: IG with 32 steps in chunks of 256 rows; GradientSHAP from seeded Gaussian
+    baselines at the inputs' scale around IG's zero baseline."""
+    if method == "integrated_gradients":
+        return {"n_steps": _IG_STEPS, "internal_batch_size": max(batch, _IG_ROWS)}
+    if method == "gradient_shap":
+        baselines = torch.randn((_SHAP_BASELINES, *x.shape[1:])) * x.detach().float().std().cpu()
+        return {"n_samples": _SHAP_SAMPLES, "baselines": baselines.to(x)}
+    return {}
+
+
+def captum_attribute(method: str, model: nn.Module, inputs: Any, target: Tensor,
+                      embedding_layer: str | nn.Module | None, seed: int, options: Mapping[str, Any]) -> Tensor:
+    """Captum's ``method`` on the attributed tensor of ``inputs`` (see :func:`batch_tensor`), ``target`` ``[B]`` classes.
+
+    Returns float32, detached: the input's shape for float inputs, ``[B, T]`` for token ids (the
+    embedding's attribution summed over ``D``). ``options`` go to Captum's ``attribute`` over the defaults.
+    """
+    x, key = batch_tensor(inputs)
+    batch, token_ids = x.shape[0], not x.is_floating_point()
+    rest = {k: v for k, v in inputs.items() if k != key} if key is not None else {}
+    tensor_keys = [k for k, v in rest.items() if isinstance(v, Tensor)]
+    fixed = {k: v for k, v in rest.items() if not isinstance(v, Tensor)}
+    forward: Callable[..., Tensor] = _LogitsForward(model, key, tensor_keys, fixed)
+    with _seeded(seed, _cuda_devices(model)), eval_mode(model), torch.inference_mode(False), torch.enable_grad():
+        # Fresh copies: tensors made under inference mode (a validation loop) cannot enter a graph.
+        x, target = x.detach().clone(), target.clone()
+        extra = tuple(rest[k].detach().clone() for k in tensor_keys)
+        if token_ids:
+            layer, name = _embedding_layer(model, embedding_layer)
+            forward = _EmbeddingForward(forward, layer, name)
+            x, extra = forward.embeddings(x, *extra), (x, *extra)
+        x.requires_grad_()
+        kwargs = {**_captum_options(method, x, batch), **options}
+        result = CAPTUM_METHODS[method](forward).attribute(x, target=target, additional_forward_args=extra or None, **kwargs)
+    result = result.detach().float()
+    # One value per token id: the embedding's attribution summed over its dimension.
+    return result.sum(dim=-1) if token_ids else result

@@ -1,0 +1,89 @@
+"""Any attribution method by name, in the form the faithfulness metrics score and the modalities render.
+
+The attention methods of :func:`~lightning_gae.explain` give token relevance ``[B, N]``, as does
+``"random"`` (the seeded floor every method must beat); Captum's gradient methods
+(:mod:`lightning_gae.attribution.gradients`) give input-shaped maps for float inputs and one value
+per token for token ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from lightning_gae._structures import ClassTarget, class_index
+from lightning_gae.attribution.gradients import CAPTUM_METHODS, batch_tensor, captum_attribute, predict
+from lightning_gae.explain import METHODS, explain
+from lightning_gae.metrics.functional.perturbation import random_attribution
+
+__all__ = ["ATTRIBUTION_METHODS", "attribute"]
+
+ATTRIBUTION_METHODS: tuple[str, ...] = (*METHODS, "random", *CAPTUM_METHODS)
+"""Every method :func:`attribute` and :func:`~lightning_gae.compare.compare` know: the attention methods of
+:func:`~lightning_gae.explain`, ``"random"`` (the seeded floor) and Captum's gradient methods."""
+
+
+def attribute(
+    method: str,
+    model: nn.Module,
+    inputs: Any,
+    target: ClassTarget = None,
+    embedding_layer: str | nn.Module | None = None,
+    seed: int = 0,
+    **options: Any,
+) -> Tensor:
+    """One attribution per sample for ``method``, in a form the metrics score and the modality renders.
+
+    Args:
+        method: a name in :data:`ATTRIBUTION_METHODS`: ``"gae"``, ``"rollout"``, ``"raw_attention"``,
+            ``"attn_gradcam"`` (:func:`~lightning_gae.explain`), ``"random"`` (seeded uniform token
+            relevance, the floor every method must beat), or Captum's ``"saliency"``,
+            ``"input_x_gradient"``, ``"integrated_gradients"``, ``"gradient_shap"``.
+        model: the classifier (an ``nn.Module`` returning logits ``[B, C]``, a tuple or ``.logits``).
+            It runs in eval mode; every module's mode is restored and no parameter's ``.grad`` changes.
+        inputs: a tensor (``model(x)``) or a mapping of keyword arguments (``model(**x)``, e.g. a
+            tokenizer's output); Captum's methods attribute its ``input_ids`` or ``pixel_values``
+            and pass the rest (``attention_mask``, ...) to the model unchanged.
+        target: the class explained: None (each sample's prediction), an int, or one class per sample.
+        embedding_layer: for token-id inputs and Captum's methods, the layer mapping ids to vectors:
+            a module path (``"embed.tokens"``) or the module; None finds it with Hugging Face's
+            ``get_input_embeddings()`` on the model or any submodule.
+        seed: seeds ``"random"`` and GradientSHAP's baselines and noise (the caller's RNG state is kept).
+        options: keyword arguments of the underlying call, over the defaults: ``query`` or
+            ``attention_modules`` of :func:`~lightning_gae.explain` for the attention methods and
+            ``"random"``; Captum's ``attribute`` arguments otherwise (``n_steps`` and
+            ``internal_batch_size``, default 32 and 256 for IG; ``baselines``, ``n_samples``,
+            ``stdevs``; default for GradientSHAP: 16 samples from 8 Gaussian baselines with the
+            inputs' standard deviation).
+
+    Returns:
+        float32, detached: token relevance ``[B, N]`` for the attention methods and ``"random"``;
+        for Captum's methods the input's shape for float inputs (images ``[B, C, H, W]``, features
+        ``[B, F]``) and ``[B, T]`` for token ids (the embedding's attribution summed over ``D``).
+
+    Raises:
+        ValueError: an unknown method (the message lists them), a target that does not fit the
+            batch, a mapping without ``input_ids``/``pixel_values``, or token ids whose embedding
+            layer is not found (the message names ``embedding_layer=``).
+        TypeError: inputs that are neither a tensor nor a mapping.
+
+    Example::
+
+        from lightning_gae.attribution import attribute
+
+        gae = attribute("gae", vit, images)                       # [B, N] token relevance
+        ig = attribute("integrated_gradients", vit, images)       # [B, C, H, W]
+        ig_text = attribute("integrated_gradients", bert, tokenizer(texts, padding=True, return_tensors="pt"))  # [B, T]
+        shap = attribute("gradient_shap", token_model, ids, embedding_layer="embed.tokens", seed=1)
+    """
+    if method not in ATTRIBUTION_METHODS:
+        raise ValueError(f"method={method!r}; choose one of {list(ATTRIBUTION_METHODS)}")
+    if method in METHODS:
+        return explain(model, inputs, target=target, method=method, **options).tokens
+    if method == "random":
+        # Only the token count is needed, and raw attention needs no backward.
+        return random_attribution(explain(model, inputs, method="raw_attention", **options).tokens, seed)
+    x, _ = batch_tensor(inputs)
+    target_index = predict(model, inputs) if target is None else class_index(target, x.shape[0], x.device)
+    return captum_attribute(method, model, inputs, target_index, embedding_layer, seed, options)

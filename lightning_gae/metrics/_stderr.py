@@ -1,0 +1,149 @@
+r"""Every metric value with its standard error over samples: the one scoring loop ``compare`` and ``GAECallback`` share.
+
+A metric is updated with the samples' states kept apart (one state dict per sample), and
+:func:`value_and_stderr` turns them into the value over all samples and its jackknife standard
+error. :class:`SampleScores` runs that for many (metric, method) pairs: perturbation metrics give
+every sample's states from one batched pass (``per_sample_states``), the others are updated with
+one sample at a time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+__all__ = ["SampleScores", "Score", "per_sample_states", "value_and_stderr"]
+
+
+def per_sample_states(metric: Metric, update: Callable[[int], None], count: int) -> list[dict[str, Tensor]]:
+    """The metric's states after ``update(i)`` alone, for each sample ``i`` of ``count``."""
+    states = []
+    for i in range(count):
+        metric.reset()
+        update(i)
+        states.append({name: value.detach().clone() for name, value in metric.metric_state.items()})
+    return states
+
+
+def value_and_stderr(metric: Metric, samples: Sequence[Mapping[str, Tensor]]) -> tuple[dict[str, float], dict[str, float]]:
+    r"""The metric over all samples and its jackknife standard error, from one state per sample.
+
+    Every state of the library's metrics is a sum over samples (that is how they sync across
+    processes), so the states of all samples but ``i`` are the total minus sample ``i``'s, and the
+    metric's own ``compute`` gives each leave-one-out value :math:`\theta_{(i)}`. The jackknife
+    :math:`\mathrm{se}^2 = \frac{n - 1}{n} \sum_i (\theta_{(i)} - \bar\theta)^2` is exactly
+    :math:`s / \sqrt{n}` for a mean over samples (the perturbation AUCs, AP, AUPRC) and also
+    covers ratios over pooled counts (pixel accuracy, mIoU). Returns ``{key: value}`` and
+    ``{key: se}`` (key ``""`` for a scalar metric).
+    """
+    def computed(states: Mapping[str, Tensor]) -> dict[str, float]:
+        for name, value in states.items():
+            setattr(metric, name, value)
+        # The class's own compute, not the instance's wrapper: that one syncs and caches.
+        out = type(metric).compute(metric)
+        return {key: float(v) for key, v in out.items()} if isinstance(out, dict) else {"": float(out)}
+
+    n = len(samples)
+    per_sample_values = getattr(metric, "per_sample_values", None)
+    if per_sample_values is not None:
+        # A mean over samples: the jackknife reduces to the own values' standard deviation over sqrt(n),
+        # without a compute() per left-out sample.
+        own = per_sample_values({name: torch.stack([s[name] for s in samples]) for name in samples[0]})
+        spread = float(own.std()) / math.sqrt(n) if n > 1 else math.nan
+        return {"": float(own.mean())}, {"": spread}
+    total = {name: torch.stack([s[name] for s in samples]).sum(dim=0) for name in samples[0]}
+    value = computed(total)
+    leave_one_out = [computed({name: total[name] - s[name] for name in total}) for s in samples]
+    stderr = {}
+    for key in value:
+        others = torch.tensor([v[key] for v in leave_one_out], dtype=torch.float64)
+        stderr[key] = math.sqrt((n - 1) / n * float(((others - others.mean()) ** 2).sum())) if n > 1 else math.nan
+    metric.reset()
+    return value, stderr
+
+
+class Score(NamedTuple):
+    """One metric value over samples."""
+
+    value: float
+    stderr: float
+    """The jackknife standard error (NaN for one sample)."""
+    count: int
+    higher_is_better: bool
+
+
+class SampleScores:
+    """Per-sample states of metrics x methods, gathered batch by batch, then each value with its standard error.
+
+    Example::
+
+        scores = SampleScores()
+        for inputs, attributions, target in batches:
+            scores.add_perturbation("positive_perturbation_auc", "gae", metric, inputs, attributions, target)
+        values, errors = scores.results()[("positive_perturbation_auc", "gae")]
+    """
+
+    def __init__(self) -> None:
+        self._states: dict[tuple[str, str], list[dict[str, Tensor]]] = {}
+        self._metrics: dict[tuple[str, str], Metric] = {}
+
+    def add_perturbation(self, name: str, method: str, metric: Metric, inputs: Any, attributions: Tensor,
+                         target: Any) -> None:
+        """A perturbation metric's states of every sample of the batch, from one batched pass (``per_sample_states``)."""
+        rows = metric.per_sample_states(inputs, attributions, target)
+        count = attributions.shape[0]
+        self._keep(name, method, metric, [{state: value[i] for state, value in rows.items()} for i in range(count)])
+
+    def add_updates(self, name: str, method: str, metric: Metric, args: Sequence[Any]) -> None:
+        """``metric.update(*args)`` one sample at a time: every tensor of ``args`` has the batch in dim 0."""
+        count = next(a for a in args if isinstance(a, Tensor)).shape[0]
+
+        def one(i: int) -> None:
+            metric.update(*(a[i : i + 1] if isinstance(a, Tensor) else a for a in args))
+
+        self._keep(name, method, metric, per_sample_states(metric, one, count))
+
+    def _keep(self, name: str, method: str, metric: Metric, states: list[dict[str, Tensor]]) -> None:
+        self._metrics[(name, method)] = metric
+        self._states.setdefault((name, method), []).extend(states)
+
+    def __bool__(self) -> bool:
+        return bool(self._states)
+
+    def count(self, name: str, method: str) -> int:
+        """How many samples ``(name, method)`` was scored on."""
+        return len(self._states[(name, method)])
+
+    def results(self) -> dict[tuple[str, str], tuple[dict[str, float], dict[str, float]]]:
+        """``(name, method) -> ({key: value}, {key: standard error})``; key ``""`` for a scalar metric."""
+        return {key: value_and_stderr(self._metrics[key], states) for key, states in self._states.items()}
+
+    def columns(self) -> dict[str, dict[str, Score]]:
+        """Method -> column -> its :class:`Score`; a metric with several values (a dict) gives the columns
+        ``<name>_<key>``, a scalar one the column ``<name>``."""
+        out: dict[str, dict[str, Score]] = {}
+        for (name, method), (values, errors) in self.results().items():
+            metric = self._metrics[(name, method)]
+            for key, value in values.items():
+                out.setdefault(method, {})[f"{name}_{key}" if key else name] = Score(
+                    value, errors[key], self.count(name, method), bool(metric.higher_is_better))
+        return out
+
+    def curves(self) -> dict[str, dict[str, tuple[Sequence[float], Tensor]]]:
+        """Name -> method -> ``(fractions, mean curve)`` for the metrics that have a curve (perturbation AUCs)."""
+        out: dict[str, dict[str, tuple[Sequence[float], Tensor]]] = {}
+        for (name, method), states in self._states.items():
+            metric = self._metrics[(name, method)]
+            if not hasattr(metric, "curve"):
+                continue
+            total = {state: torch.stack([s[state] for s in states]).sum(dim=0) for state in states[0]}
+            for state, value in total.items():
+                setattr(metric, state, value)
+            out.setdefault(name, {})[method] = (metric.fractions, metric.curve().float().cpu())
+            metric.reset()
+        return out
