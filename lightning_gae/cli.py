@@ -250,6 +250,25 @@ def _import_from_working_directory() -> None:
         sys.path.insert(0, cwd)
 
 
+def _bench(argv: Sequence[str]) -> None:
+    """``lightning-gae bench``: the repository's ``benchmarks/bench.py``, found from the working directory.
+
+    The benchmark measures the repository's recipes (its ViT and main-job config), which the wheel
+    does not ship; outside a checkout this says so instead of failing on an import.
+    """
+    try:
+        from benchmarks.bench import main as bench_main
+    except ModuleNotFoundError as err:
+        if err.name not in ("benchmarks", "benchmarks.bench", "recipes", "recipes.vit"):
+            raise
+        raise SystemExit(
+            f"lightning-gae bench measures the repository's recipes and main-job config, which are not part of the "
+            f"installed package ({err.name!r} was not found from {os.getcwd()}): run it from the root of a "
+            "lightning-gae checkout (the folder with benchmarks/, recipes/ and configs/)"
+        ) from None
+    bench_main(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     _import_from_working_directory()
     args = list(sys.argv[1:] if argv is None else argv)
@@ -257,9 +276,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         compare_main(args[1:])
         return
     if args and args[0] == "bench":
-        from lightning_gae.bench import main as bench_main
-
-        bench_main(args[1:])
+        _bench(args[1:])
         return
     _lightning_cli(None if argv is None else args)
 

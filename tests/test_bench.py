@@ -2,7 +2,8 @@ import json
 
 import torch
 
-from lightning_gae import bench, explain
+from benchmarks import bench
+from lightning_gae import explain
 from lightning_gae.cli import main
 from models import TinyViT
 

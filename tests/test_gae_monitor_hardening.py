@@ -32,7 +32,8 @@ from torch.utils.data import DataLoader, Dataset, Subset, SubsetRandomSampler
 
 from lightning_gae import ImageTokens
 from lightning_gae.callbacks import GAECallback
-from lightning_gae.tensorboard.summary import _MAX_IMAGE_SIDE, _bounded
+from lightning_gae.views import MAX_IMAGE_SIDE as _MAX_IMAGE_SIDE
+from lightning_gae.views import bounded as _bounded
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
 

@@ -38,7 +38,7 @@ from lightning_gae.callbacks._scoring import (
 )
 from lightning_gae.explain import METHODS, Explanation, explain_methods
 from lightning_gae.metrics import PERTURBATION_METRICS, random_attribution
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens
 from lightning_gae.streams import Streams
 from lightning_gae.tensorboard.summary import Scale, SetInput, TensorBoardViews
 from lightning_gae.token_sets import (

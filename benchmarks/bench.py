@@ -1,5 +1,8 @@
 """``lightning-gae bench``: what an explanation costs next to one training step, Captum and the reference code.
 
+This file lives in the repository, not in the wheel (like ``recipes/``, whose ViT and main job it
+measures): run ``lightning-gae bench`` or ``python -m benchmarks.bench`` from a checkout's root.
+
 Methods, on the same batch of one model:
 
 * ``forward_backward``: one forward + backward of the model as it is trained (train mode, fused
@@ -400,7 +403,7 @@ def run(cases: Sequence[Case], repeats: int = 5, budget: float = 60.0, device: s
             spec.write_text(json.dumps({"case": asdict(case), "methods": list(case.methods), "repeats": repeats,
                                         "budget": budget, "device": device}))
             began = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "lightning_gae.bench", str(spec), str(result)], env=env,
+            done = subprocess.run([sys.executable, "-m", "benchmarks.bench", str(spec), str(result)], env=env,
                                   stdout=subprocess.DEVNULL, check=False)
             if done.returncode != 0:
                 raise RuntimeError(f"bench case {case.name} batch={case.batch} tokens={case.tokens} failed "

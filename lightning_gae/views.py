@@ -1,0 +1,414 @@
+"""One explanation step as pictures and tables, per modality: what GAECallback shows, without any I/O.
+
+:class:`StepViews` draws the tracked samples of a step (a picture per sample with the input and every
+method side by side, an evolution strip for images, a markdown table for text and features, and
+for models with several token sets every set, or a target x source matrix per decoder). It keeps
+what makes successive steps comparable: each method's fixed colour range (``scale="fixed"``) and the
+last steps of every evolution strip. :class:`lightning_gae.tensorboard.TensorBoardViews` writes what
+it draws to TensorBoard.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from PIL import Image
+from torch import Tensor
+
+from lightning_gae import visualize
+from lightning_gae._structures import map_tensors
+from lightning_gae.explain import Explanation
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+
+__all__ = ["MAX_IMAGE_SIDE", "Scale", "SetInput", "StepViews", "bounded", "markdown_cell"]
+
+Scale = Literal["per_map", "fixed"]
+
+_EVOLUTION_PX = 128
+MAX_IMAGE_SIDE = 4096
+"""Longest side of a drawn picture: larger PNGs make TensorBoard's image panel and the browser stall
+(a long text or a long evolution_length would otherwise grow a picture without bound)."""
+
+
+def bounded(image: np.ndarray) -> np.ndarray:
+    """``image`` shrunk (aspect kept) so that neither side exceeds :data:`MAX_IMAGE_SIDE` pixels."""
+    if max(image.shape[:2]) <= MAX_IMAGE_SIDE:
+        return image
+    picture = Image.fromarray(image)
+    picture.thumbnail((MAX_IMAGE_SIDE, MAX_IMAGE_SIDE))
+    return np.asarray(picture)
+
+
+def markdown_cell(text: str) -> str:
+    """``text`` escaped for one cell of a markdown table (a blank cell for empty text)."""
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", text) or " "
+
+
+@dataclass(frozen=True)
+class SetInput:
+    """One token set of a model with several (encoder and decoder, image and text towers), as it is drawn.
+
+    Attributes:
+        modality: how the set's tokens map onto its input (``ImageTokens``, ``TextTokens``, ``TabularTokens``).
+        shown: the set's input as a person sees it: images ``[B, C, H, W]``, token ids ``[B, T]`` or features.
+        inputs: what ``modality`` maps with: ``shown``, or a mapping with ``input_ids`` and its ``attention_mask``.
+    """
+
+    modality: Modality
+    shown: Tensor
+    inputs: Any
+
+
+
+class StepViews:
+    """Draws each explanation step of :class:`~lightning_gae.callbacks.GAECallback`; keeps what spans steps.
+
+    Args:
+        panel_px: the longer side of an image panel in pixels (TensorBoard shows images at their size);
+            a whole picture is shrunk (aspect kept) to at most 4096 pixels on a side.
+        scale: ``"per_map"``: each map's colours span 0 to its own largest magnitude; ``"fixed"``:
+            a method's colour range is set at the first step drawn (over every tracked sample) and
+            kept, so maps are comparable across steps (larger values take the end colour, marked ``≥``).
+        evolution_length: columns of the ``gae_evolution`` pictures: the last steps, oldest first.
+        alpha: weight of the heatmap colours over the grey image.
+    """
+
+    def __init__(self, panel_px: int = 256, scale: Scale = "per_map", evolution_length: int = 5, alpha: float = 0.7) -> None:
+        if scale not in ("per_map", "fixed"):
+            raise ValueError(f"scale={scale!r}; use 'per_map' or 'fixed'")
+        if panel_px < 16 or evolution_length < 1 or not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"need panel_px >= 16, evolution_length >= 1 and alpha in [0, 1]; got {panel_px}, "
+                             f"{evolution_length} and {alpha}")
+        self.panel_px = panel_px
+        self.scale = scale
+        self.evolution_length = evolution_length
+        self.alpha = alpha
+        self._history: dict[int, deque[tuple[int, dict[str, np.ndarray]]]] = {}
+        self._fixed: dict[str, tuple[float, float]] = {}
+
+    # --- relevance in the units a person sees ---------------------------------------------------
+
+    @staticmethod
+    def _input_space(modality: Modality, attributions: Tensor, shown: Tensor, inputs: Any) -> Tensor:
+        """A Captum-style map in input units: pixels ``[B, H, W]``, or one value per token or feature."""
+        if isinstance(modality, ImageTokens):
+            return modality.pixel_map(attributions, shown)
+        return modality.unit_scores(attributions, inputs)
+
+    @staticmethod
+    def _display(modality: Modality, values: Tensor, space: str, shown: Tensor, inputs: Any) -> np.ndarray:
+        """``[B, ...]`` as drawn: the patch grid (token relevance) or pixels for images, one value per token or feature."""
+        if space == "input":
+            return values.numpy()
+        if isinstance(modality, ImageTokens):
+            rows, cols = shown.shape[-2] // modality.patch_size, shown.shape[-1] // modality.patch_size
+            if values.shape[1] != modality.prefix_tokens + rows * cols:
+                # A reshape alone would accept any multiple of the grid and draw other samples' patches.
+                raise ValueError(f"{values.shape[1]} tokens do not fit {modality!r} on {shown.shape[-2]}x"
+                                 f"{shown.shape[-1]} images ({modality.prefix_tokens} + {rows}x{cols} patches)")
+            return values[:, modality.prefix_tokens :].reshape(-1, rows, cols).numpy()
+        return modality.to_input(values, inputs).numpy()
+
+    @staticmethod
+    def _text_flags(modality: TextTokens, shown: Tensor, inputs: Any) -> tuple[Tensor, Tensor]:
+        """``(valid, muted)`` ``[B, T]``: real tokens (attention mask, else not padding), and special tokens."""
+        mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+        ids = {"input_ids": shown, "attention_mask": mask} if isinstance(mask, Tensor) else shown
+        return modality.real_tokens(ids), modality.special_tokens(ids)
+
+    def _scored_units(self, modality: Modality, shown: Tensor, inputs: Any) -> np.ndarray | None:
+        """bool ``[B, T]``: the text tokens that set the colour scale (real, not special); None for other modalities."""
+        if not isinstance(modality, TextTokens):
+            return None
+        valid, muted = self._text_flags(modality, shown, inputs)
+        return (valid & ~muted).numpy()
+
+    def _ranges(self, shown_maps: Mapping[str, np.ndarray], scored: np.ndarray | None) -> dict[str, list[tuple[float, float, bool]]]:
+        """Method -> per sample ``(vmin, vmax, saturated)``."""
+        out: dict[str, list[tuple[float, float, bool]]] = {}
+        for method, maps in shown_maps.items():
+            rows = [m[scored[k]] if scored is not None and scored[k].any() else m for k, m in enumerate(maps)]
+            if self.scale == "per_map":
+                out[method] = [(*visualize.value_range(r), False) for r in rows]
+                continue
+            if method not in self._fixed:
+                self._fixed[method] = visualize.value_range(np.concatenate([r.reshape(-1) for r in rows]))
+            vmin, vmax = self._fixed[method]
+            out[method] = [(vmin, vmax, bool(np.nanmax(np.abs(r)) > vmax)) for r in rows]
+        return out
+
+    @staticmethod
+    def _predictions(exp: Explanation, count: int) -> np.ndarray:
+        """``float64 [B, 3]``: predicted class, explained class, the explained class's probability (NaN if unknown)."""
+        out = np.full((count, 3), np.nan)
+        logits = exp.logits
+        if logits is not None and logits.dim() == 2:
+            probs = logits.detach().float().cpu().softmax(dim=-1)
+            out[:, 0] = probs.argmax(dim=-1).numpy()
+            if exp.target is not None:
+                target = exp.target.detach().cpu().long()
+                out[:, 1] = target.numpy()
+                out[:, 2] = probs.gather(1, target[:, None])[:, 0].numpy()
+        elif exp.target is not None:
+            out[:, 1] = exp.target.detach().cpu().numpy()
+        return out
+
+    @staticmethod
+    def _class(value: float | int | None, class_names: Sequence[str] | None) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return "?"
+        number = int(value)
+        if class_names is not None and 0 <= number < len(class_names) and class_names[number] != str(number):
+            return f"{number} ({class_names[number]})"
+        return str(number)
+
+    def _header(self, index: int, label: int | list[int] | None, prediction: np.ndarray, class_names: Sequence[str] | None) -> str:
+        parts = [f"val #{index}"]
+        if isinstance(label, list):
+            parts.append("labels " + (", ".join(self._class(c, class_names) for c in label) or "none"))
+        elif label is not None:
+            parts.append(f"label {self._class(label, class_names)}")
+        pred, target, prob = prediction.tolist()
+        if not math.isnan(pred):
+            parts.append(f"pred {self._class(pred, class_names)}" + ("" if math.isnan(prob) or pred != target else f", p={prob:.2f}"))
+        if not math.isnan(target) and target != pred:
+            parts.append(f"explains {self._class(target, class_names)}" + ("" if math.isnan(prob) else f", p={prob:.2f}"))
+        return " · ".join(parts)
+
+    # --- pictures -------------------------------------------------------------------------------
+
+    def _picture(self, modality: Modality, shown: Tensor, inputs: Any, k: int, shown_maps: Mapping[str, np.ndarray],
+                 ranges: Mapping[str, list[tuple[float, float, bool]]], header: str, scored: np.ndarray | None) -> np.ndarray:
+        if isinstance(modality, ImageTokens):
+            image = modality.display_image(shown[k]).numpy()
+            panels = [("input", visualize.enlarge(image, self.panel_px))]
+            for method, maps in shown_maps.items():
+                vmin, vmax, saturated = ranges[method][k]
+                heat = visualize.heatmap_panel(image, maps[k], self.panel_px, (vmin, vmax), alpha=self.alpha)
+                bar = visualize.colorbar(vmin, vmax, heat.shape[1], saturated=saturated)
+                panels.append((method, visualize.stack([heat, bar], axis=0, gap=3)))
+            return visualize.panel_row(panels, header)
+        if isinstance(modality, TextTokens):
+            valid, muted = self._text_flags(modality, shown, inputs)
+            keep = valid[k].numpy()
+            tokens = [t for t, v in zip(modality.token_strings(shown[k]), keep) if v]
+            rows = [(m, maps[k][keep], ranges[m][k][:2]) for m, maps in shown_maps.items()]
+            return visualize.token_rows(tokens, rows, muted=muted[k].numpy()[keep].tolist(), header=header)
+        if isinstance(modality, TabularTokens):
+            columns = [(m, maps[k], ranges[m][k][:2]) for m, maps in shown_maps.items()]
+            return visualize.feature_table(modality.feature_names, columns, values=shown[k].float().numpy(), header=header)
+        raise ValueError(f"TensorBoardViews draws ImageTokens, TextTokens and TabularTokens; got {type(modality).__name__}")
+
+    def _evolution(self, modality: ImageTokens, x: Tensor, index: int, step: int, shown_maps: Mapping[str, np.ndarray],
+                   ranges: Mapping[str, list[tuple[float, float, bool]]], k: int, header: str) -> np.ndarray:
+        image = modality.display_image(x).numpy()
+        cells = {m: visualize.heatmap_panel(image, maps[k], _EVOLUTION_PX, ranges[m][k][:2], alpha=self.alpha)
+                 for m, maps in shown_maps.items()}
+        history = self._history.setdefault(index, deque(maxlen=self.evolution_length))
+        history.append((step, cells))
+        # Empty columns first: the newest step is always the rightmost, and the picture never changes size.
+        slots: list[tuple[int, dict[str, np.ndarray]] | None] = [None] * (self.evolution_length - len(history)) + list(history)
+        shape = next(iter(cells.values())).shape[:2]
+        grid = [[None if slot is None else slot[1].get(m) for slot in slots] for m in shown_maps]
+        titles = ["" if slot is None else f"step {slot[0]}" for slot in slots]
+        return visualize.evolution_grid(grid, list(shown_maps), titles, shape, header)
+
+    def _markdown(self, modality: Modality, shown: Tensor, inputs: Any, k: int, shown_maps: Mapping[str, np.ndarray],
+                  header: str) -> str:
+        if isinstance(modality, TextTokens):
+            valid, _ = self._text_flags(modality, shown, inputs)
+            keep = valid[k].numpy()
+            units = [t for t, v in zip(modality.token_strings(shown[k]), keep) if v]
+            first = "token"
+        else:
+            keep = np.ones(len(modality.feature_names), dtype=bool)
+            units = [f"{n} = {v:.4g}" for n, v in zip(modality.feature_names, shown[k].float().tolist())]
+            first = "feature"
+        methods = list(shown_maps)
+        lines = [markdown_cell(header), "", "| " + " | ".join([first, *methods]) + " |",
+                 "| --- |" + " ---: |" * len(methods)]
+        for u, unit in enumerate(units):
+            scores = [f"{shown_maps[m][k][keep][u]:.4g}" for m in methods]
+            lines.append("| " + " | ".join([markdown_cell(unit), *scores]) + " |")
+        return "\n".join(lines)
+
+    # --- several token sets ---------------------------------------------------------------------
+
+    def set_pictures(
+        self,
+        sets: Mapping[str, SetInput],
+        sample_indices: Sequence[int],
+        explanations: Mapping[str, Explanation],
+        rows: Mapping[str, Mapping[str, Tensor]] | None = None,
+        labels: Tensor | None = None,
+        class_names: Sequence[str] | None = None,
+    ) -> list[np.ndarray]:
+        """The ``gae_heatmaps`` picture of each sample of a model with several token sets (see :meth:`write`), uint8 ``[h, w, 3]``."""
+        drawn = self._set_drawing(sets, sample_indices, explanations, rows, labels, class_names)
+        return [picture for picture, _ in drawn["pictures"]]
+
+    def _set_drawing(self, sets: Mapping[str, SetInput], sample_indices: Sequence[int],
+                     explanations: Mapping[str, Explanation], rows: Mapping[str, Mapping[str, Tensor]] | None,
+                     labels: Tensor | None, class_names: Sequence[str] | None) -> dict[str, Any]:
+        """Every set's values as drawn, each sample's picture and text table, and what the tensors need."""
+        first = next(iter(explanations.values()))
+        missing = [x for x in first.relevance if x not in sets]
+        if missing:
+            raise ValueError(f"TensorBoardViews.write(sets=...) has no SetInput for the token sets {missing}; the "
+                             f"explanations have the sets {list(first.relevance)}")
+        sets = {x: SetInput(sets[x].modality, sets[x].shown.detach().cpu(), map_tensors(sets[x].inputs, lambda t: t.detach().cpu()))
+                for x in first.relevance}
+        raw = {m: {x: e.relevance[x].detach().float().cpu() for x in sets} for m, e in explanations.items()}
+        shown_maps = {m: {x: self._display(sets[x].modality, values, "tokens", sets[x].shown, sets[x].inputs)
+                          for x, values in by_set.items()} for m, by_set in raw.items()}
+        kept = {x: self._kept(s) for x, s in sets.items()}
+        ranges: dict[tuple[str, str], list[tuple[float, float, bool]]] = {}
+        for x, s in sets.items():
+            # The fixed colour range of a (method, set) pair is kept under its own key.
+            found = self._ranges({f"{m}/{x}": maps[x] for m, maps in shown_maps.items()},
+                                 self._scored_units(s.modality, s.shown, s.inputs))
+            ranges.update({(m, x): found[f"{m}/{x}"] for m in shown_maps})
+        matrices = None if rows is None else self._matrices(rows, sets, kept, first)
+        predictions = self._predictions(first, len(sample_indices))
+        pictures = []
+        for k, index in enumerate(sample_indices):
+            label = None if labels is None or labels.dim() != 1 else int(labels[k])
+            header = self._header(index, label, predictions[k], class_names)
+            if matrices is not None:
+                # The header's one explained class would be one row's; every row explains its own.
+                header = f"val #{index} · row t explains the token predicted at target position t"
+            if matrices is None:
+                picture = self._sets_picture(sets, kept, k, shown_maps, ranges, header)
+            else:
+                picture = self._matrix_picture(matrices, k, header)
+            pictures.append((bounded(picture), self._sets_markdown(sets, kept, k, shown_maps, matrices, header)))
+        return {"sets": sets, "raw": raw, "pictures": pictures, "predictions": predictions, "query_set": first.query_set}
+
+    def _kept(self, token_set: SetInput) -> np.ndarray:
+        """bool ``[B, U]``: the units drawn (text: real tokens; everything else: all)."""
+        if isinstance(token_set.modality, TextTokens):
+            return self._text_flags(token_set.modality, token_set.shown, token_set.inputs)[0].numpy()
+        return np.ones((token_set.shown.shape[0], 1), dtype=bool)
+
+    @staticmethod
+    def _unit_names(modality: Modality, shown: Tensor, k: int, count: int) -> list[str]:
+        """Display names of sample ``k``'s ``count`` tokens of a set: strings for text, positions otherwise."""
+        if isinstance(modality, TextTokens):
+            return modality.token_strings(shown[k])
+        return [str(i) for i in range(count)]
+
+    def _matrices(self, rows: Mapping[str, Mapping[str, Tensor]], sets: Mapping[str, SetInput], kept: Mapping[str, np.ndarray],
+                  first: Explanation) -> dict[str, Any]:
+        """Per sample, the target x source matrices of every method and set, their labels and colour ranges."""
+        query = sets[first.query_set]
+        logits = first.logits
+        out: dict[str, Any] = {"panels": [], "tables": []}
+        for k in range(query.shown.shape[0]):
+            positions = (np.flatnonzero(kept[first.query_set][k]) if isinstance(query.modality, TextTokens)
+                         else np.arange(first.tokens.shape[1]))
+            if logits is not None and logits.dim() == 3:
+                # Row t is the token predicted at position t (what the explanation of query=t explains).
+                made = logits[k].detach().argmax(dim=-1).cpu()
+                outputs = self._unit_names(query.modality, made[None], 0, made.shape[0])
+            else:
+                outputs = self._unit_names(query.modality, query.shown, k, query.shown.shape[1])
+            row_labels = [f"{t}: {outputs[t]}" for t in positions]
+            panels, tables = [], []
+            for method, by_set in rows.items():
+                line = []
+                for x, tensor in by_set.items():
+                    s = sets[x]
+                    columns = np.flatnonzero(kept[x][k]) if isinstance(s.modality, TextTokens) else np.arange(tensor.shape[2])
+                    matrix = tensor[k].detach().float().cpu().numpy()[positions][:, columns]
+                    names = self._unit_names(s.modality, s.shown, k, tensor.shape[2])
+                    col_labels = [names[c] for c in columns]
+                    key = f"{method}/{x}/rows"
+                    if self.scale == "fixed":
+                        if key not in self._fixed:
+                            self._fixed[key] = visualize.value_range(matrix)
+                        (vmin, vmax), saturated = self._fixed[key], bool(np.nanmax(np.abs(matrix)) > self._fixed[key][1])
+                    else:
+                        (vmin, vmax), saturated = visualize.value_range(matrix), False
+                    panel = visualize.matrix_panel(matrix, row_labels, col_labels, (vmin, vmax), self.panel_px)
+                    bar = visualize.colorbar(vmin, vmax, max(panel.shape[1], 128), saturated=saturated)
+                    line.append((f"{method} · {x} (rows: targets)", visualize.stack([panel, bar], axis=0, gap=3)))
+                    if isinstance(s.modality, TextTokens):
+                        tables.append((f"{method} · {x}", row_labels, col_labels, matrix))
+                panels.append(line)
+            out["panels"].append(panels)
+            out["tables"].append(tables)
+        return out
+
+    @staticmethod
+    def _matrix_picture(matrices: Mapping[str, Any], k: int, header: str) -> np.ndarray:
+        lines = matrices["panels"][k]
+        return visualize.stack([visualize.panel_row(line, header if i == 0 else "") for i, line in enumerate(lines)],
+                               axis=0)
+
+    def _sets_picture(self, sets: Mapping[str, SetInput], kept: Mapping[str, np.ndarray], k: int,
+                      shown_maps: Mapping[str, Mapping[str, np.ndarray]],
+                      ranges: Mapping[tuple[str, str], list[tuple[float, float, bool]]], header: str) -> np.ndarray:
+        """The inputs, then one line per method: every set's relevance side by side (images as heatmaps, text as tokens)."""
+        inputs, lines = [], {m: [] for m in shown_maps}
+        for x, s in sets.items():
+            modality = s.modality
+            if isinstance(modality, ImageTokens):
+                image = modality.display_image(s.shown[k]).numpy()
+                inputs.append((f"input · {x}", visualize.enlarge(image, self.panel_px)))
+                for m, maps in shown_maps.items():
+                    vmin, vmax, saturated = ranges[(m, x)][k]
+                    heat = visualize.heatmap_panel(image, maps[x][k], self.panel_px, (vmin, vmax), alpha=self.alpha)
+                    bar = visualize.colorbar(vmin, vmax, heat.shape[1], saturated=saturated)
+                    lines[m].append((f"{m} · {x}", visualize.stack([heat, bar], axis=0, gap=3)))
+            elif isinstance(modality, TextTokens):
+                keep = kept[x][k]
+                _, muted = self._text_flags(modality, s.shown, s.inputs)
+                tokens = [t for t, v in zip(modality.token_strings(s.shown[k]), keep) if v]
+                inputs.append((f"input · {x}", visualize.text_line(" ".join(tokens), 2 * self.panel_px)))
+                for m, maps in shown_maps.items():
+                    block = visualize.token_rows(tokens, [("", maps[x][k][keep], ranges[(m, x)][k][:2])],
+                                                 muted=muted[k].numpy()[keep].tolist(), width=2 * self.panel_px)
+                    lines[m].append((f"{m} · {x}", block))
+            elif isinstance(modality, TabularTokens):
+                inputs.append((f"input · {x}", visualize.text_line(f"{len(modality.feature_names)} features")))
+                for m, maps in shown_maps.items():
+                    table = visualize.feature_table(modality.feature_names, [(m, maps[x][k], ranges[(m, x)][k][:2])],
+                                                    values=s.shown[k].float().numpy())
+                    lines[m].append((f"{m} · {x}", table))
+            else:
+                raise ValueError(f"TensorBoardViews draws ImageTokens, TextTokens and TabularTokens; set {x!r} has "
+                                 f"{type(modality).__name__}")
+        rows = [visualize.panel_row(inputs, header)] + [visualize.panel_row(line) for line in lines.values()]
+        return visualize.stack(rows, axis=0)
+
+    def _sets_markdown(self, sets: Mapping[str, SetInput], kept: Mapping[str, np.ndarray], k: int,
+                       shown_maps: Mapping[str, Mapping[str, np.ndarray]], matrices: Mapping[str, Any] | None,
+                       header: str) -> str:
+        """A table per text set (tokens x methods), or per method and text set the target x source matrix."""
+        parts = [markdown_cell(header)]
+        if matrices is not None:
+            for title, row_labels, col_labels, matrix in matrices["tables"][k]:
+                parts += ["", f"**{markdown_cell(title)}** (rows: target positions)", "",
+                          "| " + " | ".join(["", *(markdown_cell(c) for c in col_labels)]) + " |",
+                          "| --- |" + " ---: |" * len(col_labels)]
+                parts += ["| " + " | ".join([markdown_cell(r), *(f"{v:.3g}" for v in row)]) + " |"
+                          for r, row in zip(row_labels, matrix.tolist())]
+            return "\n".join(parts) if len(parts) > 1 else ""
+        methods = list(shown_maps)
+        for x, s in sets.items():
+            if not isinstance(s.modality, TextTokens):
+                continue
+            keep = kept[x][k]
+            tokens = [t for t, v in zip(s.modality.token_strings(s.shown[k]), keep) if v]
+            parts += ["", f"**{markdown_cell(x)}**", "", "| " + " | ".join(["token", *methods]) + " |",
+                      "| --- |" + " ---: |" * len(methods)]
+            for u, token in enumerate(tokens):
+                scores = [f"{shown_maps[m][x][k][keep][u]:.4g}" for m in methods]
+                parts.append("| " + " | ".join([markdown_cell(token), *scores]) + " |")
+        return "\n".join(parts) if len(parts) > 1 else ""

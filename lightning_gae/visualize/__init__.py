@@ -1,0 +1,62 @@
+"""Rendering relevance as pictures: numpy ``uint8 [h, w, 3]`` arrays, ready for TensorBoard.
+
+Two families. :mod:`~lightning_gae.visualize.figures` (:func:`titled_image`, :func:`grid`,
+:func:`token_strip`, ...) draws matplotlib figures on their own Agg canvas, never through
+``pyplot``. :mod:`~lightning_gae.visualize.panels` (:func:`colorize`, :func:`heatmap_panel`,
+:func:`panel_row`, :func:`token_rows`, :func:`feature_table`, :func:`evolution_grid`) builds the
+callback's pictures by colormap lookups and glyph bitmaps, without a figure per sample.
+"""
+
+from lightning_gae.visualize.figures import (
+    feature_bars,
+    figure_to_array,
+    grid,
+    normalize,
+    overlay,
+    side_by_side,
+    titled_image,
+    token_strip,
+)
+from lightning_gae.visualize.panels import (
+    DIVERGING_CMAP,
+    SEQUENTIAL_CMAP,
+    colorbar,
+    colorize,
+    colormap_lut,
+    enlarge,
+    evolution_grid,
+    feature_table,
+    heatmap_panel,
+    matrix_panel,
+    panel_row,
+    stack,
+    text_line,
+    token_rows,
+    value_range,
+)
+
+__all__ = [
+    "DIVERGING_CMAP",
+    "SEQUENTIAL_CMAP",
+    "colorbar",
+    "colorize",
+    "colormap_lut",
+    "enlarge",
+    "evolution_grid",
+    "feature_bars",
+    "feature_table",
+    "figure_to_array",
+    "grid",
+    "heatmap_panel",
+    "matrix_panel",
+    "normalize",
+    "overlay",
+    "panel_row",
+    "side_by_side",
+    "stack",
+    "text_line",
+    "titled_image",
+    "token_rows",
+    "token_strip",
+    "value_range",
+]
