@@ -28,9 +28,10 @@ from lightning_gae.metrics import (
     RationaleAgreement,
     RelevanceSegmentation,
     Sufficiency,
-    agreement,
     functional,
     perturbation,
+    segmentation,
+    stability,
     perturbation_metric,
     random_attribution,
 )
@@ -358,7 +359,7 @@ def test_clones_share_the_model_and_keep_their_own_states():
 def test_per_sample_states_are_each_samples_own_update_and_the_auc_is_linear(name):
     # Standard errors over samples need each sample's own states; per_sample_states gets them from one
     # batched pass, which must equal one update per sample and sum to the batch's update.
-    from lightning_gae.compare import _value_and_stderr
+    from lightning_gae.metrics._stderr import value_and_stderr as _value_and_stderr
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
@@ -528,7 +529,7 @@ def test_explanation_stability_by_hand():
 
 
 @pytest.mark.parametrize("module", [functional.perturbation, functional.segmentation, functional.stability,
-                                    perturbation, agreement], ids=lambda m: m.__name__)
+                                    perturbation, segmentation, stability], ids=lambda m: m.__name__)
 def test_docstring_examples_compute_what_they_say(module):
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0

@@ -12,7 +12,8 @@ from typing import Any
 
 from lightning_gae.metrics import functional
 from lightning_gae.metrics.alignment import AlignmentAccuracy
-from lightning_gae.metrics.agreement import ExplanationStability, RationaleAgreement, RelevanceSegmentation
+from lightning_gae.metrics.segmentation import RationaleAgreement, RelevanceSegmentation
+from lightning_gae.metrics.stability import ExplanationStability
 from lightning_gae.metrics.functional import random_attribution
 from lightning_gae.metrics.perturbation import (
     AOPC,

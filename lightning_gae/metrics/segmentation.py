@@ -1,37 +1,26 @@
-"""Relevance against ground truth and against itself, as ``torchmetrics.Metric`` classes."""
+"""Relevance against ground truth (image masks, rationale tokens, informative features) as ``torchmetrics.Metric`` classes;
+their maths in :mod:`lightning_gae.metrics.functional.segmentation`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics import Metric
 
+from lightning_gae.metrics._dict_metric import DictMetric
 from lightning_gae.metrics.functional.segmentation import (
     _rationale_agreement_compute,
     _rationale_agreement_update,
     _relevance_segmentation_compute,
     _relevance_segmentation_update,
 )
-from lightning_gae.metrics.functional.stability import _explanation_stability_compute, _explanation_stability_update
 from lightning_gae.modalities import ImageTokens
 
-__all__ = ["ExplanationStability", "RationaleAgreement", "RelevanceSegmentation"]
+__all__ = ["RationaleAgreement", "RelevanceSegmentation"]
 
 
-class _DictMetric(Metric):
-    is_differentiable = False
-    higher_is_better = True
-    full_state_update = False
-
-    def plot(self, val: dict[str, Tensor] | Sequence[dict[str, Tensor]] | None = None, ax: Any = None) -> Any:
-        """Plot every value of the result (or of a sequence of results); returns ``(figure, axes)``."""
-        return self._plot(val, ax)
-
-
-class RelevanceSegmentation(_DictMetric):
+class RelevanceSegmentation(DictMetric):
     r"""Relevance maps scored as a segmentation of ground-truth masks (the ImageNet-segmentation protocol).
 
     Each map is min-max normalised per sample and thresholded at its own mean; pixel accuracy and
@@ -92,7 +81,7 @@ class RelevanceSegmentation(_DictMetric):
         return _relevance_segmentation_compute(self.confusion, self.ap_sum, self.ap_count)
 
 
-class RationaleAgreement(_DictMetric):
+class RationaleAgreement(DictMetric):
     r"""Token relevance against ground-truth rationale tokens (ERASER): top-k token F1 and AUPRC.
 
     Args:
@@ -130,49 +119,3 @@ class RationaleAgreement(_DictMetric):
 
     def compute(self) -> dict[str, Tensor]:
         return {k: v.float() for k, v in _rationale_agreement_compute(self.f1_sum, self.auprc_sum, self.count).items()}
-
-
-class ExplanationStability(_DictMetric):
-    r"""Agreement of two explanations ``[B, N]`` of the same samples: Spearman rank correlation, top-k IoU.
-
-    Args:
-        top_fraction: the share of tokens in the top-k sets, :math:`k = \mathrm{round}(fN)`.
-
-    Update:
-        ``update(first, second)``.
-
-    Compute:
-        ``{"spearman", "topk_iou", "topk_overlap"}``: means over samples (Spearman from torchmetrics;
-        samples where either explanation is constant are left out of it). See
-        :func:`~lightning_gae.metrics.functional.explanation_stability`.
-
-    Example::
-
-        metric = ExplanationStability()
-        metric.update(explain(model, x).tokens, previous_tokens)
-    """
-
-    plot_lower_bound = -1.0
-    plot_upper_bound = 1.0
-
-    def __init__(self, top_fraction: float = 0.1, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if not 0 < top_fraction <= 1:
-            raise ValueError(f"top_fraction must be in (0, 1]; got {top_fraction}")
-        self.top_fraction = top_fraction
-        for name in ("spearman_sum", "iou_sum", "overlap_sum"):
-            self.add_state(name, default=torch.tensor(0.0, dtype=torch.float32), dist_reduce_fx="sum")
-        for name in ("spearman_count", "count"):
-            self.add_state(name, default=torch.tensor(0), dist_reduce_fx="sum")
-
-    def update(self, first: Tensor, second: Tensor) -> None:
-        rho, rho_count, iou, overlap, count = _explanation_stability_update(first, second.to(first.device), self.top_fraction)
-        self.spearman_sum += rho.to(self.spearman_sum)
-        self.spearman_count += int(rho_count)
-        self.iou_sum += iou.to(self.iou_sum)
-        self.overlap_sum += overlap.to(self.overlap_sum)
-        self.count += count
-
-    def compute(self) -> dict[str, Tensor]:
-        out = _explanation_stability_compute(self.spearman_sum, self.spearman_count, self.iou_sum, self.overlap_sum, self.count)
-        return {k: v.float() for k, v in out.items()}
