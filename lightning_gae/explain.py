@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 import warnings
-from contextvars import ContextVar
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
@@ -18,7 +18,7 @@ from lightning_gae.attn_gradcam_vit import attn_gradcam_vit_row
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.streams import Streams, TokenSets, assign_token_sets
 
-__all__ = ["Explanation", "allow_slow_attention_flow", "explain", "eval_mode", "METHODS", "map_tensors", "model_logits"]
+__all__ = ["Explanation", "allow_slow_attention_flow", "attention_flow_seconds", "explain", "eval_mode", "METHODS", "map_tensors", "model_logits"]
 
 Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit", "attention_flow"]
 METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit", "attention_flow")
@@ -291,9 +291,9 @@ class _OutOfOrder(Exception):
 
 
 # Attention flow's cost: one max-flow per (sample, input token) on a graph of about L·N² edges.
-# Measured on the project's shared 2-core CPU (random-init ViT, SciPy's Dinic, explain() included):
-# 0.013 s per sample at N = 17, 0.07 s at N = 65 and 2.5 s at N = 257 tokens with 6 layers (1.4 s with
-# 4), i.e. about 3e-8 s per edge plus 2e-4 s per max-flow. Above ATTENTION_FLOW_MAX_SECONDS estimated
+# Measured on the project's shared 2-core CPU (random-init ViT, SciPy's Dinic, the flows alone): per
+# sample 3-5 ms at N = 17, 60-100 ms at N = 65 and 1.4 s / 2.5 s at N = 257 tokens with 4 / 6 layers
+# (rollout: under 1 ms), i.e. about 3e-8 s per edge plus 2e-4 s per max-flow. Above ATTENTION_FLOW_MAX_SECONDS estimated
 # for one call, explain() refuses unless the call runs inside allow_slow_attention_flow().
 ATTENTION_FLOW_SECONDS_PER_EDGE = 3e-8
 ATTENTION_FLOW_SECONDS_PER_FLOW = 2e-4

@@ -280,8 +280,8 @@ def attention_flow_row(attns: Sequence[Tensor], query: Tensor, sources: Tensor |
     (``[B, N]`` bool) limits the tokens solved for, the others get 0: :func:`~lightning_gae.explain`
     skips padding (a key no query attends to sends nothing past its own node, so its flow is 0
     anyway) and the query's own entry. The cost is ``N`` max-flows on ``L·N + 1`` nodes and about
-    ``L·N²`` edges per sample: on a 2-core CPU 0.013 s per sample at ``N = 17``, 0.07 s at 65 and
-    2.5 s at 257 tokens (6 layers), against rollout's milliseconds.
+    ``L·N²`` edges per sample: on a 2-core CPU about 5 ms per sample at ``N = 17``, 0.1 s at 65 and
+    2.5 s at 257 tokens (6 layers), where rollout takes under a millisecond.
     """
     import numpy as np
     from scipy.sparse.csgraph import maximum_flow
