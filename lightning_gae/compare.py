@@ -58,8 +58,10 @@ __all__ = [
     "token_set_inputs",
 ]
 
-DEFAULT_METHODS: tuple[str, ...] = (*METHODS, "random", "saliency", "input_x_gradient", "integrated_gradients")
-"""What :func:`compare` and ``lightning-gae compare`` run unless told otherwise (GradientSHAP is optional)."""
+DEFAULT_METHODS: tuple[str, ...] = (*(m for m in METHODS if m != "attention_flow"), "random", "saliency", "input_x_gradient",
+                                    "integrated_gradients")
+"""What :func:`compare` and ``lightning-gae compare`` run unless told otherwise (GradientSHAP and attention flow,
+one max flow per token and sample, are asked for by name)."""
 
 Target = ClassTarget
 SetTarget = Union[Target, Callable[[Any], Tensor]]

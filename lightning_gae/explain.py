@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
@@ -17,10 +19,10 @@ from lightning_gae.attn_gradcam_vit import attn_gradcam_vit_row
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.streams import Streams, TokenSets, assign_token_sets
 
-__all__ = ["Explanation", "explain", "eval_mode", "METHODS", "map_tensors", "model_logits"]
+__all__ = ["Explanation", "allow_slow_attention_flow", "attention_flow_seconds", "explain", "eval_mode", "METHODS", "map_tensors", "model_logits"]
 
-Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit"]
-METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit")
+Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit", "attention_flow"]
+METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit", "attention_flow")
 _NEEDS_GRAD = {"gae", "attn_gradcam", "attn_gradcam_vit"}
 _LAST_LAYER_ONLY = {"raw_attention", "attn_gradcam", "attn_gradcam_vit"}
 Query = Union[int, Literal["last", "mean"], Sequence[int], Tensor]
@@ -39,7 +41,7 @@ class Explanation:
         logits: the logits the explanation was read from, detached (None when the output had none).
         target: ``[B]`` class indices explained, or None for a callable target.
         score: ``[B]`` the explained scalar ``y_t`` of each sample, detached.
-        method: ``"gae"``, ``"rollout"``, ``"raw_attention"`` or ``"attn_gradcam"``.
+        method: a name in :data:`METHODS` (``"gae"``, ``"rollout"``, ``"raw_attention"``, ...).
         layers: module paths of the attention layers used, in call order.
         query: ``[B]`` index of the token whose row was read out (None for ``query="mean"``).
         relevance: token set name -> float32 ``[B, N_set]``: every set's relevance for the
@@ -242,6 +244,70 @@ class _OutOfOrder(Exception):
     """The backward pass did not visit the attention calls last first; the row form cannot run in it."""
 
 
+# Attention flow's cost: one max-flow per (sample, input token) on a graph of about L·N² edges.
+# Measured on the project's shared 2-core CPU (random-init ViT, SciPy's Dinic, the flows alone): per
+# sample 3-5 ms at N = 17, 60-100 ms at N = 65 and 1.4 s / 2.5 s at N = 257 tokens with 4 / 6 layers
+# (rollout: under 1 ms), i.e. about 3e-8 s per edge plus 2e-4 s per max-flow. Above ATTENTION_FLOW_MAX_SECONDS estimated
+# for one call, explain() refuses unless the call runs inside allow_slow_attention_flow().
+ATTENTION_FLOW_SECONDS_PER_EDGE = 3e-8
+ATTENTION_FLOW_SECONDS_PER_FLOW = 2e-4
+ATTENTION_FLOW_MAX_SECONDS = 60.0
+_SLOW_FLOW_ALLOWED: ContextVar[bool] = ContextVar("lightning_gae_slow_attention_flow", default=False)
+
+
+@contextmanager
+def allow_slow_attention_flow() -> Iterator[None]:
+    """Let ``method="attention_flow"`` run on any size inside the block (by default a call estimated
+    above :data:`ATTENTION_FLOW_MAX_SECONDS` raises a ``ValueError`` instead of running for minutes).
+
+    It covers every ``explain`` call made in the block, also those made by ``compare`` and the
+    callback::
+
+        from lightning_gae.explain import allow_slow_attention_flow
+
+        with allow_slow_attention_flow():
+            exp = lightning_gae.explain(model, inputs, method="attention_flow")
+    """
+    token = _SLOW_FLOW_ALLOWED.set(True)
+    try:
+        yield
+    finally:
+        _SLOW_FLOW_ALLOWED.reset(token)
+
+
+def attention_flow_seconds(samples: int, tokens: int, layers: int) -> float:
+    """The estimated seconds of attention flow for ``samples`` sequences of ``tokens`` tokens and ``layers``
+    attention layers: ``samples·tokens`` max-flows of ``(layers-1)·tokens² + tokens`` edges each."""
+    edges = (layers - 1) * tokens**2 + tokens
+    return samples * tokens * (edges * ATTENTION_FLOW_SECONDS_PER_EDGE + ATTENTION_FLOW_SECONDS_PER_FLOW)
+
+
+def _check_attention_flow(sets: TokenSets, query_index: Tensor, batch: int) -> None:
+    """Refuse what attention flow does not define (several token sets, a mean readout) and, unless
+    :func:`allow_slow_attention_flow` is active, a call estimated to take minutes."""
+    if len(sets.sizes) != 1:
+        raise ValueError(
+            f"method='attention_flow' is defined on one token set (the layered graph of one sequence's self-attention); "
+            f"this model has the token sets {sorted(sets.sizes)}. Use 'rollout' (attention flow's path-sum "
+            "approximation, which follows the calls across token sets) or 'gae'"
+        )
+    if query_index.is_floating_point():
+        raise ValueError("method='attention_flow' is a max flow into one readout token, and query='mean' reads none; "
+                         "pass a token index (or 'last'), or use 'rollout' for a mean-pooled model")
+    tokens, layers = sets.sizes[sets.query_set], len(sets.records)
+    seconds = attention_flow_seconds(batch, tokens, layers)
+    if seconds > ATTENTION_FLOW_MAX_SECONDS and not _SLOW_FLOW_ALLOWED.get():
+        edges = (layers - 1) * tokens**2 + tokens
+        raise ValueError(
+            f"method='attention_flow' on {tokens} tokens x {layers} layers x {batch} samples is {batch * tokens} "
+            f"max-flow problems on graphs of {layers * tokens + 1} nodes and {edges} edges, about {seconds:.0f} s "
+            f"(estimated at {ATTENTION_FLOW_SECONDS_PER_EDGE:g} s per edge and max-flow; the limit is "
+            f"{ATTENTION_FLOW_MAX_SECONDS:g} s). Use method='rollout', its cheap approximation, explain fewer samples "
+            "per call, or run it anyway inside `with allow_slow_attention_flow():` "
+            "(`from lightning_gae.explain import allow_slow_attention_flow`)"
+        )
+
+
 def _relevance_row(method: str, layers: list[AttentionRecord], grads: list[Tensor], query: Tensor, keep: Tensor,
                    abars: list[Tensor] | None = None) -> Tensor:
     """One token set: the row form (the fast path). ``query`` is ``[B]`` indices or a float start row."""
@@ -254,6 +320,10 @@ def _relevance_row(method: str, layers: list[AttentionRecord], grads: list[Tenso
         return rules.rollout_row(attns, query)
     if method == "raw_attention":
         return rules.raw_attention_row(attns[-1], query)
+    if method == "attention_flow":
+        # Padded tokens send nothing past their own node and the query's own entry is dropped: not solved.
+        own = torch.nn.functional.one_hot(query, keep.shape[1]).bool()
+        return rules.attention_flow_row(attns, query, sources=keep & ~own)
     if method == "attn_gradcam_vit":
         if query.is_floating_point():
             raise ValueError("method='attn_gradcam_vit' weighs heads by the gradient of one query row; pass a token index, not query='mean'")
@@ -362,7 +432,10 @@ def explain(
             callable ``output -> Tensor[B]`` returning any scalar per sample.
         method: ``"gae"`` (Eq. 5-11), ``"rollout"``, ``"raw_attention"``, ``"attn_gradcam"`` (heads
             weighted by their whole gradient map's mean, the LXMERT/GAE code) or ``"attn_gradcam_vit"``
-            (weighted by the readout row's gradient mean, the ViT baseline of the CVPR 2021 table).
+            (weighted by the readout row's gradient mean, the ViT baseline of the CVPR 2021 table) or
+            ``"attention_flow"`` (Abnar & Zuidema's max flow through the layered attention graph: one
+            token set, one readout token; one max-flow per token and sample, so a call estimated
+            above a minute raises unless run inside :func:`allow_slow_attention_flow`).
         query: the token of the query set whose relevance row is read: an index (a decoder
             position for encoder-decoders; default: the family's readout where a preset knows it,
             such as BART classifiers' last EOS, else 0, the CLS token), ``"last"`` (the last real token),
@@ -382,8 +455,10 @@ def explain(
 
     Raises:
         ValueError: unknown method, bad target or query, no attention recorded (the message says
-            what the forward did), windowed or batch-folded attention, or attention the engine
-            cannot propagate or assign to token sets (the message names the module and the fix).
+            what the forward did), windowed or batch-folded attention, attention the engine
+            cannot propagate or assign to token sets (the message names the module and the fix), or
+            ``"attention_flow"`` on several token sets, with ``query="mean"`` or on a size it would
+            take minutes on (see :func:`allow_slow_attention_flow`).
 
     Example::
 
@@ -461,6 +536,8 @@ def _explain(model: nn.Module, inputs: Any, target: Target, methods: tuple[str, 
                 readout = per_set.get(x, sets.queries.get(x, 0))
                 starts[x] = _query_index(_resolve(readout, kwargs, args), batch, sets.sizes[x], keeps[x], device)
         query_index = starts[sets.query_set]
+        if "attention_flow" in methods:
+            _check_attention_flow(sets, query_index, batch)
         score, target_index = _target_scores(output, logits, target, query_index, batch)
 
         if any(m in _NEEDS_GRAD for m in methods) and not score.requires_grad:

@@ -9,9 +9,13 @@ whatever the dtype it arrives in. Lists of layers are in call order, first layer
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "avg_heads",
@@ -27,6 +31,8 @@ __all__ = [
     "rollout_row",
     "raw_attention_row",
     "attn_gradcam_row",
+    "attention_flow_capacities",
+    "attention_flow_row",
     "one_hot_rows",
     "start_rows",
 ]
@@ -219,6 +225,79 @@ def rollout_row(attns: Sequence[Tensor], query: Tensor) -> Tensor:
         row, step = _common(row, _rollout_step(attn))
         row = torch.bmm(row.unsqueeze(1), step).squeeze(1)
     return row
+
+
+# Attention flow's capacities (at most 1) as integers for SciPy's max-flow: 2**30 units per 1. A max
+# flow is at most the readout node's in-capacity, 1 (2**30 units, < 2**31), so nothing overflows int32;
+# rounding moves a capacity by at most 2**-31 and a flow by that times the edges of a minimum cut.
+_FLOW_UNITS = 2**30
+
+
+def attention_flow_capacities(attns: Sequence[Tensor]) -> Tensor:
+    """``[B, L, N, N]`` float64: ``Â_l = rownorm(0.5·I + 0.5·E_h A_l)``, rollout's step, the edge capacities of attention flow."""
+    return torch.stack([_rollout_step_mean(_f32(attn).double().mean(dim=1)) for attn in attns], dim=1)
+
+
+def _flow_graph(units: np.ndarray, query: int):
+    """The layered graph of one sample as a SciPy CSR matrix of integer capacities.
+
+    Node ``l·N + i`` is token ``i`` at layer boundary ``l`` (``l < L``); node ``L·N`` is the readout
+    ``(L, q)``, the only node of the top boundary a flow can end in. Edge ``(l, j) -> (l+1, i)``
+    carries ``Â_{l+1}[i, j]``, edge ``(L-1, j) -> (L, q)`` carries ``Â_L[q, j]``.
+    """
+    import numpy as np
+    from scipy.sparse import csr_array
+
+    layers, n, _ = units.shape
+    source, target = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    rows = [l * n + source.ravel() for l in range(layers - 1)] + [(layers - 1) * n + np.arange(n)]
+    cols = [(l + 1) * n + target.ravel() for l in range(layers - 1)] + [np.full(n, layers * n)]
+    # Row j of Â_l.T is what token j sends to every token of the next boundary.
+    caps = [units[l].T.ravel() for l in range(layers - 1)] + [units[-1, query]]
+    rows, cols, caps = np.concatenate(rows), np.concatenate(cols), np.concatenate(caps)
+    used = caps > 0
+    size = layers * n + 1
+    return csr_array((caps[used].astype(np.int32), (rows[used], cols[used])), shape=(size, size))
+
+
+def attention_flow_row(attns: Sequence[Tensor], query: Tensor, sources: Tensor | None = None) -> Tensor:
+    r"""Attention flow (Abnar & Zuidema 2020): each input token's maximum flow into the readout token. ``[B, N]``.
+
+    The graph has a node ``(l, i)`` for every token ``i`` at every layer boundary ``l = 0..L``; the
+    edge ``(l-1, j) -> (l, i)`` has capacity ``Â_l[i, j]`` with ``Â_l = rownorm(0.5·I + 0.5·E_h A_l)``
+    (rollout's step, :func:`attention_flow_capacities`). Token ``j``'s relevance is
+
+    .. math:: r_j = \mathrm{maxflow}ig((0, j) 	o (L, q)ig),
+
+    one max-flow problem per input token, solved with SciPy's Dinic algorithm
+    (:func:`scipy.sparse.csgraph.maximum_flow`) on capacities in units of ``2^{-30}``. Unlike
+    rollout's path sum, a flow is capped by every cut between the token and the readout, so
+    ``r_j <= sum_i Â_1[i, j]`` (what token ``j`` sends out) and ``r_j <= sum_j Â_L[q, j] = 1``.
+    The authors' code divides the flows by their sum; this returns them unnormalised (the order of
+    the tokens, all the perturbation metrics use, is the same).
+
+    ``query`` is ``[B]`` token indices (a flow has one sink: there is no mean readout). ``sources``
+    (``[B, N]`` bool) limits the tokens solved for, the others get 0: :func:`~lightning_gae.explain`
+    skips padding (a key no query attends to sends nothing past its own node, so its flow is 0
+    anyway) and the query's own entry. The cost is ``N`` max-flows on ``L·N + 1`` nodes and about
+    ``L·N²`` edges per sample: on a 2-core CPU about 5 ms per sample at ``N = 17``, 0.1 s at 65 and
+    2.5 s at 257 tokens (6 layers), where rollout takes under a millisecond.
+    """
+    import numpy as np
+    from scipy.sparse.csgraph import maximum_flow
+
+    if query.is_floating_point():
+        raise ValueError("attention flow is a max flow into one readout token; pass token indices, not a mean start row")
+    caps = attention_flow_capacities(attns).cpu().numpy()
+    batch, layers, n, _ = caps.shape
+    units = np.rint(caps * _FLOW_UNITS).astype(np.int64)
+    wanted = np.ones((batch, n), dtype=bool) if sources is None else sources.cpu().numpy().astype(bool)
+    out = np.zeros((batch, n), dtype=np.float64)
+    for b in range(batch):
+        graph = _flow_graph(units[b], int(query[b]))
+        for j in np.flatnonzero(wanted[b]):
+            out[b, j] = maximum_flow(graph, int(j), layers * n).flow_value / _FLOW_UNITS
+    return torch.from_numpy(out).to(attns[0].device)
 
 
 def _select_rows(x: Tensor, query: Tensor) -> Tensor:

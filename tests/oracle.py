@@ -6,6 +6,7 @@ Nothing here imports lightning_gae. ``attns`` and ``grads`` are lists (first lay
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -74,9 +75,68 @@ def gradcam_vit_row(attns: list[torch.Tensor], grads: list[torch.Tensor], query:
     return torch.clamp(row / attn.shape[0], min=0)
 
 
+# --- attention flow (Abnar & Zuidema 2020): max flow through the layered attention graph --------------
+
+
+def max_flow(capacity: np.ndarray, source: int, sink: int) -> float:
+    """Edmonds-Karp: augment along shortest residual paths (BFS) until none is left. Dense float64."""
+    residual = capacity.astype(np.float64).copy()
+    n = residual.shape[0]
+    total = 0.0
+    while True:
+        parent = np.full(n, -1)
+        parent[source] = source
+        frontier = [source]
+        while frontier and parent[sink] < 0:
+            following = []
+            for u in frontier:
+                for v in np.flatnonzero((residual[u] > 1e-13) & (parent < 0)):
+                    parent[v] = u
+                    following.append(int(v))
+            frontier = following
+        if parent[sink] < 0:
+            return total
+        path, v = [], sink
+        while v != source:
+            path.append((int(parent[v]), v))
+            v = int(parent[v])
+        push = min(residual[u, v] for u, v in path)
+        for u, v in path:
+            residual[u, v] -= push
+            residual[v, u] += push
+        total += push
+
+
+def layered_capacities(attns: list[torch.Tensor]) -> np.ndarray:
+    """Abnar & Zuidema's graph, every node kept: node ``l*N + i`` for l = 0..L; edge (l-1, j) -> (l, i)
+    with capacity (0.5 mean_h A_l + 0.5 I)[i, j], each row divided by its sum."""
+    n, layers = attns[0].shape[-1], len(attns)
+    capacity = np.zeros(((layers + 1) * n, (layers + 1) * n))
+    for l, attn in enumerate(attns, start=1):
+        a_hat = 0.5 * attn.double().mean(dim=0).numpy() + 0.5 * np.eye(n)
+        a_hat = a_hat / a_hat.sum(axis=1, keepdims=True)
+        for i in range(n):
+            for j in range(n):
+                capacity[(l - 1) * n + j, l * n + i] = a_hat[i, j]
+    return capacity
+
+
+def flow_row(attns: list[torch.Tensor], query: int) -> torch.Tensor:
+    """Each token's max flow into (L, query); the query's own entry 0."""
+    n, layers = attns[0].shape[-1], len(attns)
+    capacity = layered_capacities(attns)
+    row = torch.zeros(n, dtype=torch.float64)
+    for j in range(n):
+        if j != query:
+            row[j] = max_flow(capacity, j, layers * n + query)
+    return row
+
+
 def reference_row(method: str, attns: list[torch.Tensor], grads: list[torch.Tensor], query: int) -> torch.Tensor:
     if method == "attn_gradcam_vit":
         return gradcam_vit_row(attns, grads, query)
+    if method == "attention_flow":
+        return flow_row(attns, query)
     matrices = {
         "gae": lambda: gae_matrix(attns, grads),
         "rollout": lambda: rollout_matrix(attns),

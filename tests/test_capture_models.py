@@ -75,7 +75,7 @@ def test_deberta_v2_eager_with_disentangled_attention(method):
     lengths = [7, 4, 6]
     ids, mask = _padded_ids(lengths, vocab=50, seed=4)
     exp = lg.explain(model, {"input_ids": ids, "attention_mask": mask}, method=method)
-    assert len(exp.layers) == (3 if method in ("gae", "rollout") else 1)
+    assert len(exp.layers) == (3 if method in ("gae", "rollout", "attention_flow") else 1)
     samples = [{"input_ids": ids[b : b + 1, :n], "attention_mask": mask[b : b + 1, :n]} for b, n in enumerate(lengths)]
     refs = hf_reference(model, samples, lambda out, b: out.logits[0, int(exp.target[b])])
     assert_matches_reference(exp, refs, method, lengths=lengths)
@@ -278,6 +278,8 @@ def test_compiled_models_are_explained_as_the_original(backend):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_layers_on_different_devices_meet_on_the_rows_device(method):
+    if method == "attention_flow":
+        pytest.skip("a max flow is computed from the attention's values on the CPU; meta tensors have none")
     # Only a CPU exists here; "meta" tensors stand for a second device (shapes only): a model split
     # with device_map records each layer, and its gradient, on that layer's device.
     g = torch.Generator().manual_seed(18)

@@ -47,7 +47,7 @@ def test_vit_with_sdpa(method):
     assert exp.method == method and exp.tokens.shape == (4, 17)
     assert torch.equal(exp.target, model(x).argmax(-1))
     expected_layers = [f"blocks.{i}.attn" for i in range(3)]
-    assert exp.layers == (expected_layers if method in ("gae", "rollout") else expected_layers[-1:])
+    assert exp.layers == (expected_layers if method in ("gae", "rollout", "attention_flow") else expected_layers[-1:])
     assert_matches_reference(exp, vit_reference(model, x, logit_score(exp)), method)
 
 
@@ -69,7 +69,7 @@ def test_explain_methods_shares_one_forward_and_equals_explain_per_method(case):
     else:
         model, inputs, query = TinySeq2Seq().eval(), (torch.randint(0, 11, (3, 6)), torch.randint(0, 11, (3, 6))), 4
     together = explain_methods(model, inputs, METHODS if case != "seq2seq" else
-                               [m for m in METHODS if m != "attn_gradcam_vit"], query=query)
+                               [m for m in METHODS if m not in ("attn_gradcam_vit", "attention_flow")], query=query)
     for method, exp in together.items():
         alone = lg.explain(model, inputs, method=method, query=query)
         assert exp.method == method and exp.layers == alone.layers

@@ -16,6 +16,7 @@ from lightning_gae.metrics.segmentation import RationaleAgreement, RelevanceSegm
 from lightning_gae.metrics.stability import ExplanationStability
 from lightning_gae.metrics.functional import random_attribution
 from lightning_gae.metrics.perturbation import (
+    ABPC,
     AOPC,
     Comprehensiveness,
     DeletionAUC,
@@ -34,6 +35,7 @@ PERTURBATION_METRICS: dict[str, Callable[..., Any]] = {
     "comprehensiveness": Comprehensiveness,
     "sufficiency": Sufficiency,
     "aopc": AOPC,
+    "abpc": ABPC,
 }
 """The perturbation metrics by the names the callback, ``compare`` and the CLI use (all take
 ``update(inputs, attributions, target)``; the classes declare ``higher_is_better``)."""
@@ -53,6 +55,7 @@ def perturbation_metric(name: str, forward_fn: Callable[..., Any], modality: Any
 
 
 __all__ = [
+    "ABPC",
     "AOPC",
     "AlignmentAccuracy",
     "PERTURBATION_METRICS",

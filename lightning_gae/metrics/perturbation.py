@@ -24,17 +24,19 @@ from lightning_gae.metrics.functional.perturbation import (
     Protocol,
     Score,
     Target,
-    _check_fractions,
+    _abpc_per_sample,
     _deletion_curves,
     _eraser_per_sample,
     _mean_compute,
     _perturbation_auc_compute,
     _perturbation_curves,
+    check_fractions,
     check_protocol,
 )
 from lightning_gae.modalities import Modality
 
 __all__ = [
+    "ABPC",
     "AOPC",
     "Comprehensiveness",
     "DeletionAUC",
@@ -84,7 +86,7 @@ class _CurveMetric(_ModelMetric):
     _scale: ClassVar[float] = 1.0
 
     def _curve_states(self, name: str, fractions: Sequence[float]) -> None:
-        _check_fractions(fractions, "fractions")
+        check_fractions(fractions, "fractions")
         self.fractions = tuple(float(f) for f in fractions)
         self._sum_name, self._count_name = f"{name}_curve_sum", f"{name}_count"
         self.add_state(self._sum_name, default=torch.zeros(len(self.fractions)), dist_reduce_fx="sum")
@@ -277,26 +279,17 @@ class InsertionAUC(DeletionAUC):
     _insertion = True
 
 
-class _EraserMetric(_ModelMetric):
-    plot_lower_bound = -1.0
-    plot_upper_bound = 1.0
-    _name: ClassVar[str]
-    _keep_only = False
-    _with_zero = False
+class _MeanMetric(_ModelMetric):
+    """A mean over samples of one value per sample: states ``<name>_total`` and ``<name>_count``."""
 
-    def __init__(self, forward_fn: Callable[..., Any], modality: Modality, bins: Sequence[float] = ERASER_BINS,
-                 max_batch: int = 256, protocol: Protocol = "target", **kwargs: Any) -> None:
-        super().__init__(forward_fn, modality, max_batch, protocol, **kwargs)
-        _check_fractions(bins, "bins")
-        self.bins = tuple(float(b) for b in bins)
-        self._total_name, self._count_name = f"{self._name}_{protocol}_total", f"{self._name}_{protocol}_count"
+    def _mean_states(self, name: str) -> None:
+        self._total_name, self._count_name = f"{name}_total", f"{name}_count"
         self.add_state(self._total_name, default=torch.tensor(0.0), dist_reduce_fx="sum")
         self.add_state(self._count_name, default=torch.tensor(0), dist_reduce_fx="sum")
 
     def _per_sample(self, inputs: Any, attributions: Tensor, target: Target) -> Tensor:
-        return _eraser_per_sample(self.forward_fn, self.modality, inputs, attributions, target, self.bins,
-                                  keep_only=self._keep_only, with_zero=self._with_zero, max_batch=self.max_batch,
-                                  protocol=self.protocol)
+        """``[B]``: each sample's own value."""
+        raise NotImplementedError
 
     def update(self, inputs: Any, attributions: Tensor, target: Target = None) -> None:
         values = self._per_sample(inputs, attributions, target)
@@ -318,6 +311,90 @@ class _EraserMetric(_ModelMetric):
     def plot(self, val: Tensor | Sequence[Tensor] | None = None, ax: Any = None) -> Any:
         """Plot the value (or a sequence of values) with matplotlib; returns ``(figure, axes)``."""
         return self._plot(val, ax)
+
+
+class ABPC(_MeanMetric):
+    r"""ABPC, the area between the perturbation curves: negative minus positive perturbation AUC.
+
+    The figure AttnLRP (Achtibat et al., ICML 2024) reports. With :math:`c^-_s` and :math:`c^+_s`
+    the mean score once the least / the most relevant :math:`\lfloor f_s n_b \rfloor` of sample
+    :math:`b`'s removable units are removed (the curves of :class:`NegativePerturbationAUC` and
+    :class:`PositivePerturbationAUC`),
+
+    .. math:: \mathrm{ABPC} = 100 \sum_s \tfrac{1}{2}\big[(c^-_s - c^+_s) + (c^-_{s+1} - c^+_{s+1})\big](f_{s+1} - f_s)
+              = \mathrm{AUC}^- - \mathrm{AUC}^+,
+
+    higher is better; in [-90, 90] with the default fractions and ``score="accuracy"``. Each update
+    runs both orders through one pass of the engine
+    (:func:`~lightning_gae.metrics.functional.abpc`). The states are the sum over samples of each
+    sample's own ABPC and their count (the area is linear in the curves, so their mean is the ABPC of
+    the mean curves), which gives :meth:`per_sample_states` and standard errors. Arguments
+    (``fractions``, ``score``, ``protocol``, ``max_batch``) and ``update(inputs, attributions,
+    target=None)`` as in :class:`PerturbationAUC`.
+
+    Example (class 1 while the features sum above 0.9):
+
+    >>> import torch
+    >>> from lightning_gae import TabularTokens
+    >>> model = lambda x: torch.stack([torch.full((len(x),), 0.9), x.sum(dim=1)], dim=1)
+    >>> x = torch.tensor([[1.0, 0.5, 0.25]])
+    >>> modality = TabularTokens(["a", "b", "c"], prefix_tokens=0, means=[0.0, 0.0, 0.0])
+    >>> metric = ABPC(model, modality, fractions=(0, 1 / 3, 2 / 3))
+    >>> metric.update(x, x)     # negative AUC 66.67 minus positive AUC 16.67
+    >>> round(metric.compute().item(), 2), metric.higher_is_better
+    (50.0, True)
+    """
+
+    higher_is_better = True
+    plot_lower_bound = -100.0
+    plot_upper_bound = 100.0
+
+    def __init__(
+        self,
+        forward_fn: Callable[..., Any],
+        modality: Modality,
+        fractions: Sequence[float] = PERTURBATION_FRACTIONS,
+        score: Score = "accuracy",
+        max_batch: int = 256,
+        protocol: Protocol = "target",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(forward_fn, modality, max_batch, protocol, **kwargs)
+        check_fractions(fractions, "fractions")
+        if score not in ("accuracy", "probability"):
+            raise ValueError(f"score={score!r}; use 'accuracy' or 'probability'")
+        self.fractions = tuple(float(f) for f in fractions)
+        self.score = score
+        self._mean_states(f"abpc_{score}_{protocol}")
+
+    def _per_sample(self, inputs: Any, attributions: Tensor, target: Target) -> Tensor:
+        return _abpc_per_sample(self.forward_fn, self.modality, inputs, attributions, target, self.fractions,
+                                self.score, self.max_batch, self.protocol)
+
+    def per_sample_values(self, states: Mapping[str, Tensor]) -> Tensor:
+        """Each sample's own ABPC ``[n]`` from the rows of :meth:`per_sample_states`; their mean is
+        the metric and their standard deviation over ``sqrt(n)`` its standard error."""
+        return states[self._total_name].double() / states[self._count_name].double()
+
+
+class _EraserMetric(_MeanMetric):
+    plot_lower_bound = -1.0
+    plot_upper_bound = 1.0
+    _name: ClassVar[str]
+    _keep_only = False
+    _with_zero = False
+
+    def __init__(self, forward_fn: Callable[..., Any], modality: Modality, bins: Sequence[float] = ERASER_BINS,
+                 max_batch: int = 256, protocol: Protocol = "target", **kwargs: Any) -> None:
+        super().__init__(forward_fn, modality, max_batch, protocol, **kwargs)
+        check_fractions(bins, "bins")
+        self.bins = tuple(float(b) for b in bins)
+        self._mean_states(f"{self._name}_{protocol}")
+
+    def _per_sample(self, inputs: Any, attributions: Tensor, target: Target) -> Tensor:
+        return _eraser_per_sample(self.forward_fn, self.modality, inputs, attributions, target, self.bins,
+                                  keep_only=self._keep_only, with_zero=self._with_zero, max_batch=self.max_batch,
+                                  protocol=self.protocol)
 
 
 class Comprehensiveness(_EraserMetric):
