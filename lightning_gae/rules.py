@@ -267,7 +267,7 @@ def attention_flow_row(attns: Sequence[Tensor], query: Tensor, sources: Tensor |
     edge ``(l-1, j) -> (l, i)`` has capacity ``Â_l[i, j]`` with ``Â_l = rownorm(0.5·I + 0.5·E_h A_l)``
     (rollout's step, :func:`attention_flow_capacities`). Token ``j``'s relevance is
 
-    .. math:: r_j = \mathrm{maxflow}ig((0, j) 	o (L, q)ig),
+    .. math:: r_j = \mathrm{maxflow}\bigl((0, j) \to (L, q)\bigr),
 
     one max-flow problem per input token, solved with SciPy's Dinic algorithm
     (:func:`scipy.sparse.csgraph.maximum_flow`) on capacities in units of ``2^{-30}``. Unlike

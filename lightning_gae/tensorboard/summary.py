@@ -134,16 +134,8 @@ def _writer_key(writer: Any) -> str:
 
 class TensorBoardViews(StepViews):
     """Writes each explanation step of :class:`~lightning_gae.callbacks.GAECallback` to TensorBoard writers,
-    as :class:`~lightning_gae.views.StepViews` draws it.
-
-    Args:
-        panel_px: the longer side of an image panel in pixels (TensorBoard shows images at their size);
-            a whole picture is shrunk (aspect kept) to at most 4096 pixels on a side.
-        scale: ``"per_map"``: each map's colours span 0 to its own largest magnitude; ``"fixed"``:
-            a method's colour range is set at the first step written (over every tracked sample) and
-            kept, so maps are comparable across steps (larger values take the end colour, marked ``≥``).
-        evolution_length: columns of the ``gae_evolution`` pictures: the last steps, oldest first.
-        alpha: weight of the heatmap colours over the grey image.
+    as :class:`~lightning_gae.views.StepViews` draws it (the arguments are its own). Each writer gets the
+    tracked samples' inputs once and a Custom Scalars layout whenever a metric first appears in it.
     """
 
     def __init__(self, panel_px: int = 256, scale: Scale = "per_map", evolution_length: int = 5, alpha: float = 0.7) -> None:
