@@ -127,6 +127,27 @@ def concat(parts: list[Any]) -> Any:
     return first
 
 
+def nonfinite_inputs(inputs: Any) -> dict[str, int]:
+    """Where nested inputs hold NaN or inf: ``{"input", "input[1]", "input['pixel_values']", ...: count}``, floats only."""
+    found: dict[str, int] = {}
+
+    def walk(x: Any, where: str) -> None:
+        if isinstance(x, Tensor):
+            if x.is_floating_point() or x.is_complex():
+                count = int((~torch.isfinite(x)).sum())
+                if count:
+                    found[where] = count
+        elif isinstance(x, Mapping):
+            for key, value in x.items():
+                walk(value, f"{where}[{key!r}]")
+        elif isinstance(x, (tuple, list)):
+            for i, value in enumerate(x):
+                walk(value, f"{where}[{i}]")
+
+    walk(inputs, "inputs")
+    return found
+
+
 def class_index(target: ClassTarget, batch: int, device: torch.device, num_classes: int | None = None) -> Tensor:
     """``[B]`` class indices from an int or one class per sample (list or tensor)."""
     index = torch.as_tensor(target, device=device).long().reshape(-1)

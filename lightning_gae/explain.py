@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_gae import rules
-from lightning_gae._structures import Target, call_args, eval_mode, map_tensors, model_logits
+from lightning_gae._structures import Target, call_args, eval_mode, map_tensors, model_logits, nonfinite_inputs
 from lightning_gae.attn_gradcam_vit import attn_gradcam_vit_row
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.streams import Streams, TokenSets, assign_token_sets
@@ -500,6 +500,12 @@ def explain_methods(
 
 def _explain(model: nn.Module, inputs: Any, target: Target, methods: tuple[str, ...], query: Any,
              attention_modules: Sequence[str] | str | None, streams: Streams | None, lean: bool) -> dict[str, Explanation]:
+    bad = nonfinite_inputs(inputs)
+    if bad:
+        # Every relevance computed from them would be NaN, silently: say where they are instead.
+        where = ", ".join(f"{count} in {name}" for name, count in bad.items())
+        raise ValueError(f"the inputs hold NaN or inf values ({where}); an explanation of them would be NaN. Drop or "
+                         "repair those samples before explaining them")
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     # The graph is built for every method: token sets are told apart by following it.
     with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():

@@ -8,6 +8,7 @@ in the form the faithfulness metrics score.
 
 from lightning_gae.attribution.attention import (
     AttentionAttribution,
+    AttentionFlow,
     AttentionGradCAM,
     AttentionRollout,
     GenericAttention,
@@ -19,6 +20,7 @@ from lightning_gae.attribution.methods import ATTRIBUTION_METHODS, attribute
 __all__ = [
     "ATTRIBUTION_METHODS",
     "AttentionAttribution",
+    "AttentionFlow",
     "AttentionGradCAM",
     "AttentionRollout",
     "CAPTUM_METHODS",

@@ -40,7 +40,7 @@ from lightning_gae.explain import Query, explain
 from lightning_gae.streams import Streams
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 
-__all__ = ["AttentionAttribution", "AttentionGradCAM", "AttentionRollout", "GenericAttention", "RawAttention"]
+__all__ = ["AttentionAttribution", "AttentionFlow", "AttentionGradCAM", "AttentionRollout", "GenericAttention", "RawAttention"]
 
 TensorOrTuple = Union[Tensor, tuple[Tensor, ...]]
 InterpolateMode = Literal["nearest", "bilinear"]
@@ -435,3 +435,15 @@ class AttentionGradCAM(AttentionAttribution):
     """
 
     method = "attn_gradcam"
+
+
+class AttentionFlow(AttentionAttribution):
+    r"""Attention flow (Abnar & Zuidema, 2020) as a Captum attribution: each token's maximum flow into the
+    query token through the layered graph of ``rownorm(0.5·I + 0.5·E_h A_l)``. Needs no gradient; the
+    attribution does not depend on ``target``. One max flow per token and sample, so a call estimated
+    above a minute raises unless it runs inside :func:`lightning_gae.allow_slow_attention_flow`.
+
+    Same arguments and contract as :class:`GenericAttention`.
+    """
+
+    method = "attention_flow"
