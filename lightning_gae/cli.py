@@ -269,9 +269,31 @@ def _bench(argv: Sequence[str]) -> None:
     bench_main(argv)
 
 
+_SUBCOMMANDS = {
+    "fit": "train a config's model with its callbacks (LightningCLI), e.g. --config configs/vit_digits.yaml",
+    "validate": "one evaluation epoch over the validation set (LightningCLI)",
+    "test": "one evaluation epoch over the test set (LightningCLI)",
+    "predict": "run the model on the predict set (LightningCLI)",
+    "compare": "score every attribution method on a checkpoint's first validation samples (tables and a picture)",
+    "bench": "what an explanation costs next to a training step and Captum's methods (run from a checkout)",
+}
+
+
+def _overview() -> str:
+    lines = ["usage: lightning-gae SUBCOMMAND [options]", "",
+             "Generic Attention-model Explainability for PyTorch Lightning: train while watching explanations,",
+             "compare attribution methods, measure their cost.", "", "subcommands:"]
+    lines += [f"  {name:<10} {what}" for name, what in _SUBCOMMANDS.items()]
+    lines += ["", "lightning-gae SUBCOMMAND --help lists a subcommand's options."]
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     _import_from_working_directory()
     args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_overview())
+        return
     if args and args[0] == "compare":
         compare_main(args[1:])
         return
