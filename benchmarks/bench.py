@@ -1,7 +1,7 @@
 """``lightning-gae bench``: what an explanation costs next to one training step, Captum and the reference code.
 
 This file lives in the repository, not in the wheel (like ``recipes/``, whose ViT and main job it
-measures): run ``lightning-gae bench`` or ``python -m benchmarks.bench`` from a checkout's root.
+measures): run ``lightning-gae bench`` from the root of a checkout.
 
 Methods, on the same batch of one model:
 
@@ -59,12 +59,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["MODEL_METHODS", "FIT_METHODS", "Case", "full_cases", "quick_cases", "run", "ratio_report", "main"]
+__all__ = ["MODEL_METHODS", "FIT_METHODS", "FLOW_METHODS", "Case", "full_cases", "quick_cases", "run", "ratio_report", "main"]
 
 MODEL_METHODS: tuple[str, ...] = (
     "forward_backward", "gae", "gae_matrix", "per_sample_loop", "rollout", "saliency", "integrated_gradients",
 )
 FIT_METHODS: tuple[str, ...] = ("fit_without_callback", "fit_with_callback")
+FLOW_METHODS: tuple[str, ...] = ("forward_backward", "gae", "rollout", "attention_flow")
+"""The ``flow`` cases: attention flow (one max flow per token and sample) per token count, one sample."""
 _IG_STEPS = 50
 # Rows per Captum internal batch are chosen so that one holds about as many tokens as the largest
 # ViT batch (64 x 257): IG's memory stays that of a training step while its steps stay batched.
@@ -77,8 +79,8 @@ _MAIN_CONFIG = _REPO / "configs" / "vit_digits.yaml"
 class Case:
     """One benchmarked setting.
 
-    ``name`` is ``"vit"``, ``"bert"`` or ``"main_job"``; ``size`` holds the model's width
-    (``dim``/``depth``/``heads`` for the ViT, ``hidden``/``layers``/``heads`` for BERT) and, for
+    ``name`` is ``"vit"``, ``"bert"``, ``"flow"`` (the ViT, attention flow's methods) or ``"main_job"``;
+    ``size`` holds the model's width (``dim``/``depth``/``heads`` for the ViT, ``hidden``/``layers``/``heads`` for BERT) and, for
     ``main_job``, the config path and an optional ``max_epochs`` override.
     """
 
@@ -89,7 +91,7 @@ class Case:
 
     @property
     def methods(self) -> tuple[str, ...]:
-        return FIT_METHODS if self.name == "main_job" else MODEL_METHODS
+        return {"main_job": FIT_METHODS, "flow": FLOW_METHODS}.get(self.name, MODEL_METHODS)
 
 
 _VIT = {"dim": 192, "depth": 6, "heads": 3}
@@ -101,7 +103,8 @@ def full_cases(config: str | Path = _MAIN_CONFIG) -> list[Case]:
     vit = [Case("vit", batch, tokens, dict(_VIT)) for tokens in (65, 257) for batch in (1, 16, 64)]
     # Batches sized so that the dense matrix forms (every layer's N x N maps kept) fit a 24 GiB device.
     bert = [Case("bert", batch, tokens, dict(_BERT)) for batch, tokens in ((8, 257), (2, 1025), (1, 2049))]
-    return [*vit, *bert, _main_job_case(config, None)]
+    flow = [Case("flow", 1, tokens, dict(_VIT)) for tokens in (17, 65, 257)]
+    return [*vit, *bert, *flow, _main_job_case(config, None)]
 
 
 def quick_cases(config: str | Path = _MAIN_CONFIG) -> list[Case]:
@@ -109,6 +112,7 @@ def quick_cases(config: str | Path = _MAIN_CONFIG) -> list[Case]:
     return [
         Case("vit", 2, 17, {"dim": 32, "depth": 2, "heads": 2}),
         Case("bert", 2, 33, {"hidden": 32, "layers": 2, "heads": 2}),
+        Case("flow", 1, 17, {"dim": 32, "depth": 2, "heads": 2}),
         _main_job_case(config, 3),
     ]
 
@@ -270,7 +274,7 @@ def gae_matrix_rows(model: nn.Module, inputs: Any, target: Tensor, query: int = 
 def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], object]]:
     from captum.attr import IntegratedGradients, Saliency
 
-    from lightning_gae.explain import eval_mode, explain, map_tensors
+    from lightning_gae.explain import allow_slow_attention_flow, eval_mode, explain, map_tensors
 
     model, inputs = subject.model, subject.inputs
     batch = target.shape[0]
@@ -290,6 +294,11 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
             x = subject.captum_input.detach().clone().requires_grad_()
             return Saliency(subject.captum_forward).attribute(x, target=target, additional_forward_args=extra)
 
+    def attention_flow() -> Tensor:
+        # Measured whatever its size: the size guard is for users, the benchmark is asked to time it.
+        with allow_slow_attention_flow():
+            return explain(model, inputs, target=target, method="attention_flow").tokens
+
     def integrated_gradients() -> Tensor:
         rows = batch * max(1, _IG_TOKENS // (batch * subject.tokens))
         with eval_mode(model):
@@ -303,6 +312,7 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
         "gae_matrix": lambda: gae_matrix_rows(model, inputs, target),
         "per_sample_loop": per_sample_loop,
         "rollout": lambda: explain(model, inputs, target=target, method="rollout"),
+        "attention_flow": attention_flow,
         "saliency": saliency,
         "integrated_gradients": integrated_gradients,
     }
@@ -310,7 +320,7 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
 
 def _run_model_case(case: Case, methods: Sequence[str], repeats: int, budget: float, device: torch.device) -> list[dict]:
     torch.manual_seed(0)
-    subject = (_vit if case.name == "vit" else _bert)(case, device)
+    subject = (_bert if case.name == "bert" else _vit)(case, device)
     with torch.no_grad():
         subject.model.eval()
         target = _logits(subject.model, subject.inputs).argmax(dim=1)
@@ -437,6 +447,14 @@ def ratio_report(rows: Sequence[dict]) -> str:
             lines.append(f"| {name} | {batch} | {tokens} | {floor['seconds']:.3g} s / {floor['peak_memory_mb']:.0f} MB | "
                          + " | ".join(cells) + " |")
     lines += ["", "Cells: time / peak memory, each relative to forward_backward of the same row.", ""]
+    flows = _settings(rows, "flow")
+    if flows:
+        lines += ["| attention flow, 1 sample | N | attention_flow | attention_flow / gae | attention_flow / rollout |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        for batch, tokens in flows:
+            flow, gae, rollout = (found[("flow", batch, tokens, m)]["seconds"] for m in ("attention_flow", "gae", "rollout"))
+            lines.append(f"| flow | {tokens} | {flow:.3g} s | {flow / gae:.1f}x | {flow / rollout:.1f}x |")
+        lines.append("")
 
     targets: list[tuple[str, float, str]] = []
     vit, bert = _settings(rows, "vit"), _settings(rows, "bert")
@@ -482,7 +500,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "median seconds and peak memory of each method on the same batches, and their ratios.")
     parser.add_argument("--quick", action="store_true", help="tiny models and a 3-epoch main job: a smoke test (minutes)")
     parser.add_argument("--output", help="write {'results': [{case, method, batch, tokens, seconds, peak_memory_mb}, ...]} here")
-    parser.add_argument("--cases", nargs="+", choices=("vit", "bert", "main_job"), default=["vit", "bert", "main_job"],
+    parser.add_argument("--cases", nargs="+", choices=("vit", "bert", "flow", "main_job"),
+                        default=["vit", "bert", "flow", "main_job"],
                         help="run only these case kinds")
     parser.add_argument("--repeats", type=int, help="timed repeats after the warm-up (default 3, 1 with --quick)")
     parser.add_argument("--budget", type=float, default=60.0,
