@@ -4,7 +4,7 @@ import torch
 
 from lightning_gae import bench, explain
 from lightning_gae.cli import main
-from models import TinyViT
+from tests.helpers.models import TinyViT
 
 
 def test_quick_bench_writes_every_case_and_method(tmp_path, capsys):
