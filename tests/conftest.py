@@ -7,7 +7,7 @@ for module-level code and parametrisation); this file only exposes them.
 
 import pytest
 
-from tests.helpers import events, models, processes, trainer
+from tests.helpers import events, processes, trainer
 
 
 @pytest.fixture(scope="session")
@@ -38,9 +38,3 @@ def run_python():
 def run_script(tmp_path):
     """``run_script(source, timeout=240)``: ``source`` as a script run from ``tmp_path``, which it gets as argv[1]; must succeed."""
     return lambda source, timeout=240: processes.run_script(tmp_path, source, timeout)
-
-
-@pytest.fixture(scope="session")
-def small_vit():
-    """``small_vit(**kwargs)``: the recipe ViT at the size the callback tests train (tests/helpers/models.py)."""
-    return models.small_vit

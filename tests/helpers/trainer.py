@@ -59,3 +59,9 @@ def heatmap_tag(sample: int) -> str:
 def weights(module) -> dict:
     """A detached copy of the module's state, to compare two runs bit for bit."""
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def assert_heatmaps_at_steps(acc, callback, steps) -> None:
+    """Every tracked sample's picture was logged at exactly ``steps`` (``acc``: tests.helpers.events.Events)."""
+    for sample in callback.sample_indices:
+        assert acc.image_steps(heatmap_tag(sample)) == steps
