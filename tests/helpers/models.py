@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_gae.modalities import TabularTokens
 from recipes.vit import ViTClassifier
 
 
@@ -349,3 +350,8 @@ class SumModel(nn.Module):
             x = x[:, :, rows, cols]
         total = x.flatten(1).sum(dim=1)
         return torch.stack([torch.full_like(total, self.threshold), total], dim=1)
+
+
+# SumModel's features, relevance ordered like the features, and the modality that removes them (to 0).
+FEATURES = torch.tensor([[2.0, 1.0, 0.5, 0.25]])
+TAB = TabularTokens(["a", "b", "c", "d"], prefix_tokens=0, means=[0.0, 0.0, 0.0, 0.0])
