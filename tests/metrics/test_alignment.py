@@ -29,7 +29,7 @@ def test_valid_mask_keeps_padding_from_winning():
     assert alignment_accuracy(relevance, alignment, valid=torch.tensor([[True, True, True, False]])).item() == 1.0
 
 
-def test_sequence_form_and_custom_ignore_index_match_thealignment_accuracy_oracle():
+def test_sequence_form_and_custom_ignore_index_match_the_reference():
     g = torch.Generator().manual_seed(0)
     relevance = torch.rand(6, 5, 9, generator=g)
     relevance[0, 0] = 0.0  # a tie row
