@@ -1,5 +1,6 @@
 import json
 
+import pytest
 import torch
 
 from lightning_gae import bench, explain
@@ -7,6 +8,7 @@ from lightning_gae.cli import main
 from tests.helpers.models import TinyViT
 
 
+@pytest.mark.slow  # every case runs in processes of its own: about two minutes
 def test_quick_bench_writes_every_case_and_method(tmp_path, capsys):
     output = tmp_path / "bench.json"
     main(["bench", "--quick", "--output", str(output)])

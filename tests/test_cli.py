@@ -59,6 +59,7 @@ def test_cli_imports_the_configs_modules_from_the_working_directory(tmp_path, ru
 
 
 # --- compare on the main job's checkpoint -----------------------------------------------------------------
+# Slow: the checkpoint is a fit through LightningCLI (most of the time of the fast part otherwise).
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +72,7 @@ def checkpoint(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_compare_writes_table_json_and_grid(checkpoint, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     main(["compare", "--config", str(CONFIG), "--ckpt_path", str(checkpoint), "--output", "out", "--num_samples", "16"])
@@ -96,6 +98,7 @@ def test_compare_writes_table_json_and_grid(checkpoint, tmp_path, monkeypatch, c
     assert picture.shape[0] >= 4 * 128 and picture.shape[1] >= (1 + len(DEFAULT_METHODS)) * 128
 
 
+@pytest.mark.slow
 def test_compare_takes_chosen_methods_and_metrics(checkpoint, tmp_path):
     main(["compare", "--config", str(CONFIG), "--ckpt_path", str(checkpoint), "--output", str(tmp_path),
           "--num_samples", "5", "--batch_size", "2", "--methods", "gae", "random", "--metrics", "deletion_auc"])
@@ -108,6 +111,7 @@ def test_compare_takes_chosen_methods_and_metrics(checkpoint, tmp_path):
               "--methods", "lime"])
 
 
+@pytest.mark.slow
 def test_compare_uses_the_modality_of_the_configs_callback(checkpoint, tmp_path):
     config = yaml.safe_load(CONFIG.read_text())
     (callback,) = config["trainer"]["callbacks"]
@@ -121,6 +125,7 @@ def test_compare_uses_the_modality_of_the_configs_callback(checkpoint, tmp_path)
               "--num_samples", "2", "--methods", "gae", "--metrics", "deletion_auc"])
 
 
+@pytest.mark.slow
 def test_compare_scores_the_protocol_asked_for_against_the_labels(checkpoint, tmp_path):
     runs = {}
     for protocol in ("predicted", "target"):

@@ -7,7 +7,17 @@ import torch
 from torch import nn
 
 import lightning_gae as lg
-from tests.helpers.models import TinyCoAttention, TinySeq2Seq, TinyViT, coattention_reference, seq2seq_reference, tiny_clip
+from tests.helpers.models import (
+    TinyBlock,
+    TinyCoAttention,
+    TinyCrossAttention,
+    TinySeq2Seq,
+    TinyViT,
+    coattention_reference,
+    seq2seq_reference,
+    tiny_clip,
+    vit_reference,
+)
 from tests.helpers.oracle import gae_token_sets, relative_error, rollout_token_sets, token_set_readout
 
 transformers = pytest.importorskip("transformers")
@@ -435,7 +445,7 @@ def test_query_mean_is_the_mean_of_the_real_rows():
     exp = lg.explain(model, x, query="mean", target=1)
     assert exp.query is None
     refs = [gae_token_sets([("x", "x", a, g) for a, g in zip(*ref)], {"x": 17})[("x", "x")]
-            for ref in __import__("models").vit_reference(model, x, lambda logits, b: logits[0, 1])]
+            for ref in vit_reference(model, x, lambda logits, b: logits[0, 1])]
     for b, matrix in enumerate(refs):
         want = matrix.mean(dim=0) - torch.full((17,), 1 / 17, dtype=torch.float64)
         assert relative_error(exp.tokens[b], want) < TOL
@@ -473,8 +483,6 @@ class MapPooled(nn.Module):
 
     def __init__(self, impl="sdpa"):
         super().__init__()
-        from models import TinyBlock, TinyCrossAttention
-
         self.blocks = nn.ModuleList(TinyBlock(16, 2, impl) for _ in range(2))
         self.probe = nn.Parameter(torch.randn(1, 1, 16))
         self.pool = TinyCrossAttention(16, 2, impl)
