@@ -11,7 +11,7 @@ from captum.attr import LayerGradientXActivation
 from torch import nn
 
 import lightning_gae as lg
-from lightning_gae import Streams, explain
+from lightning_gae import explain
 from lightning_gae.compare import ATTRIBUTION_METHODS, Comparison, attribute, compare, comparison_grid
 from lightning_gae.metrics import (
     PERTURBATION_METRICS,
@@ -26,6 +26,7 @@ from recipes.dual_encoder import ShapeCLIP, image_text_similarity
 from recipes.seq2seq import CopyTokens, Seq2SeqCopier, make_copy_task
 from recipes.shapes import CaptionTokens, make_shapes
 from recipes.vit import ViTClassifier
+from tests.helpers.models import shape_clip_streams
 
 CAPTUM = ("saliency", "input_x_gradient", "integrated_gradients", "gradient_shap")
 
@@ -445,11 +446,6 @@ def test_seq2seq_metrics_that_cannot_apply_are_errors(seq2seq):
         compare(model, inputs, metrics=(), methods=("gae",), modality=modality)
 
 
-def _clip_streams():
-    return Streams(self_attention={"text": ["model.text_model.*"], "image": ["model.vision_model.*"]},
-                   query_set="image", queries={"text": "last", "image": 0})
-
-
 def test_clip_at_equal_token_counts_scores_each_tower_with_its_own_truth():
     torch.manual_seed(0)
     model = ShapeCLIP(image_size=32, patch_size=8, max_length=17, hidden_size=32, intermediate_size=32, num_layers=2,
@@ -458,11 +454,11 @@ def test_clip_at_equal_token_counts_scores_each_tower_with_its_own_truth():
     inputs = {k: data[k] for k in ("input_ids", "pixel_values", "attention_mask")}
     text, image = CaptionTokens(), ImageTokens(patch_size=8)
     result = compare(model, inputs, target=image_text_similarity, methods=("gae", "rollout", "random"), metrics=(),
-                     modality={"text": text, "image": image}, streams=_clip_streams(), batch_size=4,
+                     modality={"text": text, "image": image}, streams=shape_clip_streams(), batch_size=4,
                      ground_truth={"masks": data["masks"], "rationales": data["rationales"]})
     assert sorted(result.sets) == ["image", "text"]
     for method in ("gae", "rollout"):
-        exp = explain(model, inputs, target=image_text_similarity, method=method, streams=_clip_streams())
+        exp = explain(model, inputs, target=image_text_similarity, method=method, streams=shape_clip_streams())
         assert exp.relevance["text"].shape == exp.relevance["image"].shape == (6, 17)
         for name in ("text", "image"):
             torch.testing.assert_close(result.relevance[method][name], exp.relevance[name], rtol=1e-5, atol=1e-7)
@@ -477,5 +473,5 @@ def test_clip_at_equal_token_counts_scores_each_tower_with_its_own_truth():
         for key, value in rationale.compute().items():
             assert result.methods[method][f"text/rationale_{key}"] == pytest.approx(value.item(), abs=1e-5)
     with pytest.raises(ValueError, match=r"ground_truth\['alignment'\] scores a source set per target position"):
-        compare(model, inputs, target=image_text_similarity, methods=("gae",), metrics=(), streams=_clip_streams(),
+        compare(model, inputs, target=image_text_similarity, methods=("gae",), metrics=(), streams=shape_clip_streams(),
                 modality={"text": text, "image": image}, ground_truth={"alignment": torch.zeros(6, 17, dtype=torch.long)})

@@ -38,13 +38,13 @@ def test_misconfiguration_is_an_error_in_setup(tmp_path, kwargs, message, make_t
 def test_an_unknown_metric_is_an_error_in_setup(tmp_path, make_trainer):
     trainer = make_trainer(tmp_path, [GAECallback(metrics=("faithfulness",))], max_epochs=1, limit_train_batches=4)
     with pytest.raises(ValueError, match=r"GAECallback\(metrics=\['faithfulness'\]\): choose from"):
-        trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
 
 
 def test_an_unknown_captum_baseline_is_an_error_in_setup(tmp_path, make_trainer):
     trainer = make_trainer(tmp_path, [GAECallback(captum_baselines=("lime",))], max_epochs=1, limit_train_batches=4)
     with pytest.raises(ValueError, match=r"GAECallback\(captum_baselines=\['lime'\]\): choose from"):
-        trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
 
 
 def test_no_logger_warns_with_the_fix(tmp_path, make_trainer):

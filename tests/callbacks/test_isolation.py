@@ -41,7 +41,7 @@ def test_accumulation_training_is_bitwise_unchanged_by_the_callback(tmp_path, ma
     results = []
     for callbacks in ([], [GAECallback(num_samples=2, every_n_train_steps=3, methods=("gae", "attn_gradcam"))]):
         seed_everything(3)
-        model = ViTClassifier(dim=32, depth=2, heads=2, dropout=0.1)
+        model = small_vit(dropout=0.1)
         trainer = make_trainer(tmp_path / str(len(callbacks)), callbacks, limit_train_batches=6, limit_val_batches=1,
                                accumulate_grad_batches=2, val_check_interval=3)
         trainer.fit(model, DigitsDataModule(batch_size=16))

@@ -18,13 +18,14 @@ from lightning_gae.metrics import PositivePerturbationAUC, random_attribution
 from lightning_gae.metrics.functional import relevance_segmentation
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
+from tests.helpers.models import small_vit
 
 
 def test_perturbation_aucs_are_logged_for_every_method_and_random(tmp_path, make_trainer, read_events):
     seed_everything(0)
     callback = GAECallback(num_samples=4, methods=("gae", "rollout"), metric_every_n_explanations=1)
     trainer = make_trainer(tmp_path, [callback], limit_train_batches=4)
-    trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     logged = read_events(trainer.logger.log_dir).scalar_values()
     for method in ("gae", "rollout", "random"):
         for metric in ("positive_perturbation_auc", "negative_perturbation_auc"):
@@ -56,7 +57,7 @@ def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weig
     seed_everything(0)
     callback = GAECallback(num_samples=2, metric_samples=16, metric_every_n_explanations=every)
     trainer = make_trainer(tmp_path, [callback], max_epochs=4, limit_train_batches=2)
-    trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     acc = read_events(trainer.logger.log_dir)
     pictures = acc.scalar_steps("relevance_concentration/gae")
     assert len(pictures) == 4
@@ -118,7 +119,7 @@ def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp
     trainer = make_trainer(tmp_path, [callback], limit_train_batches=4, inference_mode=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.validate(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+        trainer.validate(small_vit(), DigitsDataModule(batch_size=32))
     assert not [w for w in caught if "was skipped" in str(w.message)]
     logged = read_events(trainer.logger.log_dir).scalar_values()
     for metric in ("deletion_auc", "insertion_auc", "comprehensiveness"):
@@ -142,7 +143,7 @@ def test_perturbation_metrics_follow_the_papers_protocol_for_the_explained_class
     # metric_samples=0: the displayed samples are scored, so the test can rebuild exactly what was scored.
     callback = GAECallback(num_samples=8, target=target, metrics=("positive_perturbation_auc",),
                            random_baseline=False, metric_samples=0, **options)
-    model = ViTClassifier(dim=32, depth=2, heads=2)
+    model = small_vit()
     trainer = make_trainer(tmp_path, [callback], limit_train_batches=4)
     data = DigitsDataModule(batch_size=32)
     trainer.validate(model, data)
@@ -311,7 +312,7 @@ def test_captum_baselines_share_the_grid_and_the_metric_tags(tmp_path, make_trai
     trainer = make_trainer(tmp_path, [callback], limit_train_batches=4, inference_mode=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.validate(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+        trainer.validate(small_vit(), DigitsDataModule(batch_size=32))
     assert not [w for w in caught if "was skipped" in str(w.message)]
     acc = read_events(trainer.logger.log_dir)
     sample = callback.sample_indices[0]
@@ -321,7 +322,7 @@ def test_captum_baselines_share_the_grid_and_the_metric_tags(tmp_path, make_trai
     # One picture per sample, one panel per method, input first; gae + 2 baselines = 4 panels of equal width.
     only_gae = GAECallback(num_samples=2, sample_indices=callback.sample_indices)
     plain = make_trainer(tmp_path / "plain", [only_gae], limit_train_batches=4, inference_mode=True)
-    plain.validate(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    plain.validate(small_vit(), DigitsDataModule(batch_size=32))
     plain_acc = read_events(plain.logger.log_dir)
     tag = f"gae_heatmaps/val_{sample}"
     assert acc.Images(tag)[0].width > plain_acc.Images(tag)[0].width * 1.5
@@ -334,7 +335,7 @@ def test_faithfulness_is_scored_on_its_own_subset_in_batches_with_standard_error
     callback = GAECallback(num_samples=2, metric_samples=16, metric_max_batch=5, max_scan_batches=1,
                            metrics=("positive_perturbation_auc",), random_baseline=False)
     data = DigitsDataModule(batch_size=16)
-    model = ViTClassifier(dim=32, depth=2, heads=2)
+    model = small_vit()
     trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=2)
     trainer.fit(model, data)
     logged = read_events(trainer.logger.log_dir).scalar_values()

@@ -11,13 +11,14 @@ import pytest
 import torch
 from lightning.pytorch import seed_everything
 
-from lightning_gae import ImageTokens, Streams, TextTokens, explain
+from lightning_gae import ImageTokens, TextTokens, explain
 from lightning_gae.callbacks import GAECallback
 from lightning_gae.metrics import AlignmentAccuracy, RationaleAgreement, RelevanceSegmentation
 from lightning_gae.tensorboard import metadata
 from recipes.dual_encoder import ShapeCLIP, image_text_similarity
 from recipes.seq2seq import PAD, CopyTaskDataModule, Seq2SeqCopier
 from recipes.shapes import BOS_ID, EOS_ID, MASK_ID, PAD_ID, VOCAB, ShapesDataModule
+from tests.helpers.models import shape_clip_streams
 from tests.helpers.processes import get_json, tensorboard_server
 
 SEQ_METHODS = ("gae", "raw_attention")
@@ -171,12 +172,6 @@ def test_perturbation_metrics_on_token_sets_stop_the_run_with_the_fix(tmp_path, 
 # --- a CLIP dual encoder with as many caption tokens as image tokens ----------------------------------
 
 
-def _clip_streams():
-    # The recipe's LightningModule holds the CLIPModel as `model`; the towers are read at CLS and at the EOS.
-    return Streams(self_attention={"text": ["model.text_model.*"], "image": ["model.vision_model.*"]},
-                   query_set="image", queries={"text": "last", "image": 0})
-
-
 def _shape_text():
     return TextTokens(vocab=VOCAB, pad_id=PAD_ID, special_ids=[PAD_ID, BOS_ID, EOS_ID, MASK_ID], mask_id=MASK_ID)
 
@@ -187,7 +182,7 @@ def clip_run(tmp_path_factory, make_trainer, read_events):
     seed_everything(0)
     # 32 px images in 8 px patches: 16 patches + CLS = 17 tokens, as many as the 17 caption positions.
     callback = GAECallback(num_samples=2, methods=CLIP_METHODS, metrics=(), target=image_text_similarity,
-                           modality={"text": _shape_text(), "image": ImageTokens(patch_size=8)}, streams=_clip_streams())
+                           modality={"text": _shape_text(), "image": ImageTokens(patch_size=8)}, streams=shape_clip_streams())
     model = ShapeCLIP(image_size=32, patch_size=8, max_length=17, hidden_size=32, intermediate_size=32, num_layers=2,
                       num_heads=2, projection_dim=16)
     data = ShapesDataModule(task="contrastive", num_train=64, num_val=16, max_length=17, batch_size=16)
@@ -200,7 +195,7 @@ def clip_run(tmp_path_factory, make_trainer, read_events):
 
 def _clip_explain(model, batch, method):
     inputs = {k: batch[k] for k in ("input_ids", "pixel_values", "attention_mask")}
-    return explain(model, inputs, target=image_text_similarity, method=method, streams=_clip_streams())
+    return explain(model, inputs, target=image_text_similarity, method=method, streams=shape_clip_streams())
 
 
 def test_clip_sets_are_logged_apart_at_equal_token_counts(clip_run):
@@ -251,10 +246,10 @@ def test_sets_that_cannot_be_told_apart_stop_the_run_and_name_the_fix(tmp_path, 
     model = ShapeCLIP(image_size=32, patch_size=8, hidden_size=32, intermediate_size=32, num_layers=1, num_heads=2,
                       projection_dim=16)
     data = ShapesDataModule(task="contrastive", num_train=64, num_val=16, max_length=16, batch_size=16)
-    guessed = GAECallback(num_samples=2, metrics=(), target=image_text_similarity, streams=_clip_streams())
+    guessed = GAECallback(num_samples=2, metrics=(), target=image_text_similarity, streams=shape_clip_streams())
     with pytest.raises(ValueError, match=r"\['pixel_values'\] more than once; pass modality="):
         make_trainer(tmp_path, [guessed], name="clip", max_epochs=1, limit_val_batches=1).validate(model, data)
-    pointed = GAECallback(num_samples=2, metrics=(), target=image_text_similarity, streams=_clip_streams(),
+    pointed = GAECallback(num_samples=2, metrics=(), target=image_text_similarity, streams=shape_clip_streams(),
                           set_inputs={"text": "input_ids"})
     with pytest.raises(ValueError, match=r"cannot infer the modality of token set 'text'"):
         make_trainer(tmp_path, [pointed], name="clip", max_epochs=1, limit_val_batches=1).validate(model, data)

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from lightning_gae import Streams
 from lightning_gae.modalities import TabularTokens
 from recipes.vit import ViTClassifier
 
@@ -350,6 +351,13 @@ class SumModel(nn.Module):
             x = x[:, :, rows, cols]
         total = x.flatten(1).sum(dim=1)
         return torch.stack([torch.full_like(total, self.threshold), total], dim=1)
+
+
+def shape_clip_streams() -> Streams:
+    """The token sets of recipes/dual_encoder.py's ShapeCLIP: the LightningModule holds the CLIPModel as `model`;
+    the towers are read at CLS and at the EOS, the image set being the query set."""
+    return Streams(self_attention={"text": ["model.text_model.*"], "image": ["model.vision_model.*"]},
+                   query_set="image", queries={"text": "last", "image": 0})
 
 
 # SumModel's features, relevance ordered like the features, and the modality that removes them (to 0).

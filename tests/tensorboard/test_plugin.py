@@ -23,7 +23,7 @@ from lightning_gae.metrics import PerturbationAUC
 from lightning_gae.tensorboard import TensorBoardViews, custom_scalars_layout, scalar_tag
 from recipes.digits import DigitsDataModule
 from recipes.tensorboard_screenshots import DASHBOARD, Chromium, find_chromium
-from recipes.vit import ViTClassifier
+from tests.helpers.models import small_vit
 from tests.helpers.processes import get_json, tensorboard_server
 
 METHODS = ("gae", "rollout")
@@ -38,7 +38,7 @@ def run(tmp_path_factory, make_trainer):
     root = tmp_path_factory.mktemp("tb")
     seed_everything(0)
     callback = GAECallback(num_samples=3, methods=METHODS, metric_samples=0)  # curves of the shown samples
-    model = ViTClassifier(dim=32, depth=2, heads=2, dropout=0.1)
+    model = small_vit(dropout=0.1)
     data = DigitsDataModule(batch_size=32)
     trainer = make_trainer(root, [callback], name="runs", max_epochs=2, limit_train_batches=4, limit_val_batches=2)
     trainer.fit(model, data)
@@ -235,7 +235,7 @@ def test_token_relevance_that_does_not_fit_the_patch_grid_is_an_error():
     # 16 patch tokens + CLS of 8x8 digits with patch_size=2; patch_size=4 means a 2x2 grid, of which
     # 16 tokens are a multiple: a reshape alone would draw four maps per sample, the wrong ones.
     x = torch.rand(2, 1, 8, 8)
-    exp = explain(ViTClassifier(dim=32, depth=2, heads=2), x)
+    exp = explain(small_vit(), x)
     views = TensorBoardViews()
     with pytest.raises(ValueError, match=r"17 tokens do not fit ImageTokens\(patch_size=4, prefix_tokens=1\) on 8x8 "
                                          r"images \(1 \+ 2x2 patches\)"):
@@ -263,7 +263,7 @@ def test_multi_hot_labels_are_named_in_the_titles_and_the_dashboard(tmp_path, re
 
     torch.manual_seed(0)
     x = torch.rand(2, 1, 8, 8)
-    exp = explain(ViTClassifier(dim=32, depth=2, heads=2), x)
+    exp = explain(small_vit(), x)
     labels = torch.tensor([[0, 1, 0, 1], [0, 0, 0, 0]])
     writer = SummaryWriter(str(tmp_path))
     TensorBoardViews().write([writer], 0, modality=ImageTokens(patch_size=2), inputs=x, shown=x, sample_indices=[5, 6],
