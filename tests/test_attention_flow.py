@@ -17,8 +17,9 @@ import torch
 import lightning_gae as lg
 from lightning_gae import rules
 from lightning_gae.explain import allow_slow_attention_flow, attention_flow_seconds
-from models import TinySeq2Seq, TinyViT, hf_reference, vit_reference
-from oracle import flow_row, max_flow
+from tests.helpers.explain import padded_ids
+from tests.helpers.models import TinySeq2Seq, TinyViT, hf_reference, vit_reference
+from tests.helpers.oracle import flow_row, max_flow
 
 # The library's capacities are rounded to 2**-30; a flow moves by at most that per edge of a minimum cut.
 TOL = 1e-6
@@ -79,17 +80,10 @@ def _bert(layers=4):
     return sdpa, eager
 
 
-def _padded_ids(lengths, vocab=60, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab, (len(lengths), max(lengths)), generator=g)
-    mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
-    return ids * mask, mask
-
-
 def test_padded_text_batch_equals_the_oracle_on_each_unpadded_sample():
     model, eager = _bert()
     lengths = [7, 4, 6]
-    ids, mask = _padded_ids(lengths)
+    ids, mask = padded_ids(lengths)
     exp = lg.explain(model, {"input_ids": ids, "attention_mask": mask}, method="attention_flow")
     samples = [{"input_ids": ids[b : b + 1, :n], "attention_mask": mask[b : b + 1, :n]} for b, n in enumerate(lengths)]
     refs = [attns for attns, _ in hf_reference(eager, samples, lambda out, b: out.logits[0, 0])]
@@ -101,7 +95,7 @@ def test_padded_keys_get_no_flow_before_any_masking():
     """A padded key has zero attention, so its node sends nothing past itself: flow 0 even when solved for."""
     model, _ = _bert(layers=3)
     lengths = [7, 3]
-    ids, mask = _padded_ids(lengths)
+    ids, mask = padded_ids(lengths)
     from lightning_gae.capture import AttentionRecorder
 
     with torch.no_grad(), AttentionRecorder(model) as recorder:
@@ -122,7 +116,7 @@ def test_batched_equals_one_sample_at_a_time():
         torch.testing.assert_close(batch.tokens[b], alone.tokens[0], rtol=0, atol=TOL)
     model, _ = _bert()
     lengths = [7, 4, 6]
-    ids, mask = _padded_ids(lengths, seed=4)
+    ids, mask = padded_ids(lengths, seed=4)
     batch = lg.explain(model, {"input_ids": ids, "attention_mask": mask}, method="attention_flow", query="last")
     for b, n in enumerate(lengths):
         alone = lg.explain(model, {"input_ids": ids[b : b + 1, :n], "attention_mask": mask[b : b + 1, :n]},

@@ -12,14 +12,15 @@ from matplotlib.figure import Figure
 from torch import nn
 
 import lightning_gae as lg
-from lightning_gae.attribution import AttentionGradCAM, AttentionRollout, GenericAttention, RawAttention
+from lightning_gae.attribution import AttentionFlow, AttentionGradCAM, AttentionRollout, GenericAttention, RawAttention
 from lightning_gae.modalities import ImageTokens, TabularTokens, TextTokens
-from models import TinyViT
+from tests.helpers.models import TinySeq2Seq, TinyViT, tiny_clip
 from recipes.vit import ViTClassifier
 
 transformers = pytest.importorskip("transformers")
 
-CLASSES = {"gae": GenericAttention, "rollout": AttentionRollout, "raw_attention": RawAttention, "attn_gradcam": AttentionGradCAM}
+CLASSES = {"gae": GenericAttention, "rollout": AttentionRollout, "raw_attention": RawAttention, "attn_gradcam": AttentionGradCAM,
+           "attention_flow": AttentionFlow}
 
 
 @pytest.fixture(scope="module")
@@ -370,9 +371,7 @@ def test_inputs_must_be_tensors(vit, images):
 
 
 def test_dual_encoder_inputs_each_get_their_own_towers_relevance():
-    from test_token_sets import _clip
-
-    model = _clip()
+    model = tiny_clip()
     ids = torch.tensor([[3, 4, 49, 0, 0], [5, 6, 7, 8, 49]])
     pixels = torch.randn(2, 3, 8, 8)
 
@@ -394,8 +393,6 @@ def test_dual_encoder_inputs_each_get_their_own_towers_relevance():
 
 
 def test_seq2seq_source_and_target_inputs_of_equal_length_need_the_mapping():
-    from models import TinySeq2Seq
-
     torch.manual_seed(0)
     model = TinySeq2Seq().eval()
     src, tgt = torch.randint(0, 11, (2, 6)), torch.randint(0, 11, (2, 6))

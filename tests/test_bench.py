@@ -1,13 +1,15 @@
 import json
 
+import pytest
 import torch
 
 from benchmarks import bench
 from lightning_gae import explain
 from lightning_gae.cli import main
-from models import TinyViT
+from tests.helpers.models import TinyViT
 
 
+@pytest.mark.slow  # every case runs in processes of its own: about two minutes
 def test_quick_bench_writes_every_case_and_method(tmp_path, capsys):
     output = tmp_path / "bench.json"
     main(["bench", "--quick", "--output", str(output)])

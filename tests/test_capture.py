@@ -8,7 +8,7 @@ from lightning_gae.capture import (
     explicit_multi_head_attention_forward,
     explicit_scaled_dot_product_attention,
 )
-from models import TinyViT
+from tests.helpers.models import TinyViT
 
 
 def _nothing_installed() -> bool:

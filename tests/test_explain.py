@@ -7,32 +7,10 @@ import torch
 from torch import nn
 
 import lightning_gae as lg
-from models import EncoderClassifier, TinyViT, encoder_reference, hf_reference, vit_reference
-from oracle import reference_row, relative_error
+from tests.helpers.explain import METHODS, assert_matches_reference, logit_score, padded_ids
+from tests.helpers.models import EncoderClassifier, TinySeq2Seq, TinyViT, encoder_reference, hf_reference, vit_reference
 
 transformers = pytest.importorskip("transformers")
-
-TOL = 1e-4
-METHODS = lg.METHODS
-
-
-def assert_matches_reference(exp, refs, method, lengths=None):
-    """Each sample's row equals the oracle's on its real tokens and is 0 on padding."""
-    largest = 0.0
-    for b, (attns, grads) in enumerate(refs):
-        expected = reference_row(method, attns, grads, int(exp.query[b]))
-        n = expected.shape[0] if lengths is None else lengths[b]
-        assert expected.shape[0] == n
-        largest = max(largest, expected.abs().max().item())
-        err = relative_error(exp.tokens[b, :n], expected) if expected.abs().max() > 0 else exp.tokens[b].abs().max().item()
-        assert err < TOL, f"sample {b}: relative error {err:.2e}"
-        assert torch.all(exp.tokens[b, n:] == 0)
-    assert largest > 0, "references of all zeros would prove nothing"
-    assert exp.tokens.dtype == torch.float32
-
-
-def logit_score(exp):
-    return lambda logits, b: logits[0, int(exp.target[b])]
 
 
 # --- a ViT whose attention is fused SDPA ------------------------------------------------------
@@ -54,8 +32,6 @@ def test_vit_with_sdpa(method):
 @pytest.mark.parametrize("case", ["vit", "bert_padded", "seq2seq"])
 def test_explain_methods_shares_one_forward_and_equals_explain_per_method(case):
     """Every method from one recorded forward equals its own explain() call (and the oracle through it)."""
-    from models import TinySeq2Seq
-
     from lightning_gae.explain import explain_methods
 
     torch.manual_seed(2)
@@ -64,7 +40,7 @@ def test_explain_methods_shares_one_forward_and_equals_explain_per_method(case):
         model, inputs = TinyViT().eval(), torch.rand(4, 1, 8, 8)
     elif case == "bert_padded":
         model, _ = _bert("sdpa")
-        ids, mask = _padded_ids([7, 4, 6])
+        ids, mask = padded_ids([7, 4, 6])
         inputs = {"input_ids": ids, "attention_mask": mask}
     else:
         model, inputs, query = TinySeq2Seq().eval(), (torch.randint(0, 11, (3, 6)), torch.randint(0, 11, (3, 6))), 4
@@ -121,19 +97,12 @@ def _bert(impl):
     return sdpa, eager
 
 
-def _padded_ids(lengths, vocab=60, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab, (len(lengths), max(lengths)), generator=g)
-    mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
-    return ids * mask, mask
-
-
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 @pytest.mark.parametrize("method", METHODS)
 def test_hf_bert_with_padding(impl, method):
     model, eager = _bert(impl)
     lengths = [7, 4, 6]
-    ids, mask = _padded_ids(lengths)
+    ids, mask = padded_ids(lengths)
     exp = lg.explain(model, {"input_ids": ids, "attention_mask": mask}, method=method)
     assert exp.layers[-1] == "bert.encoder.layer.2.attention.self"
     samples = [{"input_ids": ids[b : b + 1, :n], "attention_mask": mask[b : b + 1, :n]} for b, n in enumerate(lengths)]
@@ -143,7 +112,7 @@ def test_hf_bert_with_padding(impl, method):
 
 def test_hf_bert_frozen_gives_the_same_explanation():
     model, _ = _bert("sdpa")
-    ids, mask = _padded_ids([6, 5])
+    ids, mask = padded_ids([6, 5])
     inputs = {"input_ids": ids, "attention_mask": mask}
     expected = lg.explain(model, inputs).tokens
     model.requires_grad_(False)
@@ -186,7 +155,7 @@ def test_gpt2_last_token(impl, method):
     eager = GPT2LMHeadModel._from_config(config, attn_implementation="eager").eval()
     eager.load_state_dict(model.state_dict())
     lengths = [6, 4, 5]
-    ids, mask = _padded_ids(lengths, vocab=50, seed=1)
+    ids, mask = padded_ids(lengths, vocab=50, seed=1)
     exp = lg.explain(model, {"input_ids": ids, "attention_mask": mask}, query="last", method=method)
     assert exp.query.tolist() == [5, 3, 4]
     # The explained class is the next token predicted at the last real position.

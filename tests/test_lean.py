@@ -7,7 +7,8 @@ import lightning_gae as lg
 from lightning_gae import lean, rules
 from lightning_gae.capture import AttentionRecorder, explicit_scaled_dot_product_attention
 from lightning_gae.lean import LeanCall, LeanState, lean_attention
-from models import TinySeq2Seq, TinyViT
+from tests.helpers.models import TinySeq2Seq, TinyViT
+from tests.helpers.private import _explain
 
 CASES = {
     "plain": {},
@@ -97,8 +98,6 @@ def test_explain_takes_the_lean_path_for_sdpa_models_and_keeps_nothing_quadratic
 
 @pytest.mark.parametrize("model_and_inputs", ["vit", "seq2seq"])
 def test_lean_and_recorded_paths_agree(model_and_inputs):
-    from lightning_gae.explain import _explain
-
     torch.manual_seed(1)
     if model_and_inputs == "vit":
         model, inputs, query = TinyViT().eval(), torch.rand(3, 1, 8, 8), 0

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import lightning_gae as lg
-from models import TinyViT
+from tests.helpers.models import TinyViT
 
 
 def test_nan_pixels_are_refused_with_their_count_and_input():

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from lightning_gae import rules
-from oracle import gae_matrix, gradcam_matrix, head_average, raw_attention_matrix, relative_error, rollout_matrix
+from tests.helpers.oracle import gae_matrix, gradcam_matrix, head_average, raw_attention_matrix, relative_error, rollout_matrix
 
 
 def _layers(batch=3, heads=4, n=9, depth=4, seed=0):

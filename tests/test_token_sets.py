@@ -7,8 +7,18 @@ import torch
 from torch import nn
 
 import lightning_gae as lg
-from models import TinyCoAttention, TinySeq2Seq, TinyViT, coattention_reference, seq2seq_reference
-from oracle import gae_token_sets, relative_error, rollout_token_sets, token_set_readout
+from tests.helpers.models import (
+    TinyBlock,
+    TinyCoAttention,
+    TinyCrossAttention,
+    TinySeq2Seq,
+    TinyViT,
+    coattention_reference,
+    seq2seq_reference,
+    tiny_clip,
+    vit_reference,
+)
+from tests.helpers.oracle import gae_token_sets, relative_error, rollout_token_sets, token_set_readout
 
 transformers = pytest.importorskip("transformers")
 
@@ -317,22 +327,13 @@ def test_bart_sequence_classification_reads_the_decoder_at_the_last_eos():
 # --- Hugging Face CLIP: two towers with equal token counts -----------------------------------------
 
 
-def _clip():
-    text = transformers.CLIPTextConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                       num_attention_heads=2, max_position_embeddings=16, eos_token_id=49)
-    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                           num_attention_heads=2, image_size=8, patch_size=4)
-    torch.manual_seed(10)
-    return transformers.CLIPModel(transformers.CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=8)).eval()
-
-
 def clip_similarity(out):
     return out.logits_per_image.diagonal()
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_clip_with_equal_token_counts_keeps_towers_apart(impl):
-    model = _clip()
+    model = tiny_clip()
     model.set_attn_implementation(impl)
     # 4 patches + CLS = 5 image tokens, and 5 text tokens: equal counts, the case that used to chain.
     ids = torch.tensor([[3, 4, 49, 0, 0], [5, 6, 7, 8, 49]])
@@ -377,7 +378,7 @@ class Holder(nn.Module):
 
 
 def test_presets_apply_to_a_known_family_held_inside_another_module():
-    clip = _clip()
+    clip = tiny_clip()
     ids = torch.tensor([[3, 4, 49, 0, 0], [5, 6, 7, 8, 49]])
     kwargs = {"input_ids": ids, "attention_mask": (ids != 0).long(), "pixel_values": torch.randn(2, 3, 8, 8)}
     alone = lg.explain(clip, kwargs, target=clip_similarity)
@@ -444,7 +445,7 @@ def test_query_mean_is_the_mean_of_the_real_rows():
     exp = lg.explain(model, x, query="mean", target=1)
     assert exp.query is None
     refs = [gae_token_sets([("x", "x", a, g) for a, g in zip(*ref)], {"x": 17})[("x", "x")]
-            for ref in __import__("models").vit_reference(model, x, lambda logits, b: logits[0, 1])]
+            for ref in vit_reference(model, x, lambda logits, b: logits[0, 1])]
     for b, matrix in enumerate(refs):
         want = matrix.mean(dim=0) - torch.full((17,), 1 / 17, dtype=torch.float64)
         assert relative_error(exp.tokens[b], want) < TOL
@@ -482,8 +483,6 @@ class MapPooled(nn.Module):
 
     def __init__(self, impl="sdpa"):
         super().__init__()
-        from models import TinyBlock, TinyCrossAttention
-
         self.blocks = nn.ModuleList(TinyBlock(16, 2, impl) for _ in range(2))
         self.probe = nn.Parameter(torch.randn(1, 1, 16))
         self.pool = TinyCrossAttention(16, 2, impl)
@@ -534,7 +533,7 @@ def _batch_cases():
 
     def clip():
         ids = torch.tensor([[3, 4, 49, 0, 0], [5, 6, 7, 8, 49], [9, 49, 0, 0, 0]])
-        return _clip(), {"input_ids": ids, "attention_mask": (ids != 0).long(),
+        return tiny_clip(), {"input_ids": ids, "attention_mask": (ids != 0).long(),
                          "pixel_values": torch.randn(3, 3, 8, 8)}, None, clip_similarity
 
     def torch_transformer():

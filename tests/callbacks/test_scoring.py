@@ -1,4 +1,5 @@
-"""GAECallback scores its explanations with the faithfulness metrics and logs them to TensorBoard."""
+"""GAECallback scores its explanations: the faithfulness subset (its schedule, batches, standard errors, eval mode),
+the papers' protocols, ground truth in the batch (masks, rationales) and Captum baselines beside GAE."""
 
 import math
 import warnings
@@ -7,9 +8,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.loggers import TensorBoardLogger
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from lightning.pytorch import seed_everything
 from tensorboard.util import tensor_util
 from torch.utils.data import DataLoader, Dataset
 
@@ -19,39 +18,21 @@ from lightning_gae.metrics import PositivePerturbationAUC, random_attribution
 from lightning_gae.metrics.functional import relevance_segmentation
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
+from tests.helpers.models import small_vit
 
 
-def make_trainer(root, callbacks, max_epochs=2, limit_train_batches=4, **kwargs):
-    return Trainer(default_root_dir=root, max_epochs=max_epochs, limit_train_batches=limit_train_batches,
-                   limit_val_batches=2, logger=TensorBoardLogger(root, name="tb"), callbacks=callbacks,
-                   enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                   accelerator="cpu", **kwargs)
-
-
-def scalars(trainer):
-    acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"scalars": 0})
-    acc.Reload()
-    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-
-
-def test_perturbation_aucs_are_logged_for_every_method_and_random(tmp_path):
+def test_perturbation_aucs_are_logged_for_every_method_and_random(tmp_path, make_trainer, read_events):
     seed_everything(0)
     callback = GAECallback(num_samples=4, methods=("gae", "rollout"), metric_every_n_explanations=1)
-    trainer = make_trainer(tmp_path, [callback])
-    trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
-    logged = scalars(trainer)
+    trainer = make_trainer(tmp_path, [callback], limit_train_batches=4)
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    logged = read_events(trainer.logger.log_dir).scalar_values()
     for method in ("gae", "rollout", "random"):
         for metric in ("positive_perturbation_auc", "negative_perturbation_auc"):
             values = logged[f"{metric}/{method}"]
             assert len(values) == 2, (method, metric)
             assert all(0.0 <= v <= 90.0 for v in values)
     assert not [tag for tag in logged if "heatmap" in tag]
-
-
-def scalar_steps(trainer, tag):
-    acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"scalars": 0, "tensors": 0, "images": 0})
-    acc.Reload()
-    return acc, [e.step for e in acc.Scalars(tag)]
 
 
 class ModeRecordingViT(ViTClassifier):
@@ -69,14 +50,16 @@ class ModeRecordingViT(ViTClassifier):
 
 @pytest.mark.parametrize("every,scored", [(None, [3]), (1, [0, 1, 2, 3]), (2, [0, 2, 3])],
                          ids=["default: when fit ends", "every step", "every second step and the end"])
-def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weights(tmp_path, every, scored):
+def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weights(tmp_path, every, scored, make_trainer,
+                                                                                    read_events):
     # Explanation steps at the end of epochs 0-3. The subset is scored at the first explanation step and every
     # n-th after it; the final weights (those of the last explanation step here) are always scored, once.
     seed_everything(0)
     callback = GAECallback(num_samples=2, metric_samples=16, metric_every_n_explanations=every)
     trainer = make_trainer(tmp_path, [callback], max_epochs=4, limit_train_batches=2)
-    trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
-    acc, pictures = scalar_steps(trainer, "relevance_concentration/gae")
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    acc = read_events(trainer.logger.log_dir)
+    pictures = acc.scalar_steps("relevance_concentration/gae")
     assert len(pictures) == 4
     for tag in ("positive_perturbation_auc/gae", "negative_perturbation_auc/random",
                 "positive_perturbation_auc/gae/stderr"):
@@ -99,7 +82,8 @@ def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weig
             assert error == pytest.approx(acc.Scalars(f"{metric}/{method}/stderr")[-1].value, rel=0.06)  # 2 digits
 
 
-def test_fit_that_ends_between_explanation_steps_scores_the_final_weights_in_eval_mode(tmp_path):
+def test_fit_that_ends_between_explanation_steps_scores_the_final_weights_in_eval_mode(tmp_path, make_trainer,
+                                                                                      read_events):
     # every_n_epochs=2 over 3 epochs: one explanation step (epoch 1). The last epoch's weights are scored when
     # fit ends, at the step Lightning logs then, with dropout off like every other forward of the callback.
     seed_everything(0)
@@ -107,14 +91,15 @@ def test_fit_that_ends_between_explanation_steps_scores_the_final_weights_in_eva
     trainer = make_trainer(tmp_path, [callback], max_epochs=3, limit_train_batches=2)
     model = ModeRecordingViT()
     trainer.fit(model, DigitsDataModule(batch_size=32))
-    acc, pictures = scalar_steps(trainer, "relevance_concentration/gae")
+    acc = read_events(trainer.logger.log_dir)
+    pictures = acc.scalar_steps("relevance_concentration/gae")
     final = trainer.fit_loop.epoch_loop._batches_that_stepped
     assert len(pictures) == 1 and pictures[0] < final
     assert [e.step for e in acc.Scalars("positive_perturbation_auc/gae")] == [final]
     assert model.inference_modes and not any(model.inference_modes)
 
 
-def test_explanations_between_training_steps_score_in_eval_mode(tmp_path):
+def test_explanations_between_training_steps_score_in_eval_mode(tmp_path, make_trainer, read_events):
     # on_train_batch_end sees the module in training mode: the metrics' forwards must not run with dropout.
     seed_everything(0)
     callback = GAECallback(num_samples=2, metric_samples=16, every_n_epochs=None, every_n_train_steps=3,
@@ -122,20 +107,21 @@ def test_explanations_between_training_steps_score_in_eval_mode(tmp_path):
     trainer = make_trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=4)
     model = ModeRecordingViT()
     trainer.fit(model, DigitsDataModule(batch_size=32))
-    acc, scored = scalar_steps(trainer, "positive_perturbation_auc/gae")
+    acc = read_events(trainer.logger.log_dir)
+    scored = acc.scalar_steps("positive_perturbation_auc/gae")
     # Optimizer steps 3 and 6, and the final weights of step 8 (fit ended between explanation steps).
     assert len(scored) == 3 and scored[-1] == trainer.fit_loop.epoch_loop._batches_that_stepped
     assert model.inference_modes and not any(model.inference_modes)
 
 
-def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp_path):
+def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp_path, make_trainer, read_events):
     callback = GAECallback(num_samples=3, metrics=("deletion_auc", "insertion_auc", "comprehensiveness"))
-    trainer = make_trainer(tmp_path, [callback], inference_mode=True)
+    trainer = make_trainer(tmp_path, [callback], limit_train_batches=4, inference_mode=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.validate(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+        trainer.validate(small_vit(), DigitsDataModule(batch_size=32))
     assert not [w for w in caught if "was skipped" in str(w.message)]
-    logged = scalars(trainer)
+    logged = read_events(trainer.logger.log_dir).scalar_values()
     for metric in ("deletion_auc", "insertion_auc", "comprehensiveness"):
         assert math.isfinite(logged[f"{metric}/gae"][0]) and f"{metric}/random" in logged
     assert "positive_perturbation_auc/gae" not in logged
@@ -147,7 +133,8 @@ def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp
     [("pred", True, "predicted"), ("pred", False, "target"), ("label", True, "target")],
     ids=["prediction checked against labels", "prediction without labels", "label"],
 )
-def test_perturbation_metrics_follow_the_papers_protocol_for_the_explained_class(tmp_path, target, with_labels, protocol):
+def test_perturbation_metrics_follow_the_papers_protocol_for_the_explained_class(tmp_path, target, with_labels, protocol,
+                                                                                make_trainer, read_events):
     # Chefer et al. (CVPR 2021, Table 1): explaining the prediction, a perturbed input counts as correct
     # while the model still predicts the label ("predicted": the 0% step is the accuracy); explaining
     # the label (or the prediction, when there are no labels) it counts while the model predicts that class.
@@ -156,8 +143,8 @@ def test_perturbation_metrics_follow_the_papers_protocol_for_the_explained_class
     # metric_samples=0: the displayed samples are scored, so the test can rebuild exactly what was scored.
     callback = GAECallback(num_samples=8, target=target, metrics=("positive_perturbation_auc",),
                            random_baseline=False, metric_samples=0, **options)
-    model = ViTClassifier(dim=32, depth=2, heads=2)
-    trainer = make_trainer(tmp_path, [callback])
+    model = small_vit()
+    trainer = make_trainer(tmp_path, [callback], limit_train_batches=4)
     data = DigitsDataModule(batch_size=32)
     trainer.validate(model, data)
     x, labels = data.val_set[callback.sample_indices]
@@ -165,7 +152,7 @@ def test_perturbation_metrics_follow_the_papers_protocol_for_the_explained_class
     modality = ImageTokens(patch_size=2)
     metric = PositivePerturbationAUC(model, modality, protocol=protocol)
     metric.update(x, exp.tokens, labels if with_labels else None)
-    logged = scalars(trainer)["positive_perturbation_auc/gae"]
+    logged = read_events(trainer.logger.log_dir).scalar_values()["positive_perturbation_auc/gae"]
     assert logged == [pytest.approx(metric.compute().item(), abs=1e-4)]
     if protocol == "predicted":
         # The untrained model mispredicts some samples, so scoring its prediction as the class differs.
@@ -173,12 +160,6 @@ def test_perturbation_metrics_follow_the_papers_protocol_for_the_explained_class
         as_target = PositivePerturbationAUC(model, modality, protocol="target")
         as_target.update(x, exp.tokens, exp.target)
         assert logged[0] != pytest.approx(as_target.compute().item(), abs=1e-3)
-
-
-def test_an_unknown_metric_is_an_error_in_setup(tmp_path):
-    trainer = make_trainer(tmp_path, [GAECallback(metrics=("faithfulness",))], max_epochs=1)
-    with pytest.raises(ValueError, match=r"GAECallback\(metrics=\['faithfulness'\]\): choose from"):
-        trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
 
 
 # --- ground truth in the batch: segmentation masks ------------------------------------------------
@@ -226,13 +207,13 @@ class SquaresViT(ViTClassifier):
         return DataLoader(Squares(64, 1), batch_size=32)
 
 
-def test_segmentation_is_scored_when_the_batch_has_masks(tmp_path):
+def test_segmentation_is_scored_when_the_batch_has_masks(tmp_path, make_trainer, read_events):
     seed_everything(0)
     callback = GAECallback(num_samples=8, methods=("gae",), metrics=(), metric_samples=0)
     trainer = make_trainer(tmp_path, [callback], max_epochs=3, limit_train_batches=16)
     model = SquaresViT(num_classes=4, dim=32, depth=2, heads=2, dropout=0.0, lr=3e-3)
     trainer.fit(model)
-    logged = scalars(trainer)
+    logged = read_events(trainer.logger.log_dir).scalar_values()
     for method in ("gae", "random"):
         for key in ("pixel_accuracy", "miou", "mean_ap"):
             values = logged[f"segmentation_{key}/{method}"]
@@ -312,59 +293,52 @@ class TextClassifier(pl.LightningModule):
         return DataLoader(Marked(64, 1), batch_size=32)
 
 
-def test_rationale_agreement_is_scored_when_the_batch_has_rationales(tmp_path):
+def test_rationale_agreement_is_scored_when_the_batch_has_rationales(tmp_path, make_trainer, read_events):
     pytest.importorskip("transformers")
     seed_everything(0)
     modality = TextTokens(vocab=[f"w{i}" for i in range(30)], special_ids=[1, 2], pad_id=0, mask_id=3)
     callback = GAECallback(num_samples=8, modality=modality, metrics=("positive_perturbation_auc",))
     trainer = make_trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=8)
     trainer.fit(TextClassifier())
-    logged = scalars(trainer)
+    logged = read_events(trainer.logger.log_dir).scalar_values()
     for method in ("gae", "random"):
         assert all(0.0 <= v <= 1.0 for v in logged[f"rationale_token_f1/{method}"])
         assert all(0.0 <= v <= 1.0 for v in logged[f"rationale_auprc/{method}"])
         assert 0.0 <= logged[f"positive_perturbation_auc/{method}"][-1] <= 90.0
 
 
-def test_captum_baselines_share_the_grid_and_the_metric_tags(tmp_path):
+def test_captum_baselines_share_the_grid_and_the_metric_tags(tmp_path, make_trainer, read_events):
     callback = GAECallback(num_samples=2, captum_baselines=("saliency", "integrated_gradients"))
-    trainer = make_trainer(tmp_path, [callback], inference_mode=True)
+    trainer = make_trainer(tmp_path, [callback], limit_train_batches=4, inference_mode=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.validate(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+        trainer.validate(small_vit(), DigitsDataModule(batch_size=32))
     assert not [w for w in caught if "was skipped" in str(w.message)]
-    acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"images": 0, "scalars": 0})
-    acc.Reload()
+    acc = read_events(trainer.logger.log_dir)
     sample = callback.sample_indices[0]
     assert f"gae_heatmaps/val_{sample}" in acc.Tags()["images"]
     for method in ("saliency", "integrated_gradients"):
         assert f"positive_perturbation_auc/{method}" in acc.Tags()["scalars"]
     # One picture per sample, one panel per method, input first; gae + 2 baselines = 4 panels of equal width.
     only_gae = GAECallback(num_samples=2, sample_indices=callback.sample_indices)
-    plain = make_trainer(tmp_path / "plain", [only_gae], inference_mode=True)
-    plain.validate(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
-    plain_acc = EventAccumulator(plain.logger.log_dir, size_guidance={"images": 0})
-    plain_acc.Reload()
+    plain = make_trainer(tmp_path / "plain", [only_gae], limit_train_batches=4, inference_mode=True)
+    plain.validate(small_vit(), DigitsDataModule(batch_size=32))
+    plain_acc = read_events(plain.logger.log_dir)
     tag = f"gae_heatmaps/val_{sample}"
     assert acc.Images(tag)[0].width > plain_acc.Images(tag)[0].width * 1.5
 
 
-def test_an_unknown_captum_baseline_is_an_error_in_setup(tmp_path):
-    trainer = make_trainer(tmp_path, [GAECallback(captum_baselines=("lime",))], max_epochs=1)
-    with pytest.raises(ValueError, match=r"GAECallback\(captum_baselines=\['lime'\]\): choose from"):
-        trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
-
-
-def test_faithfulness_is_scored_on_its_own_subset_in_batches_with_standard_errors(tmp_path):
+def test_faithfulness_is_scored_on_its_own_subset_in_batches_with_standard_errors(tmp_path, make_trainer,
+                                                                                 read_events):
     # 16 samples read and all 16 scored, in batches of 5 (uneven), separately from the 2 shown.
     seed_everything(0)
     callback = GAECallback(num_samples=2, metric_samples=16, metric_max_batch=5, max_scan_batches=1,
                            metrics=("positive_perturbation_auc",), random_baseline=False)
     data = DigitsDataModule(batch_size=16)
-    model = ViTClassifier(dim=32, depth=2, heads=2)
+    model = small_vit()
     trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=2)
     trainer.fit(model, data)
-    logged = scalars(trainer)
+    logged = read_events(trainer.logger.log_dir).scalar_values()
     value, stderr = logged["positive_perturbation_auc/gae"][-1], logged["positive_perturbation_auc/gae/stderr"][-1]
 
     from lightning_gae.compare import infer_modality

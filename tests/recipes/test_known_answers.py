@@ -1,7 +1,6 @@
 """Recipes whose right answer is known: the generated ground truth is what it claims, the models are explained."""
 
 import json
-from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -26,6 +25,7 @@ from recipes.text_rationales import (
     make_reviews,
 )
 from recipes.vit_shapes import HFViTClassifier, ShapeClassesDataModule, ShapesViTClassifier
+from tests.helpers.processes import ROOT
 
 
 def test_reviews_are_decided_by_their_planted_words_alone():
@@ -151,7 +151,7 @@ def test_shape_models_are_explained_on_the_patch_grid(model_class):
 
 
 def test_compare_on_a_recipe_checkpoint_scores_the_known_answer(tmp_path, monkeypatch):
-    config = Path(__file__).resolve().parent.parent / "configs" / "text_rationales.yaml"
+    config = ROOT / "configs" / "text_rationales.yaml"
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", str(config), "--trainer.max_steps=2", "--trainer.limit_val_batches=1",
           "--data.init_args.num_train=128", "--data.init_args.num_val=64"])

@@ -13,11 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch import seed_everything
 from matplotlib import image as mpimg
-from tensorboard.backend.event_processing import plugin_event_accumulator
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 from lightning_gae import ImageTokens, explain, visualize
@@ -25,14 +22,15 @@ from lightning_gae.callbacks import GAECallback
 from lightning_gae.metrics import PerturbationAUC
 from lightning_gae.tensorboard import TensorBoardViews, custom_scalars_layout, scalar_tag
 from recipes.digits import DigitsDataModule
-from recipes.tensorboard_screenshots import DASHBOARD, Chromium, find_chromium, get_json, tensorboard_server
-from recipes.vit import ViTClassifier
+from recipes.tensorboard_screenshots import DASHBOARD, Chromium, find_chromium
+from tests.helpers.models import small_vit
+from tests.helpers.processes import get_json, tensorboard_server
 
 METHODS = ("gae", "rollout")
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, make_trainer):
     """A short real fit with GAECallback: 2 epochs of 4 steps, explained after each.
 
     Logged at Lightning's steps 3 and 7, where the epoch-end validation's own ``self.log`` lands.
@@ -40,11 +38,9 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tb")
     seed_everything(0)
     callback = GAECallback(num_samples=3, methods=METHODS, metric_samples=0)  # curves of the shown samples
-    model = ViTClassifier(dim=32, depth=2, heads=2, dropout=0.1)
+    model = small_vit(dropout=0.1)
     data = DigitsDataModule(batch_size=32)
-    trainer = Trainer(default_root_dir=root, max_epochs=2, limit_train_batches=4, limit_val_batches=2,
-                      logger=TensorBoardLogger(root, name="runs"), callbacks=[callback], enable_progress_bar=False,
-                      enable_model_summary=False, enable_checkpointing=False, accelerator="cpu")
+    trainer = make_trainer(root, [callback], name="runs", max_epochs=2, limit_train_batches=4, limit_val_batches=2)
     trainer.fit(model, data)
     x, y = data.val_set.tensors
     index = torch.tensor(callback.sample_indices)
@@ -65,6 +61,7 @@ def test_the_plugin_is_registered_through_tensorboards_entry_point():
     )
 
 
+@pytest.mark.slow
 def test_a_real_tensorboard_serves_the_relevance_explain_gives(run, served):
     model, x, callback = run["model"], run["x"], run["callback"]
     name, base = run["logdir"].name, served
@@ -122,6 +119,7 @@ def test_a_real_tensorboard_serves_the_relevance_explain_gives(run, served):
     assert missing.value.code == 404 and "no GAE dashboard data at step 5" in missing.value.read().decode()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
 def test_chromium_shows_the_gae_tab_and_the_step_slider_replays_training(run, served):
     heatmap = f"{DASHBOARD}.querySelector('canvas.gae-heatmap[data-method=gae]')"
@@ -159,12 +157,6 @@ def test_chromium_shows_the_gae_tab_and_the_step_slider_replays_training(run, se
 # --- the standard tabs, read back from the event file -----------------------------------------------------
 
 
-def _events(logdir):
-    acc = EventAccumulator(str(logdir), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
-    acc.Reload()
-    return acc
-
-
 def _png(event):
     return (mpimg.imread(io.BytesIO(event.encoded_image_string), format="png")[..., :3] * 255 + 0.5).astype(np.uint8)
 
@@ -191,8 +183,8 @@ def _ink_bands(rows_with_ink):
     return bands
 
 
-def test_each_tracked_sample_is_one_picture_of_every_method_at_a_readable_size(run):
-    acc = _events(run["logdir"])
+def test_each_tracked_sample_is_one_picture_of_every_method_at_a_readable_size(run, read_events):
+    acc = read_events(run["logdir"])
     callback = run["callback"]
     line_h = visualize.text_line("Xg").shape[0]
     for sample, image in zip(callback.sample_indices, run["x"]):
@@ -215,8 +207,8 @@ def test_each_tracked_sample_is_one_picture_of_every_method_at_a_readable_size(r
     assert not np.array_equal(strips[0], strips[1])
 
 
-def test_scalars_are_grouped_by_metric_and_charted_together(run):
-    acc = _events(run["logdir"])
+def test_scalars_are_grouped_by_metric_and_charted_together(run, read_events):
+    acc = read_events(run["logdir"])
     scalars = acc.Tags()["scalars"]
     for metric in ("positive_perturbation_auc", "negative_perturbation_auc"):
         assert {scalar_tag(metric, m) for m in (*METHODS, "random")} <= set(scalars)
@@ -231,9 +223,8 @@ def test_scalars_are_grouped_by_metric_and_charted_together(run):
                                                                      for m in (*METHODS, "random"))
 
 
-def test_the_dashboard_tensors_name_the_plugin(run):
-    acc = plugin_event_accumulator.EventAccumulator(str(run["logdir"]), size_guidance={"tensors": 0})
-    acc.Reload()
+def test_the_dashboard_tensors_name_the_plugin(run, read_plugin_events):
+    acc = read_plugin_events(run["logdir"])
     ours = [t for t in acc.Tags()["tensors"] if t.startswith("gae_dashboard/")]
     assert ours and all(acc.SummaryMetadata(t).plugin_data.plugin_name == "gae" for t in ours)
     described = [json.loads(acc.SummaryMetadata(t).plugin_data.content) for t in ours]
@@ -244,7 +235,7 @@ def test_token_relevance_that_does_not_fit_the_patch_grid_is_an_error():
     # 16 patch tokens + CLS of 8x8 digits with patch_size=2; patch_size=4 means a 2x2 grid, of which
     # 16 tokens are a multiple: a reshape alone would draw four maps per sample, the wrong ones.
     x = torch.rand(2, 1, 8, 8)
-    exp = explain(ViTClassifier(dim=32, depth=2, heads=2), x)
+    exp = explain(small_vit(), x)
     views = TensorBoardViews()
     with pytest.raises(ValueError, match=r"17 tokens do not fit ImageTokens\(patch_size=4, prefix_tokens=1\) on 8x8 "
                                          r"images \(1 \+ 2x2 patches\)"):
@@ -252,15 +243,13 @@ def test_token_relevance_that_does_not_fit_the_patch_grid_is_an_error():
                     explanations={"gae": exp})
 
 
-def test_a_second_trainer_logging_elsewhere_gets_the_inputs_and_the_layout(run, tmp_path):
+def test_a_second_trainer_logging_elsewhere_gets_the_inputs_and_the_layout(run, tmp_path, make_trainer,
+                                                                           read_plugin_events):
     # The same callback, then trainer.validate() on a new Trainer with its own log dir: its run must
     # hold the input tensors the GAE tab draws under, and the Custom Scalars layout, too.
-    trainer = Trainer(default_root_dir=tmp_path, logger=TensorBoardLogger(tmp_path, name="again"),
-                      callbacks=[run["callback"]], limit_val_batches=2, enable_progress_bar=False,
-                      enable_model_summary=False, accelerator="cpu")
+    trainer = make_trainer(tmp_path, [run["callback"]], name="again", limit_val_batches=2)
     trainer.validate(run["model"], DigitsDataModule(batch_size=32))
-    acc = plugin_event_accumulator.EventAccumulator(trainer.logger.log_dir, size_guidance={"tensors": 0})
-    acc.Reload()
+    acc = read_plugin_events(trainer.logger.log_dir)
     kinds = {json.loads(acc.SummaryMetadata(t).plugin_data.content)["kind"] for t in acc.Tags()["tensors"]
              if t.startswith("gae_dashboard/")}
     assert {"input", "relevance"} <= kinds
@@ -269,19 +258,18 @@ def test_a_second_trainer_logging_elsewhere_gets_the_inputs_and_the_layout(run, 
     assert "custom_scalars__config__" in acc.Tags()["tensors"]
 
 
-def test_multi_hot_labels_are_named_in_the_titles_and_the_dashboard(tmp_path):
+def test_multi_hot_labels_are_named_in_the_titles_and_the_dashboard(tmp_path, read_plugin_events):
     from torch.utils.tensorboard import SummaryWriter
 
     torch.manual_seed(0)
     x = torch.rand(2, 1, 8, 8)
-    exp = explain(ViTClassifier(dim=32, depth=2, heads=2), x)
+    exp = explain(small_vit(), x)
     labels = torch.tensor([[0, 1, 0, 1], [0, 0, 0, 0]])
     writer = SummaryWriter(str(tmp_path))
     TensorBoardViews().write([writer], 0, modality=ImageTokens(patch_size=2), inputs=x, shown=x, sample_indices=[5, 6],
                              explanations={"gae": exp}, labels=labels, class_names=["a", "b", "c", "d"])
     writer.close()
-    acc = plugin_event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
-    acc.Reload()
+    acc = read_plugin_events(tmp_path)
     described = {t: json.loads(acc.SummaryMetadata(t).plugin_data.content) for t in acc.Tags()["tensors"]
                  if t.startswith("gae_dashboard/input/")}
     assert sorted(d["label"] for d in described.values()) == [[], [1, 3]]

@@ -5,50 +5,25 @@ Both models are built so that the two sets have EQUAL token counts (source and t
 every test compares numbers with ``explain`` run directly.
 """
 
-import io
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.loggers import TensorBoardLogger
-from PIL import Image
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.util import tensor_util
+from lightning.pytorch import seed_everything
 
-from lightning_gae import ImageTokens, Streams, TextTokens, explain
+from lightning_gae import ImageTokens, TextTokens, explain
 from lightning_gae.callbacks import GAECallback
 from lightning_gae.metrics import AlignmentAccuracy, RationaleAgreement, RelevanceSegmentation
 from lightning_gae.tensorboard import metadata
 from recipes.dual_encoder import ShapeCLIP, image_text_similarity
 from recipes.seq2seq import PAD, CopyTaskDataModule, Seq2SeqCopier
 from recipes.shapes import BOS_ID, EOS_ID, MASK_ID, PAD_ID, VOCAB, ShapesDataModule
-from recipes.tensorboard_screenshots import get_json, tensorboard_server
+from tests.helpers.models import shape_clip_streams
+from tests.helpers.processes import get_json, tensorboard_server
 
 SEQ_METHODS = ("gae", "raw_attention")
 CLIP_METHODS = ("gae", "raw_attention")
 PANEL = 256
-
-
-def _trainer(root, name, callback, max_epochs=1):
-    return Trainer(default_root_dir=root, max_epochs=max_epochs, limit_train_batches=2, limit_val_batches=1,
-                   logger=TensorBoardLogger(root, name=name), callbacks=[callback], enable_progress_bar=False,
-                   enable_model_summary=False, enable_checkpointing=False, accelerator="cpu")
-
-
-def _events(logdir):
-    acc = EventAccumulator(str(logdir), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
-    acc.Reload()
-    return acc
-
-
-def _tensor(acc, tag):
-    return tensor_util.make_ndarray(acc.Tensors(tag)[-1].tensor_proto)
-
-
-def _picture(acc, tag):
-    return np.asarray(Image.open(io.BytesIO(acc.Images(tag)[-1].encoded_image_string)).convert("RGB"))
 
 
 def _copy_vocab():
@@ -71,16 +46,16 @@ def _copy_data(source_length=7):
 
 
 @pytest.fixture(scope="module")
-def seq2seq_run(tmp_path_factory):
+def seq2seq_run(tmp_path_factory, make_trainer, read_events):
     root = tmp_path_factory.mktemp("seq2seq")
     seed_everything(0)
     callback = _seq2seq_callback(set_inputs={"encoder": "src", "decoder": "tgt_in"})
     model, data = _seq2seq_model(), _copy_data()
-    trainer = _trainer(root, "s2s", callback)
+    trainer = make_trainer(root, [callback], name="s2s", max_epochs=1, limit_val_batches=1)
     trainer.fit(model, data)
     index = torch.tensor(callback.sample_indices)
     batch = {k: v[index] for k, v in data.val_set.tensors.items()}
-    return {"acc": _events(trainer.logger.log_dir), "logdir": Path(trainer.logger.log_dir), "callback": callback,
+    return {"acc": read_events(trainer.logger.log_dir), "logdir": Path(trainer.logger.log_dir), "callback": callback,
             "model": model, "batch": batch}
 
 
@@ -100,10 +75,10 @@ def test_seq2seq_rows_are_the_per_position_explanations_at_equal_lengths(seq2seq
                                for t in range(7)], dim=1)
         assert direct.abs().max() > 0
         for k, index in enumerate(callback.sample_indices):
-            logged = torch.from_numpy(_tensor(acc, f"gae_dashboard/set_rows/{method}/encoder/val_{index}"))
+            logged = torch.from_numpy(acc.tensor(f"gae_dashboard/set_rows/{method}/encoder/val_{index}"))
             assert logged.shape == (7, 7)
             torch.testing.assert_close(logged, direct[k], rtol=1e-5, atol=1e-7)
-            logged_decoder = torch.from_numpy(_tensor(acc, f"gae_dashboard/set_rows/{method}/decoder/val_{index}"))
+            logged_decoder = torch.from_numpy(acc.tensor(f"gae_dashboard/set_rows/{method}/decoder/val_{index}"))
             torch.testing.assert_close(logged_decoder, decoder[k], rtol=1e-5, atol=1e-7)
             # Source and target rows differ here, so a swap of the sets would fail the comparisons above.
             assert not torch.allclose(logged, logged_decoder)
@@ -113,15 +88,15 @@ def test_seq2seq_set_inputs_and_single_set_tensors_keep_each_set(seq2seq_run):
     acc, callback, batch = seq2seq_run["acc"], seq2seq_run["callback"], seq2seq_run["batch"]
     for k, index in enumerate(callback.sample_indices):
         for name, key in (("encoder", "src"), ("decoder", "tgt_in")):
-            tokens = [t.decode() for t in _tensor(acc, f"gae_dashboard/set_input/{name}/val_{index}").tolist()]
+            tokens = [t.decode() for t in acc.tensor(f"gae_dashboard/set_input/{name}/val_{index}").tolist()]
             assert tokens == [str(i) for i in batch[key][k].tolist()]
             description = metadata.decode(acc.SummaryMetadata(f"gae_dashboard/set_input/{name}/val_{index}")
                                           .plugin_data.content)
             assert description["kind"] == "set_input" and description["set"] == name
         # The kinds the current plugin reads hold the query set (the decoder) alone.
-        tokens = [t.decode() for t in _tensor(acc, f"gae_dashboard/input/val_{index}").tolist()]
+        tokens = [t.decode() for t in acc.tensor(f"gae_dashboard/input/val_{index}").tolist()]
         assert tokens == [str(i) for i in batch["tgt_in"][k].tolist()]
-        assert _tensor(acc, f"gae_dashboard/relevance/gae/val_{index}").shape == (7,)
+        assert acc.tensor(f"gae_dashboard/relevance/gae/val_{index}").shape == (7,)
 
 
 def test_seq2seq_pictures_are_a_matrix_per_method_and_set(seq2seq_run):
@@ -129,7 +104,7 @@ def test_seq2seq_pictures_are_a_matrix_per_method_and_set(seq2seq_run):
     assert sorted(acc.Tags()["images"]) == sorted(f"gae_heatmaps/val_{i}" for i in callback.sample_indices)
     shapes = set()
     for index in callback.sample_indices:
-        picture = _picture(acc, f"gae_heatmaps/val_{index}")
+        picture = acc.picture(f"gae_heatmaps/val_{index}", "RGB")
         # Two methods (rows) x two sets (columns), each matrix at least 256 px on a side.
         assert picture.shape[0] >= 2 * PANEL and picture.shape[1] >= 2 * PANEL
         assert max(picture.shape[:2]) <= 4096
@@ -149,6 +124,7 @@ def test_alignment_accuracy_is_the_metric_on_the_explanations(seq2seq_run):
         assert logged[0].value == pytest.approx(metric.compute().item(), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_the_dashboard_plugin_serves_a_run_with_token_sets(seq2seq_run):
     """The current plugin shows the query set and ignores the per-set kinds; it must not fail on them."""
     logdir, callback = seq2seq_run["logdir"], seq2seq_run["callback"]
@@ -163,42 +139,37 @@ def test_the_dashboard_plugin_serves_a_run_with_token_sets(seq2seq_run):
             assert set(step["samples"][str(index)]["relevance"]) == set(SEQ_METHODS)
 
 
-def test_equal_lengths_without_set_inputs_stop_the_run_and_ask_for_them(tmp_path):
+def test_equal_lengths_without_set_inputs_stop_the_run_and_ask_for_them(tmp_path, make_trainer):
     seed_everything(0)
-    trainer = _trainer(tmp_path, "s2s", _seq2seq_callback())
+    trainer = make_trainer(tmp_path, [_seq2seq_callback()], name="s2s", max_epochs=1, limit_val_batches=1)
     with pytest.raises(ValueError, match=r"fit it alike; pass set_inputs="):
         trainer.validate(_seq2seq_model(), _copy_data())
 
 
-def test_unequal_lengths_find_each_sets_input(tmp_path):
+def test_unequal_lengths_find_each_sets_input(tmp_path, make_trainer, read_events):
     seed_everything(0)
     callback = _seq2seq_callback()
-    trainer = _trainer(tmp_path, "s2s", callback)
+    trainer = make_trainer(tmp_path, [callback], name="s2s", max_epochs=1, limit_val_batches=1)
     model, data = _seq2seq_model(), _copy_data(source_length=9)
     trainer.validate(model, data)
-    acc = _events(trainer.logger.log_dir)
+    acc = read_events(trainer.logger.log_dir)
     index = callback.sample_indices[0]
     for name, key in (("encoder", "src"), ("decoder", "tgt_in")):
-        tokens = [t.decode() for t in _tensor(acc, f"gae_dashboard/set_input/{name}/val_{index}").tolist()]
+        tokens = [t.decode() for t in acc.tensor(f"gae_dashboard/set_input/{name}/val_{index}").tolist()]
         assert tokens == [str(i) for i in data.val_set.tensors[key][index].tolist()]
-    assert _tensor(acc, f"gae_dashboard/set_rows/gae/encoder/val_{index}").shape == (7, 9)
+    assert acc.tensor(f"gae_dashboard/set_rows/gae/encoder/val_{index}").shape == (7, 9)
 
 
-def test_perturbation_metrics_on_token_sets_stop_the_run_with_the_fix(tmp_path):
+def test_perturbation_metrics_on_token_sets_stop_the_run_with_the_fix(tmp_path, make_trainer):
     text = TextTokens(vocab=_copy_vocab(), pad_id=PAD)
     callback = GAECallback(num_samples=2, modality={"encoder": text, "decoder": text},
                            set_inputs={"encoder": "src", "decoder": "tgt_in"})
     with pytest.raises(ValueError, match=r"token sets \['encoder', 'decoder'\].*Pass metrics=\(\)"):
-        _trainer(tmp_path, "s2s", callback).validate(_seq2seq_model(), _copy_data())
+        make_trainer(tmp_path, [callback], name="s2s", max_epochs=1, limit_val_batches=1).validate(_seq2seq_model(),
+                                                                                               _copy_data())
 
 
 # --- a CLIP dual encoder with as many caption tokens as image tokens ----------------------------------
-
-
-def _clip_streams():
-    # The recipe's LightningModule holds the CLIPModel as `model`; the towers are read at CLS and at the EOS.
-    return Streams(self_attention={"text": ["model.text_model.*"], "image": ["model.vision_model.*"]},
-                   query_set="image", queries={"text": "last", "image": 0})
 
 
 def _shape_text():
@@ -206,25 +177,25 @@ def _shape_text():
 
 
 @pytest.fixture(scope="module")
-def clip_run(tmp_path_factory):
+def clip_run(tmp_path_factory, make_trainer, read_events):
     root = tmp_path_factory.mktemp("clip")
     seed_everything(0)
     # 32 px images in 8 px patches: 16 patches + CLS = 17 tokens, as many as the 17 caption positions.
     callback = GAECallback(num_samples=2, methods=CLIP_METHODS, metrics=(), target=image_text_similarity,
-                           modality={"text": _shape_text(), "image": ImageTokens(patch_size=8)}, streams=_clip_streams())
+                           modality={"text": _shape_text(), "image": ImageTokens(patch_size=8)}, streams=shape_clip_streams())
     model = ShapeCLIP(image_size=32, patch_size=8, max_length=17, hidden_size=32, intermediate_size=32, num_layers=2,
                       num_heads=2, projection_dim=16)
     data = ShapesDataModule(task="contrastive", num_train=64, num_val=16, max_length=17, batch_size=16)
-    trainer = _trainer(root, "clip", callback)
+    trainer = make_trainer(root, [callback], name="clip", max_epochs=1, limit_val_batches=1)
     trainer.fit(model, data)
     index = torch.tensor(callback.sample_indices)
     batch = {k: v[index] for k, v in data.val_set.tensors.items()}
-    return {"acc": _events(trainer.logger.log_dir), "callback": callback, "model": model, "batch": batch}
+    return {"acc": read_events(trainer.logger.log_dir), "callback": callback, "model": model, "batch": batch}
 
 
 def _clip_explain(model, batch, method):
     inputs = {k: batch[k] for k in ("input_ids", "pixel_values", "attention_mask")}
-    return explain(model, inputs, target=image_text_similarity, method=method, streams=_clip_streams())
+    return explain(model, inputs, target=image_text_similarity, method=method, streams=shape_clip_streams())
 
 
 def test_clip_sets_are_logged_apart_at_equal_token_counts(clip_run):
@@ -234,7 +205,7 @@ def test_clip_sets_are_logged_apart_at_equal_token_counts(clip_run):
         assert exp.relevance["text"].shape == exp.relevance["image"].shape == (2, 17)
         for k, index in enumerate(callback.sample_indices):
             for name in ("text", "image"):
-                logged = torch.from_numpy(_tensor(acc, f"gae_dashboard/set_relevance/{method}/{name}/val_{index}"))
+                logged = torch.from_numpy(acc.tensor(f"gae_dashboard/set_relevance/{method}/{name}/val_{index}"))
                 torch.testing.assert_close(logged, exp.relevance[name][k], rtol=1e-5, atol=1e-7)
             assert not torch.allclose(exp.relevance["text"][k], exp.relevance["image"][k])
 
@@ -261,7 +232,7 @@ def test_clip_ground_truth_scores_each_set_with_its_own_truth(clip_run):
 def test_clip_picture_puts_the_heatmap_beside_the_tokens(clip_run):
     acc, callback = clip_run["acc"], clip_run["callback"]
     for index in callback.sample_indices:
-        picture = _picture(acc, f"gae_heatmaps/val_{index}")
+        picture = acc.picture(f"gae_heatmaps/val_{index}", "RGB")
         # The inputs, then one line per method; the image panel and the text strip side by side.
         assert picture.shape[0] >= (1 + len(CLIP_METHODS)) * PANEL
         assert picture.shape[1] >= 3 * PANEL
@@ -269,16 +240,16 @@ def test_clip_picture_puts_the_heatmap_beside_the_tokens(clip_run):
         assert "**text**" in table and "**image**" not in table
 
 
-def test_sets_that_cannot_be_told_apart_stop_the_run_and_name_the_fix(tmp_path):
+def test_sets_that_cannot_be_told_apart_stop_the_run_and_name_the_fix(tmp_path, make_trainer):
     # 16 caption tokens fit the 32 px images in 8 px patches without a CLS token, so both sets could be images.
     seed_everything(0)
     model = ShapeCLIP(image_size=32, patch_size=8, hidden_size=32, intermediate_size=32, num_layers=1, num_heads=2,
                       projection_dim=16)
     data = ShapesDataModule(task="contrastive", num_train=64, num_val=16, max_length=16, batch_size=16)
-    guessed = GAECallback(num_samples=2, metrics=(), target=image_text_similarity, streams=_clip_streams())
+    guessed = GAECallback(num_samples=2, metrics=(), target=image_text_similarity, streams=shape_clip_streams())
     with pytest.raises(ValueError, match=r"\['pixel_values'\] more than once; pass modality="):
-        _trainer(tmp_path, "clip", guessed).validate(model, data)
-    pointed = GAECallback(num_samples=2, metrics=(), target=image_text_similarity, streams=_clip_streams(),
+        make_trainer(tmp_path, [guessed], name="clip", max_epochs=1, limit_val_batches=1).validate(model, data)
+    pointed = GAECallback(num_samples=2, metrics=(), target=image_text_similarity, streams=shape_clip_streams(),
                           set_inputs={"text": "input_ids"})
     with pytest.raises(ValueError, match=r"cannot infer the modality of token set 'text'"):
-        _trainer(tmp_path, "clip", pointed).validate(model, data)
+        make_trainer(tmp_path, [pointed], name="clip", max_epochs=1, limit_val_batches=1).validate(model, data)

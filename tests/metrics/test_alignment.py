@@ -1,4 +1,5 @@
-"""AlignmentAccuracy and alignment_accuracy: hand-worked cases, a plain-loop reference, torchmetrics plumbing."""
+"""AlignmentAccuracy and alignment_accuracy: hand-worked cases, the plain-loop reference of tests/metrics/oracle.py,
+torchmetrics plumbing."""
 
 import pytest
 import torch
@@ -6,23 +7,7 @@ from torchmetrics import MetricCollection
 
 from lightning_gae.metrics import AlignmentAccuracy
 from lightning_gae.metrics.functional import alignment_accuracy
-
-
-def _reference(relevance, alignment, valid=None, ignore_index=-1):
-    """Per pair, in Python: a hit when the aligned source beats every other allowed source strictly."""
-    if relevance.dim() == 2:
-        relevance, alignment = relevance[:, None], alignment[:, None]
-    hits = count = 0
-    for b in range(relevance.shape[0]):
-        for j in range(relevance.shape[1]):
-            a = int(alignment[b, j])
-            if a == ignore_index:
-                continue
-            count += 1
-            allowed = [s for s in range(relevance.shape[2]) if valid is None or bool(valid[b, s])]
-            if a in allowed and all(float(relevance[b, j, a]) > float(relevance[b, j, s]) for s in allowed if s != a):
-                hits += 1
-    return hits / count
+from tests.metrics.oracle import alignment_accuracy_oracle
 
 
 def test_hand_worked_cases():
@@ -53,7 +38,7 @@ def test_sequence_form_and_custom_ignore_index_match_the_reference():
     valid = torch.rand(6, 9, generator=g) > 0.2
     got = alignment_accuracy(relevance, alignment, valid=valid, ignore_index=99)
     assert got.dtype == torch.float32
-    assert got.item() == pytest.approx(_reference(relevance, alignment, valid, ignore_index=99))
+    assert got.item() == pytest.approx(alignment_accuracy_oracle(relevance, alignment, valid, ignore_index=99))
     # Planting the maximum at the aligned position makes every counted pair a hit.
     planted = relevance.scatter(-1, alignment.clamp(max=8)[..., None], 2.0)
     assert alignment_accuracy(planted, alignment, ignore_index=99).item() == 1.0
@@ -87,7 +72,7 @@ def test_metric_accumulates_batches_like_one_call():
     metric.update(relevance[:3], alignment[:3])
     metric.update(relevance[3:], alignment[3:])
     assert metric.compute().item() == pytest.approx(alignment_accuracy(relevance, alignment).item())
-    assert metric.compute().item() == pytest.approx(_reference(relevance, alignment))
+    assert metric.compute().item() == pytest.approx(alignment_accuracy_oracle(relevance, alignment))
     metric.reset()
     with pytest.warns(UserWarning, match="before the ``update``"):
         assert torch.isnan(metric.compute())

@@ -1,17 +1,11 @@
-"""Recipes with several token sets: their generated ground truth, their models, their CLI configs."""
+"""Recipes with several token sets: their generated ground truth and their models (tests/test_cli.py runs their configs)."""
 
-from pathlib import Path
-
-import pytest
 import torch
 
-from lightning_gae.cli import main
 from recipes.coattention import CoAttentionMatcher
 from recipes.dual_encoder import ShapeCLIP, image_text_similarity
 from recipes.seq2seq import BOS, EOS, NO_ALIGNMENT, Seq2SeqCopier, make_copy_task
 from recipes.shapes import COLOURS, EOS_ID, PAD_ID, SHAPES, VOCAB, decode, make_shapes
-
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 def test_copy_task_targets_copy_the_aligned_source_positions_in_reverse():
@@ -106,16 +100,3 @@ def test_coattention_ignores_padding_and_reads_both_streams():
         torch.testing.assert_close(logits, model(padded, data["pixel_values"], data["attention_mask"]))
         assert not torch.allclose(logits, model(data["input_ids"], data["pixel_values"].flip(0), data["attention_mask"]))
     assert logits.shape == (4, 2)
-
-
-@pytest.mark.parametrize(
-    ("config", "small_data"),
-    [
-        ("seq2seq.yaml", ["--data.init_args.num_train=128", "--data.init_args.num_val=64"]),
-        ("dual_encoder.yaml", ["--data.init_args.num_train=128", "--data.init_args.num_val=64"]),
-        ("coattention.yaml", ["--data.init_args.num_train=128", "--data.init_args.num_val=64"]),
-    ],
-)
-def test_cli_runs_the_config(config, small_data, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    main(["fit", "--config", str(CONFIGS / config), "--trainer.fast_dev_run=true", *small_data])

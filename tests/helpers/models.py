@@ -4,6 +4,9 @@ The oracle paths never go through lightning_gae: they run one sample at a time i
 the probabilities either from the model's own explicit code path (``impl="manual"``), from a
 hand-written dense forward (``nn.TransformerEncoder``) or from Hugging Face's own
 ``output_attentions`` in eager mode.
+
+Beside them: the recipe ViT at the size the callback tests train (``small_vit``), a tiny Hugging
+Face CLIP (``tiny_clip``) and ``SumModel``, whose logits the metric tests can work out by hand.
 """
 
 from __future__ import annotations
@@ -15,6 +18,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from lightning_gae import Streams
+from lightning_gae.modalities import TabularTokens
+from recipes.vit import ViTClassifier
 
 
 class TinyAttention(nn.Module):
@@ -307,3 +314,52 @@ def coattention_reference(model: TinyCoAttention, ids: Tensor, feats: Tensor, sc
         grads = [torch.zeros_like(p) if g is None else g for p, g in zip(probs, grads)]
         out.append([(q, k, p[0].detach(), g[0]) for (q, k, _), p, g in zip(order, probs, grads)])
     return out
+
+
+# --- the recipe ViT, a tiny CLIP, a model to work metrics out by hand ---------------------------------
+
+
+def small_vit(**kwargs) -> ViTClassifier:
+    """The recipe's ViT LightningModule at the size the callback tests train (8x8 digits, 2 blocks of 2 heads)."""
+    return ViTClassifier(dim=32, depth=2, heads=2, **kwargs)
+
+
+def tiny_clip():
+    """A Hugging Face CLIPModel with random weights: two towers with equal token counts (4 patches + CLS, 5 tokens)."""
+    import transformers
+
+    text = transformers.CLIPTextConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                       num_attention_heads=2, max_position_embeddings=16, eos_token_id=49)
+    vision = transformers.CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                           num_attention_heads=2, image_size=8, patch_size=4)
+    torch.manual_seed(10)
+    return transformers.CLIPModel(transformers.CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=8)).eval()
+
+
+class SumModel(nn.Module):
+    """Two classes: logit 0 is a constant, logit 1 the sum of the features (or of an image region)."""
+
+    def __init__(self, threshold=1.9, region=None):
+        super().__init__()
+        self.threshold, self.region = threshold, region
+        self.calls = []
+
+    def forward(self, x):
+        self.calls.append(x.shape[0])
+        if x.dim() == 4:
+            rows, cols = self.region
+            x = x[:, :, rows, cols]
+        total = x.flatten(1).sum(dim=1)
+        return torch.stack([torch.full_like(total, self.threshold), total], dim=1)
+
+
+def shape_clip_streams() -> Streams:
+    """The token sets of recipes/dual_encoder.py's ShapeCLIP: the LightningModule holds the CLIPModel as `model`;
+    the towers are read at CLS and at the EOS, the image set being the query set."""
+    return Streams(self_attention={"text": ["model.text_model.*"], "image": ["model.vision_model.*"]},
+                   query_set="image", queries={"text": "last", "image": 0})
+
+
+# SumModel's features, relevance ordered like the features, and the modality that removes them (to 0).
+FEATURES = torch.tensor([[2.0, 1.0, 0.5, 0.25]])
+TAB = TabularTokens(["a", "b", "c", "d"], prefix_tokens=0, means=[0.0, 0.0, 0.0, 0.0])

@@ -19,7 +19,7 @@ from lightning_gae.metrics import (
     perturbation_metric,
 )
 from lightning_gae.metrics.functional import PERTURBATION_FRACTIONS, abpc, perturbation_auc
-from models import TinyViT
+from tests.helpers.models import TinyViT
 
 FEATURES = 7
 MEANS = [0.1 * k - 0.3 for k in range(FEATURES)]

@@ -1,0 +1,1 @@
+"""GAECallback, one module per concern."""

@@ -1,0 +1,213 @@
+"""What cannot work stops the run in setup, before the first step, with the fix; what fails mid-run (a model that
+stops exposing attention, NaN logits) warns once and training goes on; sharded strategies are refused."""
+
+import math
+import os
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.strategies import FSDPStrategy
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_gae import ImageTokens
+from lightning_gae.callbacks import GAECallback
+from recipes.digits import DigitsDataModule
+from recipes.vit import ViTClassifier
+from tests.helpers.models import small_vit
+from tests.helpers.trainer import heatmap_tag
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"methods": ("lrp",)}, r"GAECallback\(methods=\['lrp'\]\): choose from"),
+        ({"target": "class"}, r"GAECallback\(target='class'\): use 'pred'"),
+        ({"every_n_epochs": 0}, r"GAECallback\(every_n_epochs=0\): use a positive integer"),
+        ({"every_n_epochs": None}, r"every_n_epochs and every_n_train_steps are both None"),
+    ],
+)
+def test_misconfiguration_is_an_error_in_setup(tmp_path, kwargs, message, make_trainer):
+    trainer = make_trainer(tmp_path, [GAECallback(**kwargs)], max_epochs=1, limit_train_batches=4)
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+
+
+def test_an_unknown_metric_is_an_error_in_setup(tmp_path, make_trainer):
+    trainer = make_trainer(tmp_path, [GAECallback(metrics=("faithfulness",))], max_epochs=1, limit_train_batches=4)
+    with pytest.raises(ValueError, match=r"GAECallback\(metrics=\['faithfulness'\]\): choose from"):
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+
+
+def test_an_unknown_captum_baseline_is_an_error_in_setup(tmp_path, make_trainer):
+    trainer = make_trainer(tmp_path, [GAECallback(captum_baselines=("lime",))], max_epochs=1, limit_train_batches=4)
+    with pytest.raises(ValueError, match=r"GAECallback\(captum_baselines=\['lime'\]\): choose from"):
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+
+
+def test_no_logger_warns_with_the_fix(tmp_path, make_trainer):
+    trainer = make_trainer(tmp_path, [GAECallback(num_samples=1)], max_epochs=1, limit_train_batches=4, logger=False)
+    with pytest.warns(UserWarning, match=r"no logger.*TensorBoardLogger"):
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+
+
+# --- what cannot work stops the run before training ------------------------------------------------
+
+
+class FlatDigits(DigitsDataModule):
+    """Digits as 64 features ``[B, 64]``: not images."""
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        for split in (self.train_set, self.val_set):
+            split.tensors = (split.tensors[0].flatten(1), split.tensors[1])
+
+
+class FeatureTransformer(ViTClassifier):
+    """One token per feature: no image, so no modality can be inferred."""
+
+    def __init__(self) -> None:
+        super().__init__(dim=16, depth=1, heads=2)
+        self.embed = nn.Linear(1, 16)
+        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1,
+                                             enable_nested_tensor=False)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.encoder(self.embed(x.flatten(1)[..., None]))[:, 0])
+
+
+class Keyed(Dataset):
+    """Digits as mappings that also carry the sample's index, which the model does not take."""
+
+    def __init__(self, base: Dataset) -> None:
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        x, y = self.base[i]
+        return {"pixel_values": x, "labels": y, "index": torch.tensor(i)}
+
+
+class KeyedDigits(DigitsDataModule):
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(Keyed(self.train_set), batch_size=self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(Keyed(self.val_set), batch_size=self.batch_size)
+
+
+class KeyedViT(ViTClassifier):
+    def forward(self, pixel_values: Tensor) -> Tensor:
+        return self.model(pixel_values)
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch["pixel_values"]), batch["labels"])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", F.cross_entropy(self(batch["pixel_values"]), batch["labels"]))
+
+
+@pytest.mark.parametrize(
+    "callback,model,message",
+    [
+        pytest.param(dict(modality=ImageTokens(patch_size=4)), small_vit,
+                     r"GAECallback\(modality=ImageTokens\(patch_size=4, prefix_tokens=1\)\) does not fit.*"
+                     r"patch_size=2, prefix_tokens=1 would fit", id="wrong patch_size"),
+        pytest.param({}, FeatureTransformer, r"cannot infer the modality.*modality=ImageTokens\(patch_size=...\), TextTokens",
+                     id="no modality fits"),
+        pytest.param({}, KeyedViT, r"cannot be explained.*unexpected keyword argument 'index'.*pass batch_inputs=",
+                     id="forward rejects a batch key"),
+        pytest.param(dict(sample_indices=[10_000]), small_vit,
+                     r"sample_indices=...\): \[10000\] are outside the 360 samples of the validation set",
+                     id="sample outside the validation set"),
+    ],
+)
+def test_what_cannot_work_stops_the_run_before_the_first_step(tmp_path, callback, model, message, make_trainer):
+    # Each of these used to surface after a whole epoch (or never: a wrong patch_size gave a run without pictures).
+    trainer = make_trainer(tmp_path, [GAECallback(num_samples=2, **callback)])
+    data = {KeyedViT: KeyedDigits, FeatureTransformer: FlatDigits}.get(model, DigitsDataModule)(batch_size=32)
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(model(), data)
+    assert trainer.global_step == 0
+
+
+# --- failures mid-run: warn once, skip the step, train on ------------------------------------------
+
+
+class BreaksAfterFirstEpoch(ViTClassifier):
+    """From epoch 1 on, evaluation bypasses attention: explanations fail, training goes on."""
+
+    def forward(self, x):
+        if self.current_epoch >= 1 and not self.training:
+            return self.model.head(self.model.patch_embed(x).mean(dim=(2, 3)))
+        return super().forward(x)
+
+
+def test_a_model_that_breaks_mid_run_warns_and_training_finishes(tmp_path, make_trainer, read_events):
+    callback = GAECallback(num_samples=2)
+    trainer = make_trainer(tmp_path, [callback], max_epochs=3, limit_train_batches=4)
+    with pytest.warns(UserWarning, match=r"GAECallback: explanation at step \d+ failed and was skipped \(ValueError: no attention was recorded"):
+        trainer.fit(BreaksAfterFirstEpoch(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    assert trainer.current_epoch == 3 and trainer.state.finished
+    steps = {e.step for e in read_events(trainer.logger.log_dir).Images(f"gae_heatmaps/val_{callback.sample_indices[0]}")}
+    assert len(steps) == 1, "only the first epoch could be explained"
+
+
+class NaNAfterFirstEpoch(ViTClassifier):
+    """From epoch 1 on, evaluation returns NaN logits (training itself is untouched)."""
+
+    def forward(self, x):
+        logits = super().forward(x)
+        return logits * float("nan") if self.current_epoch >= 1 and not self.training else logits
+
+
+def test_nan_logits_skip_the_step_with_one_warning_and_nothing_non_finite_is_logged(tmp_path, make_trainer, read_events):
+    # Two NaN steps (epochs 1 and 2), two methods: still one warning.
+    callback = GAECallback(num_samples=2, methods=("gae", "rollout"), metrics=(), random_baseline=False)
+    trainer = make_trainer(tmp_path, [callback], max_epochs=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(NaNAfterFirstEpoch(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    # The 2 tracked digits leave classes out, which is said once at fit start; not counted here.
+    messages = [str(w.message) for w in caught
+                if "GAECallback" in str(w.message) and "show no sample of class" not in str(w.message)]
+    assert len(messages) == 1 and "not finite (NaN or inf)" in messages[0], messages
+    assert trainer.state.finished and trainer.current_epoch == 3
+    acc = read_events(trainer.logger.log_dir)
+    # The callback's scalars are <metric>/<method> (the model's own val_loss is NaN from epoch 1 on).
+    logged = {t: v for t, v in acc.scalar_events().items() if t.rsplit("/", 1)[-1] in ("gae", "rollout")}
+    assert len(logged) == 2 and all(math.isfinite(v) for values in logged.values() for _, v in values)
+    assert {s for values in logged.values() for s, _ in values} == {1}
+    for sample in callback.sample_indices:
+        assert acc.image_steps(heatmap_tag(sample)) == [1]
+
+
+# --- sharded strategies ----------------------------------------------------------------------------
+
+
+class CPUFSDPStrategy(FSDPStrategy):
+    """Lightning's FSDPStrategy; Lightning refuses the exact class on a CPU accelerator, not a subclass.
+
+    The callback refuses it in ``setup``, before the strategy would shard the model.
+    """
+
+
+def test_fsdp_is_refused_in_setup_with_the_reason(tmp_path, make_trainer):
+    environment = dict(os.environ)
+    trainer = make_trainer(tmp_path, [GAECallback()], strategy=CPUFSDPStrategy(), devices=1, logger=False)
+    try:
+        with pytest.raises(ValueError, match=r"GAECallback cannot run with CPUFSDPStrategy: it shards the model's "
+                                             r"parameters.*explanations run on rank zero only.*strategy='ddp'"):
+            trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    finally:
+        # Lightning set up a one-process group and its environment for FSDP: leave none to later tests.
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(environment)
+    assert trainer.global_step == 0

@@ -1,0 +1,10 @@
+"""Helpers shared by the tests; no test module imports another test module.
+
+- ``models``: small models with an independent reading of their attention, and the small recipe models;
+- ``oracle``: the dense float64 GAE reference (GAE_SPEC.md), one sample at a time;
+- ``explain``: comparing an explanation with the oracle;
+- ``trainer``: the one Trainer factory of the callback tests, and what those tests check around a fit;
+- ``events``: TensorBoard event files read back with TensorBoard's own reader;
+- ``processes``: scripts and commands in their own process group, a real ``tensorboard`` server;
+- ``private``: every private name of lightning_gae a test uses, imported in this one place.
+"""

@@ -1,0 +1,67 @@
+"""The one Trainer factory of the callback tests, and what those tests check around a fit."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+
+# Lightning logs at `_batches_that_stepped`, which a validation at the end of an epoch still sees one
+# below global_step (it is incremented after the validation); self.log("val_loss") lands there, and so
+# do the callback's explanations. Two epochs of 2 batches: global steps 2 and 4, logged at 1 and 3.
+EPOCH_END_STEPS = [1, 3]
+
+
+def make_trainer(root: str | Path, callbacks: Sequence[Callback], *, logger: Any = True, name: str = "tb",
+                 max_epochs: int = 2, limit_train_batches: int = 2, limit_val_batches: int = 2, **kwargs: Any) -> Trainer:
+    """A quiet CPU Trainer for a short fit: ``logger=True`` is a ``TensorBoardLogger(root, name=name)``.
+
+    Checkpoints are written only when ``callbacks`` hold a ``ModelCheckpoint``; ``kwargs`` go to the Trainer.
+    """
+    if logger is True:
+        logger = TensorBoardLogger(root, name=name)
+    return Trainer(
+        default_root_dir=root,
+        max_epochs=max_epochs,
+        limit_train_batches=limit_train_batches,
+        limit_val_batches=limit_val_batches,
+        logger=logger,
+        callbacks=list(callbacks),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+        accelerator="cpu",
+        **kwargs,
+    )
+
+
+@contextmanager
+def no_skipped_explanation() -> Iterator[None]:
+    """Fails if the callback reports a skipped explanation inside the block."""
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        yield
+    skipped = [str(w.message) for w in records if "was skipped" in str(w.message)]
+    assert not skipped, skipped
+
+
+def heatmap_tag(sample: int) -> str:
+    """The tag of a tracked sample's picture (the input and every method side by side)."""
+    return f"gae_heatmaps/val_{sample}"
+
+
+def weights(module) -> dict:
+    """A detached copy of the module's state, to compare two runs bit for bit."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def assert_heatmaps_at_steps(acc, callback, steps) -> None:
+    """Every tracked sample's picture was logged at exactly ``steps`` (``acc``: tests.helpers.events.Events)."""
+    for sample in callback.sample_indices:
+        assert acc.image_steps(heatmap_tag(sample)) == steps

@@ -1,0 +1,1 @@
+"""The recipes/ folder: data sets with known answers, models, configs."""

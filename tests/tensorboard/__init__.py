@@ -1,0 +1,1 @@
+"""lightning_gae.tensorboard: the summaries and the GAE dashboard plugin."""

@@ -1,0 +1,189 @@
+"""The ``lightning-gae`` command: every config through fit, validate and test; the configs' own modules imported
+from the working directory; ``lightning-gae compare`` on checkpoints of the main job's config and of the recipes
+with several token sets, fit briefly here."""
+
+import json
+import os
+
+import matplotlib.image
+import pytest
+import yaml
+
+from lightning_gae.cli import COMPARE_METRICS, main
+from lightning_gae.compare import DEFAULT_METHODS
+from tests.helpers.processes import ROOT
+
+CONFIG = ROOT / "configs" / "vit_digits.yaml"
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+# Generated data sets cut down, so that a fast_dev_run does not spend its time generating them.
+SMALL_DATA = ["--data.init_args.num_train=128", "--data.init_args.num_val=64"]
+SMALL = {"text_rationales", "text_rationales_bert", "tabular", "vit_shapes", "hf_vit", "seq2seq", "dual_encoder",
+         "coattention"}
+
+
+# --- every config, every subcommand ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "test"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.stem)
+def test_every_config_runs_every_subcommand_through_the_cli(config, subcommand, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    main([subcommand, "--config", str(config), "--trainer.fast_dev_run=true",
+          *(SMALL_DATA if config.stem in SMALL else [])])
+
+
+@pytest.mark.slow
+def test_cli_imports_the_configs_modules_from_the_working_directory(tmp_path, run_python):
+    """A console script (unlike ``python -m``) does not put the working directory on sys.path: the CLI must."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my_data.py").write_text(
+        "import torch\n"
+        "from lightning.pytorch.demos.boring_classes import BoringDataModule\n"
+        "class TinyData(BoringDataModule):\n"
+        "    pass\n"
+    )
+    (project / "config.yaml").write_text(
+        "trainer: {fast_dev_run: true, logger: false, enable_progress_bar: false, enable_model_summary: false}\n"
+        "model: {class_path: lightning.pytorch.demos.boring_classes.BoringModel}\n"
+        "data: {class_path: my_data.TinyData}\n"
+    )
+    # Like the installed `lightning-gae` script: a file elsewhere that calls main(), run from the project.
+    launcher = tmp_path / "bin" / "lightning-gae"
+    launcher.parent.mkdir()
+    launcher.write_text("import sys\nfrom lightning_gae.cli import main\nmain()\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = run_python([launcher, "validate", "--config", "config.yaml"], cwd=project, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+# --- compare on the main job's checkpoint -----------------------------------------------------------------
+# Slow: the checkpoint is a fit through LightningCLI (most of the time of the fast part otherwise).
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fit")
+    main(["fit", "--config", str(CONFIG), "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
+          "--trainer.limit_val_batches=1", f"--trainer.logger.init_args.save_dir={root / 'runs'}",
+          f"--trainer.default_root_dir={root}"])
+    (path,) = root.glob("runs/vit_digits/version_*/checkpoints/*.ckpt")
+    return path
+
+
+@pytest.mark.slow
+def test_compare_writes_table_json_and_grid(checkpoint, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    main(["compare", "--config", str(CONFIG), "--ckpt_path", str(checkpoint), "--output", "out", "--num_samples", "16"])
+
+    assert os.listdir(tmp_path) == ["out"], "building the fit's objects leaves no logs or checkpoints behind"
+    report = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert set(report) == {"methods", "num_samples", "protocol", "stderr"} and report["num_samples"] == 16
+    assert list(report["methods"]) == list(DEFAULT_METHODS) and report["protocol"] == "predicted"
+    for method, scores in report["methods"].items():
+        assert set(scores) == {*COMPARE_METRICS, "seconds_per_sample"}
+        assert 0.0 <= scores["positive_perturbation_auc"] <= 90.0 and scores["seconds_per_sample"] > 0
+        assert set(report["stderr"][method]) == set(COMPARE_METRICS)
+
+    table = (tmp_path / "out" / "comparison.md").read_text()
+    assert "16 validation samples" in table and "equals its label (protocol `predicted`)" in table
+    assert " ± " in table
+    assert all(f"\n| {method} |" in table for method in DEFAULT_METHODS)
+    assert table.split("\n\n", 1)[1] in capsys.readouterr().out, "the table is printed too"
+
+    picture = matplotlib.image.imread(tmp_path / "out" / "comparison.png")
+    assert picture.ndim == 3 and picture.shape[2] in (3, 4)
+    # 4 samples x (input + 8 methods), each digit drawn at least 128 pixels wide.
+    assert picture.shape[0] >= 4 * 128 and picture.shape[1] >= (1 + len(DEFAULT_METHODS)) * 128
+
+
+@pytest.mark.slow
+def test_compare_takes_chosen_methods_and_metrics(checkpoint, tmp_path):
+    main(["compare", "--config", str(CONFIG), "--ckpt_path", str(checkpoint), "--output", str(tmp_path),
+          "--num_samples", "5", "--batch_size", "2", "--methods", "gae", "random", "--metrics", "deletion_auc"])
+    report = json.loads((tmp_path / "comparison.json").read_text())
+    assert report["num_samples"] == 5
+    assert {m: set(s) for m, s in report["methods"].items()} == {
+        "gae": {"deletion_auc", "seconds_per_sample"}, "random": {"deletion_auc", "seconds_per_sample"}}
+    with pytest.raises(SystemExit):
+        main(["compare", "--config", str(CONFIG), "--ckpt_path", str(checkpoint), "--output", str(tmp_path),
+              "--methods", "lime"])
+
+
+@pytest.mark.slow
+def test_compare_uses_the_modality_of_the_configs_callback(checkpoint, tmp_path):
+    config = yaml.safe_load(CONFIG.read_text())
+    (callback,) = config["trainer"]["callbacks"]
+    # A patching that does not fit the 17 tokens: only a modality actually used can fail this way.
+    callback["init_args"]["modality"] = {"class_path": "lightning_gae.modalities.ImageTokens",
+                                         "init_args": {"patch_size": 4}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ValueError, match="patch_size=4"):
+        main(["compare", "--config", str(path), "--ckpt_path", str(checkpoint), "--output", str(tmp_path / "out"),
+              "--num_samples", "2", "--methods", "gae", "--metrics", "deletion_auc"])
+
+
+@pytest.mark.slow
+def test_compare_scores_the_protocol_asked_for_against_the_labels(checkpoint, tmp_path):
+    runs = {}
+    for protocol in ("predicted", "target"):
+        main(["compare", "--config", str(CONFIG), "--ckpt_path", str(checkpoint), "--output", str(tmp_path / protocol),
+              "--num_samples", "12", "--methods", "gae", "--metrics", "positive_perturbation_auc", "--protocol", protocol])
+        runs[protocol] = json.loads((tmp_path / protocol / "comparison.json").read_text())
+        assert runs[protocol]["protocol"] == protocol
+    assert "explained for its label" in (tmp_path / "target" / "comparison.md").read_text()
+    # A briefly trained model is often wrong: explaining the label is then another explanation than the prediction's.
+    assert runs["predicted"]["methods"] != runs["target"]["methods"]
+
+
+# --- compare on the recipes with several token sets -------------------------------------------------------
+
+
+def _small_config(config, root):
+    """The recipe's config with its callback, on a smaller model and data set, explaining with GAE alone."""
+    settings = yaml.safe_load((ROOT / "configs" / f"{config}.yaml").read_text())
+    (callback,) = settings["trainer"]["callbacks"]
+    callback["init_args"].update(methods=["gae"], num_samples=2)
+    settings["model"]["init_args"].update(SMALL_MODELS[config])
+    settings["data"]["init_args"].update(num_train=64, num_val=32)
+    path = root / f"{config}.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    return path
+
+
+SMALL_MODELS = {
+    "seq2seq": {"d_model": 32, "nhead": 2, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 32},
+    "dual_encoder": {"hidden_size": 32, "intermediate_size": 32, "num_layers": 1, "num_heads": 2, "projection_dim": 16},
+}
+
+
+def _fit(config, root):
+    main(["fit", "--config", str(config), "--trainer.max_epochs=1", "--trainer.limit_train_batches=2",
+          "--trainer.limit_val_batches=1", f"--trainer.logger.init_args.save_dir={root / 'runs'}",
+          f"--trainer.default_root_dir={root}"])
+    (path,) = root.glob("runs/*/version_*/checkpoints/*.ckpt")
+    return path
+
+
+@pytest.mark.parametrize("config,columns", [
+    ("seq2seq", {"encoder/alignment_accuracy"}),
+    ("dual_encoder", {"image/segmentation_miou", "text/rationale_auprc"}),
+], ids=["seq2seq", "dual_encoder"])
+def test_the_cli_compares_a_recipes_token_sets(config, columns, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    small = _small_config(config, tmp_path)
+    checkpoint = _fit(small, tmp_path)
+    with pytest.warns(UserWarning, match="saliency"):
+        main(["compare", "--config", str(small), "--ckpt_path", str(checkpoint), "--output", "out", "--num_samples", "5",
+              "--methods", "gae", "random", "saliency"])
+    report = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert len(report["sets"]) == 2 and set(report["skipped"]) == {"saliency"} and report["num_samples"] == 5
+    assert list(report["methods"]) == ["gae", "random"]
+    for scores in report["methods"].values():
+        assert columns <= set(scores)
+    assert "token set" in (tmp_path / "out" / "comparison.md").read_text()
+    picture = matplotlib.image.imread(tmp_path / "out" / "comparison.png")
+    # The first 4 samples one under another, each at least a 256 px panel for GAE (and the inputs, for CLIP).
+    assert picture.shape[0] >= 4 * 256
