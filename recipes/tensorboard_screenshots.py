@@ -9,7 +9,7 @@ It starts ``tensorboard --logdir <logdir>`` on a free loopback port, opens it in
 ``tensorboard_gae_tab.png`` and ``tensorboard_gae_curves.png`` (the GAE dashboard),
 ``tensorboard_images.png``, ``tensorboard_custom_scalars.png`` and ``tensorboard_faithfulness_table.png``
 (the Text tab). The test of
-the dashboard (``tests/test_tensorboard_plugin.py``) drives the browser through the same
+the dashboard (``tests/tensorboard/test_plugin.py``) drives the browser through the same
 :class:`Chromium` and :func:`tensorboard_server`.
 """
 
