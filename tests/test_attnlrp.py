@@ -133,13 +133,15 @@ def test_bert_equals_lxt_on_the_same_weights(lxt_env, tmp_path, impl):
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_llama_last_position_equals_lxt(lxt_env, tmp_path, impl):
     model = llama(impl)
-    inputs = padded_batch(lengths=(9, 9), token_types=False)
-    inputs.pop("attention_mask")  # LXT's example explains unpadded prompts; a causal LM reads the last one
-    target = torch.tensor([5, 17])
+    inputs = padded_batch(lengths=(9, 6, 9), token_types=False)  # right padding: each row's last real token is read
+    target = torch.tensor([5, 17, 40])
     exp = lg.explain(model, inputs, target=target, method="attnlrp", query="last")
-    ref = lxt_relevance(lxt_env, tmp_path, "llama", model, impl, inputs, target, position=torch.tensor([8, 8]))
+    assert exp.query.tolist() == [8, 5, 8]
+    ref = lxt_relevance(lxt_env, tmp_path, "llama", model, impl, inputs, target, position=exp.query)
     assert torch.allclose(exp.score, ref["score"], atol=1e-5)
-    err = relative(exp.tokens, ref["relevance"])
+    keep = inputs["attention_mask"].bool()
+    assert torch.all(exp.tokens[~keep] == 0)
+    err = relative(exp.tokens[keep], ref["relevance"][keep])
     print(f"llama {impl}: max error vs LXT {err:.2e} of the largest |R|; conservation {exp.conservation.tolist()}")
     assert err < TOL
 
@@ -166,6 +168,14 @@ def test_batch_equals_one_sample_at_a_time():
         alone = lg.explain(model, one, target=int(batched.target[b]), method="attnlrp")
         assert relative(batched.tokens[b, :length], alone.tokens[0]) < 1e-5
         assert torch.allclose(batched.conservation[b], alone.conservation[0], atol=1e-5)
+
+
+def test_llama_grouped_query_sdpa_and_eager_agree():
+    inputs = padded_batch(lengths=(9, 6), token_types=False)
+    sdpa = lg.explain(llama("sdpa"), inputs, target=3, method="attnlrp", query="last")
+    eager = lg.explain(llama("eager"), inputs, target=3, method="attnlrp", query="last")
+    assert relative(sdpa.tokens, eager.tokens) < 1e-5 and sdpa.layers == eager.layers == [
+        "model.layers.0.self_attn", "model.layers.1.self_attn"]
 
 
 def test_explain_methods_runs_attnlrp_beside_the_attention_methods():
