@@ -5,9 +5,9 @@ tests/test_attnlrp.py builds it with ``pip install --target``), never in this pr
 
     PYTHONPATH=<lxt env> python tests/lxt_reference.py case.pt out.pt
 
-``case.pt`` holds ``model`` ("bert" or "llama"), ``config`` (keyword arguments of the config),
+``case.pt`` holds ``model`` (a key of ``MODELS``), ``config`` (keyword arguments of the config),
 ``implementation`` ("sdpa" or "eager"), ``state_dict``, ``inputs`` (keyword inputs without the
-embeddings), ``target`` ([B] class or token indices) and, for "llama", ``position`` ([B] positions
+embeddings), ``target`` ([B] class or token indices) and, for language models, ``position`` ([B] positions
 read). ``out.pt`` gets ``relevance`` [B, N] = sum over the hidden dim of (word-embedding output x its
 gradient), the score seeded with 1 as in LXT's README, and ``score`` [B].
 """
@@ -19,24 +19,28 @@ import sys
 import torch
 
 
+# kind -> (transformers family, config class, model class)
+MODELS = {
+    "bert": ("bert", "BertConfig", "BertForSequenceClassification"),
+    "llama": ("llama", "LlamaConfig", "LlamaForCausalLM"),
+    "gpt2": ("gpt2", "GPT2Config", "GPT2LMHeadModel"),
+}
+
+
 def main(case_path: str, out_path: str) -> None:
     case = torch.load(case_path, weights_only=False)
     from lxt.efficient import monkey_patch
 
-    if case["model"] == "bert":
-        from transformers import BertConfig
-        from transformers.models.bert import modeling_bert
+    import importlib
 
-        monkey_patch(modeling_bert)
-        config = BertConfig(**case["config"], attn_implementation=case["implementation"])
-        model = modeling_bert.BertForSequenceClassification(config)
-    else:
-        from transformers import LlamaConfig
-        from transformers.models.llama import modeling_llama
+    import transformers
 
-        monkey_patch(modeling_llama)
-        config = LlamaConfig(**case["config"], attn_implementation=case["implementation"])
-        model = modeling_llama.LlamaForCausalLM(config)
+    family, config_name, model_name = MODELS[case["model"]]
+    modeling = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+    monkey_patch(modeling)
+    config = getattr(transformers, config_name)(**case["config"], attn_implementation=case["implementation"])
+    # LXT's BERT patch swaps the module's classes for its own copies: take the class from the patched module.
+    model = getattr(modeling, model_name)(config)
     missing, unexpected = model.load_state_dict(case["state_dict"], strict=False)
     missing = [k for k in missing if not k.endswith(("position_ids", "token_type_ids", "rotary_emb.inv_freq"))]
     if missing or unexpected:

@@ -29,6 +29,9 @@ BERT = dict(vocab_size=120, hidden_size=64, num_hidden_layers=3, num_attention_h
             max_position_embeddings=32, type_vocab_size=2, num_labels=3, initializer_range=0.1)
 LLAMA = dict(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=96, max_position_embeddings=64, initializer_range=0.1, tie_word_embeddings=False)
+GPT2 = dict(vocab_size=120, n_embd=64, n_layer=2, n_head=4, n_positions=64, initializer_range=0.1,
+            bos_token_id=0, eos_token_id=0)
+CONFIGS = {"bert": BERT, "llama": LLAMA, "gpt2": GPT2}
 # LXT's environment: transformers 4.x (LXT 2.1 patches its modeling files) beside this project's torch.
 LXT_PINS = ["lxt==2.1", "transformers==4.53.3", "huggingface_hub==0.36.2", "tokenizers==0.21.4", "requests==2.34.2",
             "urllib3==2.8.0", "idna==3.20", "charset-normalizer==3.5.2", "certifi==2026.10.19.post1", "fsspec==2026.9.0"]
@@ -62,6 +65,13 @@ def llama(impl: str, seed: int = 0):
 
     torch.manual_seed(seed)
     return _perturbed(LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation=impl)), seed)
+
+
+def gpt2(impl: str, seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    return _perturbed(GPT2LMHeadModel(GPT2Config(**GPT2, attn_implementation=impl)), seed)
 
 
 def padded_batch(lengths=(10, 7, 4), vocab=120, token_types=True, seed=1):
@@ -101,7 +111,7 @@ def lxt_env(tmp_path_factory):
 
 
 def lxt_relevance(env: Path, tmp_path: Path, kind: str, model: nn.Module, impl: str, inputs: dict, target, position=None):
-    case = {"model": kind, "config": BERT if kind == "bert" else LLAMA, "implementation": impl,
+    case = {"model": kind, "config": CONFIGS[kind], "implementation": impl,
             "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()}, "inputs": inputs,
             "target": target, "position": position}
     torch.save(case, tmp_path / "case.pt")
@@ -131,18 +141,19 @@ def test_bert_equals_lxt_on_the_same_weights(lxt_env, tmp_path, impl):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
-def test_llama_last_position_equals_lxt(lxt_env, tmp_path, impl):
-    model = llama(impl)
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_causal_lm_last_position_equals_lxt(lxt_env, tmp_path, impl, kind):
+    model = {"llama": llama, "gpt2": gpt2}[kind](impl)
     inputs = padded_batch(lengths=(9, 6, 9), token_types=False)  # right padding: each row's last real token is read
     target = torch.tensor([5, 17, 40])
     exp = lg.explain(model, inputs, target=target, method="attnlrp", query="last")
     assert exp.query.tolist() == [8, 5, 8]
-    ref = lxt_relevance(lxt_env, tmp_path, "llama", model, impl, inputs, target, position=exp.query)
+    ref = lxt_relevance(lxt_env, tmp_path, kind, model, impl, inputs, target, position=exp.query)
     assert torch.allclose(exp.score, ref["score"], atol=1e-5)
     keep = inputs["attention_mask"].bool()
     assert torch.all(exp.tokens[~keep] == 0)
     err = relative(exp.tokens[keep], ref["relevance"][keep])
-    print(f"llama {impl}: max error vs LXT {err:.2e} of the largest |R|; conservation {exp.conservation.tolist()}")
+    print(f"{kind} {impl}: max error vs LXT {err:.2e} of the largest |R|; conservation {exp.conservation.tolist()}")
     assert err < TOL
 
 
