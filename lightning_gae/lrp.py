@@ -39,6 +39,8 @@ or hooked, also when the forward raises.
 from __future__ import annotations
 
 import inspect
+import sys
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -247,6 +249,8 @@ class _LRPMode(TorchFunctionMode):
         name = _op_name(func)
         inplace = name.endswith("_") and not name.startswith("_")
         base = name[:-1] if inplace else name
+        if base in _ACTIVATIONS and (kwargs.get("inplace") is True or any(a is True for a in args[1:])):
+            inplace = True  # F.relu(x, inplace=True): x's own value is gone before a rule could use it
         if func is F.layer_norm:
             b = _LN_SIGNATURE.bind(*args, **kwargs)
             return _layer_norm(**b.arguments)
@@ -280,9 +284,11 @@ class _LRPMode(TorchFunctionMode):
     def _refuse(self, func: Callable, inplace: bool, args: tuple, kwargs: dict) -> Any:
         if inplace:
             where = self.capture.current_path or "<model>"
+            module = self.capture.current_type
             raise UnsupportedOperation(
                 f"method='attnlrp' has no relevance rule for the in-place {_full_name(func)} on a relevance-carrying "
-                f"tensor (in module {where!r}); an in-place operation cannot be given one afterwards (lightning_gae.lrp)"
+                f"tensor (in module {where!r}{f', {module}' if module else ''}); an in-place operation cannot be given "
+                "one afterwards (lightning_gae.lrp)"
             )
         return self._no_rule(func, func(*args, **kwargs))
 
@@ -365,6 +371,7 @@ class LRPCapture:
         self._names = {m: n for n, m in model.named_modules(remove_duplicate=False)}
         self._stack: list[nn.Module] = []
         self._units = 0
+        self._unit_input: Tensor | None = None
         self._exit: ExitStack | None = None
         self.embeddings: list[Tensor] = []
         self.attention: list[str] = []
@@ -386,6 +393,7 @@ class LRPCapture:
         return self._units > 0
 
     def _note_attention(self, kind: str) -> None:
+        # One entry per run of consecutive calls in a module (Q·Kᵀ and A·V of one eager attention are one).
         path = self.current_path
         if not self.attention or self.attention[-1] != path:
             self.attention.append(path)
@@ -394,21 +402,26 @@ class LRPCapture:
         if _op_name(func) in ("matmul", "bmm", "einsum", "baddbmm"):
             self._note_attention("matmul")
 
-    def _push(self, module: nn.Module, args: Any) -> None:
+    def _push(self, module: nn.Module, args: Any) -> Any:
+        self._stack.append(module)
         if self._units:
             self._units += 1
         elif _is_activation_module(module) and args and _live(args[0]):
             self._units = 1
-        self._stack.append(module)
+            self._unit_input = args[0]
+            if getattr(module, "inplace", False) is True:
+                # nn.ReLU(inplace=True) would overwrite the input the identity rule divides by.
+                return (args[0].clone(), *args[1:])
+        return None
 
     def _pop(self, module: nn.Module, args: Any, output: Any) -> Any:
         if self._stack:
             self._stack.pop()
         if self._units:
             self._units -= 1
-            if self._units == 0 and isinstance(output, Tensor) and args and _live(args[0]) \
-                    and output.shape == args[0].shape:
-                return identity_rule(args[0], output)
+            x, self._unit_input = (self._unit_input, None) if self._units == 0 else (None, self._unit_input)
+            if x is not None and isinstance(output, Tensor) and output.shape == x.shape:
+                return identity_rule(x, output)
         return None
 
     def _leaf(self, module: nn.Module, args: Any, output: Any) -> Tensor:
@@ -425,6 +438,11 @@ class LRPCapture:
     def __enter__(self) -> LRPCapture:
         self.embeddings, self.attention, self._stack, self._units = [], [], [], 0
         with ExitStack() as stack:
+            if "torch._dynamo" in sys.modules:
+                # A torch.compile'd submodule runs eagerly, as under the capture: Dynamo would trace the mode.
+                stack.enter_context(torch.compiler.set_stance("force_eager"))
+                stack.enter_context(warnings.catch_warnings())
+                warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
             stack.enter_context(self.embedding.register_forward_hook(self._leaf))
             stack.enter_context(nn.modules.module.register_module_forward_pre_hook(self._push))
             stack.enter_context(nn.modules.module.register_module_forward_hook(self._pop, always_call=True))
@@ -434,7 +452,7 @@ class LRPCapture:
 
     def __exit__(self, *exc: Any) -> None:
         exit_stack, self._exit = self._exit, None
-        self._stack, self._units = [], 0
+        self._stack, self._units, self._unit_input = [], 0, None
         if exit_stack is not None:
             exit_stack.close()
 

@@ -262,6 +262,37 @@ def test_an_operation_without_a_rule_on_the_path_raises_with_its_module():
     assert model.embed._forward_hooks == {}
 
 
+class Lambda(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+@pytest.mark.parametrize("fn, name", [
+    (torch.exp, "exp"), (lambda x: x.abs(), "abs"), (lambda x: x.clamp(min=0), "clamp"), (lambda x: 1 / x, "div"),
+    (lambda x: x / x.norm(dim=-1, keepdim=True), "div"), (lambda x: torch.erf(x) * x, "erf"),
+    (lambda x: x.amax(-1, keepdim=True) + x, "amax"),
+])
+def test_every_operation_without_a_rule_raises_on_the_path(fn, name):
+    with pytest.raises(UnsupportedOperation, match=rf"{name}.*'extra', Lambda"):
+        lg.explain(TinyLM(extra=Lambda(fn)).eval(), torch.randint(0, 30, (2, 6)), method="attnlrp")
+
+
+def test_an_in_place_operation_without_a_rule_raises_at_once():
+    with pytest.raises(UnsupportedOperation, match=r"in-place .*relu .*'extra', Lambda"):
+        lg.explain(TinyLM(extra=Lambda(lambda x: F.relu(x, inplace=True))).eval(), torch.randint(0, 30, (2, 6)), method="attnlrp")
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_an_in_place_activation_module_is_one_unit_on_its_input(inplace):
+    ids = torch.randint(0, 30, (2, 6), generator=torch.Generator().manual_seed(3))
+    exp = lg.explain(TinyLM(act=nn.SiLU(inplace=inplace)).eval(), ids, target=2, method="attnlrp")
+    assert relative(exp.tokens, dense_tiny_reference(TinyLM().eval(), ids, 2)) < 1e-5
+
+
 class OffPath(nn.Module):
     """An unsupported operation whose result is held constant: never on the explained path."""
 
@@ -283,6 +314,8 @@ def test_the_model_is_untouched():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert [p.requires_grad for p in model.parameters()] == flags and all(p.grad is None for p in model.parameters())
     assert not torch.overrides._is_torch_function_mode_enabled()
+    assert not nn.modules.module._global_forward_hooks and not nn.modules.module._global_forward_pre_hooks
+    assert all(not m._forward_hooks for m in model.modules())
 
 
 def test_multi_head_attention_through_a_named_embedding_layer():
