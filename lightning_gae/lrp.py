@@ -6,9 +6,10 @@ propagates relevance: the relevance of a tensor ``x`` is ``x * grad(x)`` where `
 modified gradient of the explained score. The choices are LXT's (the reference implementation,
 ``lxt.efficient``, v2.1):
 
-* linear maps (``F.linear``, convolutions, ``addmm``, products with a constant or a weight) and
-  sums (residuals, biases): the plain gradient, i.e. epsilon-LRP with epsilon = 0, the biases
-  absorbing their share (``lxt/efficient/patches.py``: no patch on ``nn.Linear``);
+* linear maps (``F.linear``, convolutions, ``addmm``, products with a constant or a weight,
+  batch norm with running statistics) and sums (residuals, biases): the plain gradient, i.e.
+  epsilon-LRP with epsilon = 0, the biases absorbing their share (``lxt/efficient/patches.py``
+  has no patch for ``nn.Linear``);
 * LayerNorm and RMSNorm: the standard deviation held constant (detached), the gradient still
   flowing through the mean (``layer_norm_forward`` / ``rms_norm_forward``). A hand-written norm is
   covered by holding every ``sqrt`` / ``rsqrt`` / ``std`` of a relevance-carrying tensor constant;
@@ -118,7 +119,6 @@ def scale_gradient(x: Tensor, factor: float) -> Tensor:
 
 # Linear in every relevance-carrying operand, shape ops and casts: the plain gradient is the rule.
 _LINEAR = {
-    "linear", "addmm", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
     "add", "sub", "neg", "sum", "mean", "cumsum", "embedding", "softmax",
     "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
     "contiguous", "clone", "to", "type", "type_as", "float", "half", "bfloat16", "double", "cpu", "cuda",
@@ -130,7 +130,12 @@ _LINEAR = {
     "unfold", "diagonal",
 }
 # Products: linear when one operand carries relevance, the uniform rule when two do.
-_PRODUCTS = {"mul", "matmul", "bmm", "mm", "einsum", "baddbmm"}
+_PRODUCTS = {"mul", "matmul", "bmm", "mm", "einsum"}
+# Linear in each operand, but bilinear when the input and the weight both carry relevance (no rule then):
+# the positions of the multiplied operands.
+_WEIGHTED = {"linear": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2), "conv1d": (0, 1),
+             "conv2d": (0, 1), "conv3d": (0, 1), "conv_transpose1d": (0, 1), "conv_transpose2d": (0, 1),
+             "conv_transpose3d": (0, 1), "bilinear": (0, 1)}
 # Elementwise activations: the identity rule.
 _ACTIVATIONS = {
     "gelu", "silu", "relu", "relu6", "leaky_relu", "elu", "selu", "celu", "mish", "softplus", "hardswish",
@@ -277,6 +282,15 @@ class _LRPMode(TorchFunctionMode):
                 return self._refuse(func, inplace, args, kwargs)
             self.capture._note_product(func)
             return _Scale.apply(func(*args, **kwargs), 0.5)
+        if base in _WEIGHTED:
+            multiplied = [args[i] for i in _WEIGHTED[base] if i < len(args)]
+            if base == "bilinear" or sum(_live(t) for t in multiplied) > 1:
+                return self._refuse(func, inplace, args, kwargs)
+            return func(*args, **kwargs)
+        if base == "batch_norm":
+            training = kwargs.get("training", args[5] if len(args) > 5 else False)
+            # With running statistics (eval mode) it is an affine map per channel.
+            return self._refuse(func, inplace, args, kwargs) if training else func(*args, **kwargs)
         if base in _LINEAR or name in ("detach", "requires_grad_"):
             return func(*args, **kwargs)
         return self._refuse(func, inplace, args, kwargs)
@@ -297,8 +311,6 @@ class _LRPMode(TorchFunctionMode):
         if base == "einsum":
             rest = list(args[1:])
             return list(rest[0]) if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
-        if base == "baddbmm":
-            return [args[1] if len(args) > 1 else kwargs.get("batch1"), args[2] if len(args) > 2 else kwargs.get("batch2")]
         lhs = args[0] if args else kwargs.get("input")
         rhs = args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("mat2"))
         return [lhs, rhs]

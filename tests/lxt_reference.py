@@ -24,6 +24,7 @@ MODELS = {
     "bert": ("bert", "BertConfig", "BertForSequenceClassification"),
     "llama": ("llama", "LlamaConfig", "LlamaForCausalLM"),
     "gpt2": ("gpt2", "GPT2Config", "GPT2LMHeadModel"),
+    "qwen2": ("qwen2", "Qwen2Config", "Qwen2ForCausalLM"),
 }
 
 

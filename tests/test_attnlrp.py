@@ -31,7 +31,8 @@ LLAMA = dict(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_
              intermediate_size=96, max_position_embeddings=64, initializer_range=0.1, tie_word_embeddings=False)
 GPT2 = dict(vocab_size=120, n_embd=64, n_layer=2, n_head=4, n_positions=64, initializer_range=0.1,
             bos_token_id=0, eos_token_id=0)
-CONFIGS = {"bert": BERT, "llama": LLAMA, "gpt2": GPT2}
+QWEN2 = dict(LLAMA, num_key_value_heads=1)
+CONFIGS = {"bert": BERT, "llama": LLAMA, "gpt2": GPT2, "qwen2": QWEN2}
 # LXT's environment: transformers 4.x (LXT 2.1 patches its modeling files) beside this project's torch.
 LXT_PINS = ["lxt==2.1", "transformers==4.53.3", "huggingface_hub==0.36.2", "tokenizers==0.21.4", "requests==2.34.2",
             "urllib3==2.8.0", "idna==3.20", "charset-normalizer==3.5.2", "certifi==2026.10.19.post1", "fsspec==2026.9.0"]
@@ -72,6 +73,13 @@ def gpt2(impl: str, seed: int = 0):
 
     torch.manual_seed(seed)
     return _perturbed(GPT2LMHeadModel(GPT2Config(**GPT2, attn_implementation=impl)), seed)
+
+
+def qwen2(impl: str, seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    return _perturbed(Qwen2ForCausalLM(Qwen2Config(**QWEN2, attn_implementation=impl)), seed)
 
 
 def padded_batch(lengths=(10, 7, 4), vocab=120, token_types=True, seed=1):
@@ -141,9 +149,9 @@ def test_bert_equals_lxt_on_the_same_weights(lxt_env, tmp_path, impl):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
-@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "qwen2"])
 def test_causal_lm_last_position_equals_lxt(lxt_env, tmp_path, impl, kind):
-    model = {"llama": llama, "gpt2": gpt2}[kind](impl)
+    model = {"llama": llama, "gpt2": gpt2, "qwen2": qwen2}[kind](impl)
     inputs = padded_batch(lengths=(9, 6, 9), token_types=False)  # right padding: each row's last real token is read
     target = torch.tensor([5, 17, 40])
     exp = lg.explain(model, inputs, target=target, method="attnlrp", query="last")
@@ -275,6 +283,7 @@ class Lambda(nn.Module):
     (torch.exp, "exp"), (lambda x: x.abs(), "abs"), (lambda x: x.clamp(min=0), "clamp"), (lambda x: 1 / x, "div"),
     (lambda x: x / x.norm(dim=-1, keepdim=True), "div"), (lambda x: torch.erf(x) * x, "erf"),
     (lambda x: x.amax(-1, keepdim=True) + x, "amax"),
+    (lambda x: F.linear(x, torch.cat([x[0]] * 3)[:16]), "linear"),  # a weight computed from the input: bilinear
 ])
 def test_every_operation_without_a_rule_raises_on_the_path(fn, name):
     with pytest.raises(UnsupportedOperation, match=rf"{name}.*'extra', Lambda"):
