@@ -485,9 +485,11 @@ def relevance_forward(model: nn.Module, args: tuple, kwargs: dict, embedding_lay
     with capture:
         output = capture.forward(*args, **kwargs)
     if len(capture.embeddings) != 1:
+        runs = "never ran" if not capture.embeddings else f"ran {len(capture.embeddings)} times"
         raise ValueError(
-            f"the word embedding ({type(capture.embedding).__name__}) ran {len(capture.embeddings)} times in the forward; "
-            "method='attnlrp' explains one call of it (pass embedding_layer= naming the module to explain)"
+            f"the word embedding ({type(capture.embedding).__name__}) {runs} in the forward; method='attnlrp' explains "
+            "one call of one module (an encoder-decoder may embed through its own modules, e.g. "
+            "'model.encoder.embed_tokens'): pass embedding_layer= naming it"
         )
     embeddings = capture.embeddings[0]
     if embeddings.dim() != 3:

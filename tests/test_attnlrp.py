@@ -352,3 +352,18 @@ def test_a_model_without_word_embeddings_asks_for_embedding_layer():
     model = nn.Sequential(nn.Linear(4, 4))
     with pytest.raises(ValueError, match="embedding_layer="):
         lg.explain(model, torch.randn(2, 3, 4), method="attnlrp")
+
+
+def test_an_embedding_that_never_runs_or_runs_twice_is_named():
+    class Twice(TinyLM):
+        def forward(self, ids):
+            return super().forward(ids) + self.head(self.embed(ids).mean(1))
+
+    with pytest.raises(ValueError, match=r"Embedding\) ran 2 times.*embedding_layer="):
+        lg.explain(Twice().eval(), torch.randint(0, 30, (2, 6)), method="attnlrp")
+    model = TinyLM().eval()
+    model.unused = nn.Embedding(3, 3)
+    with pytest.raises(ValueError, match=r"never ran.*embedding_layer="):
+        lg.explain(model, torch.randint(0, 30, (2, 6)), method="attnlrp", embedding_layer="unused")
+    with pytest.raises(ValueError, match=r"is not a module of TinyLM"):
+        lg.explain(model, torch.randint(0, 30, (2, 6)), method="attnlrp", embedding_layer=nn.Embedding(3, 3))
