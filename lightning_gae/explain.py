@@ -13,16 +13,19 @@ from typing import Any, Literal, Union
 import torch
 from torch import Tensor, nn
 
-from lightning_gae import rules
+from lightning_gae import lrp, rules
 from lightning_gae._structures import Target, call_args, eval_mode, map_tensors, model_logits, nonfinite_inputs
 from lightning_gae.attn_gradcam_vit import attn_gradcam_vit_row
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.streams import Streams, TokenSets, assign_token_sets
 
-__all__ = ["Explanation", "allow_slow_attention_flow", "attention_flow_seconds", "explain", "eval_mode", "METHODS", "map_tensors", "model_logits"]
+__all__ = ["Explanation", "LRP_METHODS", "allow_slow_attention_flow", "attention_flow_seconds", "explain", "eval_mode", "METHODS", "map_tensors", "model_logits"]
 
-Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit", "attention_flow"]
+Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit", "attention_flow", "attnlrp"]
 METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit", "attention_flow")
+# Relevance propagation through the whole model rather than through the attention maps: explain() takes
+# them, METHODS (the attention methods that compare, the callback and the attribution table run) does not.
+LRP_METHODS: tuple[str, ...] = ("attnlrp",)
 _NEEDS_GRAD = {"gae", "attn_gradcam", "attn_gradcam_vit"}
 _LAST_LAYER_ONLY = {"raw_attention", "attn_gradcam", "attn_gradcam_vit"}
 Query = Union[int, Literal["last", "mean"], Sequence[int], Tensor]
@@ -41,7 +44,7 @@ class Explanation:
         logits: the logits the explanation was read from, detached (None when the output had none).
         target: ``[B]`` class indices explained, or None for a callable target.
         score: ``[B]`` the explained scalar ``y_t`` of each sample, detached.
-        method: a name in :data:`METHODS` (``"gae"``, ``"rollout"``, ``"raw_attention"``, ...).
+        method: a name in :data:`METHODS` (``"gae"``, ``"rollout"``, ``"raw_attention"``, ...) or ``"attnlrp"``.
         layers: module paths of the attention layers used, in call order.
         query: ``[B]`` index of the token whose row was read out (None for ``query="mean"``).
         relevance: token set name -> float32 ``[B, N_set]``: every set's relevance for the
@@ -49,6 +52,8 @@ class Explanation:
             for encoder-decoders; ``"text"``/``"image"`` for dual encoders). Padding and the
             query's own entry are 0.
         query_set: the token set ``tokens`` belongs to.
+        conservation: ``[B]`` float32, ``method="attnlrp"`` only (else None): sum of each sample's token
+            relevance / its explained score; biases and position/token-type embeddings absorb the rest.
     """
 
     tokens: Tensor
@@ -60,6 +65,7 @@ class Explanation:
     query: Tensor | None = None
     relevance: dict[str, Tensor] = field(default_factory=dict)
     query_set: str = "tokens"
+    conservation: Tensor | None = None
 
 
 def _keep_mask(kwargs: Mapping[str, Any], batch: int, num_tokens: int) -> Tensor | None:
@@ -416,6 +422,7 @@ def explain(
     query: Query | Mapping[str, Query] | None = None,
     attention_modules: Sequence[str] | str | None = None,
     streams: Streams | None = None,
+    embedding_layer: nn.Module | str | None = None,
 ) -> Explanation:
     """Explain ``model``'s prediction on a batch with GAE (or a baseline): one forward, one backward.
 
@@ -435,7 +442,8 @@ def explain(
             (weighted by the readout row's gradient mean, the ViT baseline of the CVPR 2021 table) or
             ``"attention_flow"`` (Abnar & Zuidema's max flow through the layered attention graph: one
             token set, one readout token; one max-flow per token and sample, so a call estimated
-            above a minute raises unless run inside :func:`allow_slow_attention_flow`).
+            above a minute raises unless run inside :func:`allow_slow_attention_flow`) or ``"attnlrp"``
+            (AttnLRP with LXT's rules, :mod:`lightning_gae.lrp`: every token's word-embedding relevance).
         query: the token of the query set whose relevance row is read: an index (a decoder
             position for encoder-decoders; default: the family's readout where a preset knows it,
             such as BART classifiers' last EOS, else 0, the CLS token), ``"last"`` (the last real token),
@@ -448,6 +456,8 @@ def explain(
             calls of its parent). See :class:`lightning_gae.capture.AttentionRecorder`.
         streams: a :class:`~lightning_gae.Streams` declaring the token sets, for models with
             several sets that no preset or data-flow inference assigns.
+        embedding_layer: for ``"attnlrp"``: the word-embedding module (or its path) whose output is
+            explained; default: the model's Hugging Face ``get_input_embeddings()``.
 
     Returns:
         An :class:`Explanation`: ``tokens`` is the query set's float32 ``[B, N]`` row and
@@ -458,7 +468,8 @@ def explain(
             what the forward did), windowed or batch-folded attention, attention the engine
             cannot propagate or assign to token sets (the message names the module and the fix), or
             ``"attention_flow"`` on several token sets, with ``query="mean"`` or on a size it would
-            take minutes on (see :func:`allow_slow_attention_flow`).
+            take minutes on (see :func:`allow_slow_attention_flow`); ``"attnlrp"`` without a word
+            embedding or through an operation it has no rule for (:class:`~lightning_gae.lrp.UnsupportedOperation`).
 
     Example::
 
@@ -468,7 +479,8 @@ def explain(
         exp = explain(t5, batch, query=3)                # decoder position 3
         exp.relevance["encoder"], exp.relevance["decoder"]
     """
-    return explain_methods(model, inputs, (method,), target, query, attention_modules, streams)[method]
+    return explain_methods(model, inputs, (method,), target, query, attention_modules, streams,
+                           embedding_layer=embedding_layer)[method]
 
 
 def explain_methods(
@@ -479,33 +491,69 @@ def explain_methods(
     query: Query | Mapping[str, Query] | None = None,
     attention_modules: Sequence[str] | str | None = None,
     streams: Streams | None = None,
+    embedding_layer: nn.Module | str | None = None,
 ) -> dict[str, Explanation]:
     """:func:`explain` with several methods from one recorded forward (and at most one backward).
 
     Each value equals ``explain(..., method=m)``; the forward, the token sets and the gradients are
     shared, which is what the callback and ``compare`` pay for once per batch instead of per method.
     GAE alone takes the memory-lean path; with other methods the probabilities are recorded once.
+    ``"attnlrp"`` runs its own forward and backward (its forward computes different gradients).
     """
     methods = tuple(dict.fromkeys(methods))
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in METHODS + LRP_METHODS]
     if unknown or not methods:
-        raise ValueError(f"method={unknown[0] if unknown else methods!r}; choose one of {METHODS}")
+        raise ValueError(f"method={unknown[0] if unknown else methods!r}; choose one of {METHODS + LRP_METHODS}")
     model = _unwrap_compiled(model)
     _pooling_warning(model, query)
-    try:
-        return _explain(model, inputs, target, methods, query, attention_modules, streams, lean=methods == ("gae",))
-    except _OutOfOrder:
-        return _explain(model, inputs, target, methods, query, attention_modules, streams, lean=False)
+    found: dict[str, Explanation] = {}
+    if "attnlrp" in methods:
+        found["attnlrp"] = _explain_attnlrp(model, inputs, target, query, embedding_layer)
+    rest = tuple(m for m in methods if m != "attnlrp")
+    if rest:
+        try:
+            found.update(_explain(model, inputs, target, rest, query, attention_modules, streams, lean=rest == ("gae",)))
+        except _OutOfOrder:
+            found.update(_explain(model, inputs, target, rest, query, attention_modules, streams, lean=False))
+    return {m: found[m] for m in methods}
 
 
-def _explain(model: nn.Module, inputs: Any, target: Target, methods: tuple[str, ...], query: Any,
-             attention_modules: Sequence[str] | str | None, streams: Streams | None, lean: bool) -> dict[str, Explanation]:
+def _refuse_nonfinite(inputs: Any) -> None:
     bad = nonfinite_inputs(inputs)
     if bad:
         # Every relevance computed from them would be NaN, silently: say where they are instead.
         where = ", ".join(f"{count} in {name}" for name, count in bad.items())
         raise ValueError(f"the inputs hold NaN or inf values ({where}); an explanation of them would be NaN. Drop or "
                          "repair those samples before explaining them")
+
+
+def _explain_attnlrp(model: nn.Module, inputs: Any, target: Target, query: Any,
+                     embedding_layer: nn.Module | str | None) -> Explanation:
+    """``method="attnlrp"``: one forward under :class:`~lightning_gae.lrp.LRPCapture`, one backward."""
+    _refuse_nonfinite(inputs)
+    if isinstance(query, Mapping):
+        raise ValueError("method='attnlrp' explains one score per sample; query={set: ...} is for models with several token sets")
+    cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
+        args, kwargs = call_args(map_tensors(inputs, lambda t: t.detach().clone()))
+        run = lrp.relevance_forward(model, args, kwargs, embedding_layer)
+        batch, num_tokens = run.embeddings.shape[:2]
+        logits = model_logits(run.output)
+        keep = _keep_mask(kwargs, batch, num_tokens)
+        device = run.embeddings.device
+        keep = torch.ones(batch, num_tokens, dtype=torch.bool, device=device) if keep is None else keep.to(device)
+        query_index = _query_index(_resolve(0 if query is None else query, kwargs, args), batch, num_tokens, keep, device)
+        score, target_index = _target_scores(run.output, logits, target, query_index, batch)
+        tokens, conservation = lrp.token_relevance(run.embeddings, score, keep)
+    return Explanation(tokens=tokens, logits=None if logits is None else logits.detach(), target=target_index,
+                       score=score.detach(), method="attnlrp", layers=run.attention,
+                       query=None if query_index.is_floating_point() else query_index, relevance={"tokens": tokens},
+                       conservation=conservation)
+
+
+def _explain(model: nn.Module, inputs: Any, target: Target, methods: tuple[str, ...], query: Any,
+             attention_modules: Sequence[str] | str | None, streams: Streams | None, lean: bool) -> dict[str, Explanation]:
+    _refuse_nonfinite(inputs)
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     # The graph is built for every method: token sets are told apart by following it.
     with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():

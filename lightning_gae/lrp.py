@@ -1,0 +1,511 @@
+"""AttnLRP (Achtibat et al., ICML 2024) on unmodified models, in gradient form.
+
+While :class:`LRPCapture` is active, the operations of a model's forward are swapped, through the
+same ``TorchFunctionMode`` mechanism as :mod:`lightning_gae.capture`, for ones whose backward pass
+propagates relevance: the relevance of a tensor ``x`` is ``x * grad(x)`` where ``grad`` is the
+modified gradient of the explained score. The choices are LXT's (the reference implementation,
+``lxt.efficient``, v2.1):
+
+* linear maps (``F.linear``, convolutions, ``addmm``, products with a constant or a weight,
+  batch norm with running statistics) and sums (residuals, biases): the plain gradient, i.e.
+  epsilon-LRP with epsilon = 0, the biases absorbing their share (``lxt/efficient/patches.py``
+  has no patch for ``nn.Linear``);
+* LayerNorm and RMSNorm: the standard deviation held constant (detached), the gradient still
+  flowing through the mean (``layer_norm_forward`` / ``rms_norm_forward``). A hand-written norm is
+  covered by holding every ``sqrt`` / ``rsqrt`` / ``std`` of a relevance-carrying tensor constant;
+* elementwise activations: the identity rule, ``grad_in = f(x) / x * grad_out``
+  (``identity_rule_implicit``); an activation *module* (``nn.GELU``, Hugging Face's
+  ``transformers.activations`` classes...) is one unit whatever it computes inside;
+* a product of two relevance-carrying tensors (``Q Kᵀ``, ``A V``, the gated MLP's ``act(g) * u``):
+  the uniform rule, half of the gradient to each side (``divide_gradient(., 2)`` after the
+  product). Attention thus sends a quarter of the gradient to ``q`` and to ``k`` and half to ``v``
+  (LXT's ``wrap_attention_forward``: ``divide_gradient(query, 4)``, ``(key, 4)``, ``(value, 2)``),
+  applied to ``q``/``k`` after RoPE and before grouped key/value heads are repeated;
+* softmax: its plain gradient (LXT applies no rule to it); scaling by constants, shape ops,
+  dropout (eval mode) and dtype casts: unchanged.
+
+Fused attention (``F.scaled_dot_product_attention``, ``F.multi_head_attention_forward``) is
+computed explicitly as in :mod:`lightning_gae.capture`, with the attention rule on its inputs.
+
+Which tensors carry relevance: the forward runs with the model's parameters detached
+(``torch.func.functional_call``) and the word-embedding output made a leaf, so a tensor requires
+grad exactly when it depends on the explained tokens. An operation with no rule whose output
+carries relevance is let through in the forward but its backward raises :class:`UnsupportedOperation`
+naming the operation and the module it ran in: it fires only when the operation lies on the path
+from the inputs to the explained score (a norm's variance that is then held constant never does).
+In-place operations without a rule raise at once. Outside the ``with`` block nothing is patched
+or hooked, also when the forward raises.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode, resolve_name
+
+from lightning_gae.capture import explicit_multi_head_attention_forward, explicit_scaled_dot_product_attention
+
+__all__ = ["LRPCapture", "LRPForward", "UnsupportedOperation", "relevance_forward", "token_relevance", "word_embedding"]
+
+
+class UnsupportedOperation(ValueError):
+    """An operation on the path from the inputs to the explained score has no AttnLRP rule."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Autograd functions: forward as the model's, backward with the rule.
+
+
+class _Scale(torch.autograd.Function):
+    """Identity forward; the gradient multiplied by ``factor`` (the uniform rule's split)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, factor: float) -> Tensor:
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad * ctx.factor, None
+
+
+class _IdentityRule(torch.autograd.Function):
+    """``y = f(x)`` in the forward (``y`` given); ``grad_x = y / x * grad_y``, so ``x * grad_x = y * grad_y``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, y: Tensor) -> Tensor:
+        ratio = torch.where(x == 0, torch.zeros_like(y), y / torch.where(x == 0, torch.ones_like(x), x))
+        ctx.save_for_backward(ratio)
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        (ratio,) = ctx.saved_tensors
+        return (ratio * grad).to(grad.dtype), None
+
+
+class _NoRule(torch.autograd.Function):
+    """Identity forward; a backward that raises: the operation lies on the explained path."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, message: str) -> Tensor:
+        ctx.message = message
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        raise UnsupportedOperation(ctx.message)
+
+
+def identity_rule(x: Tensor, y: Tensor) -> Tensor:
+    return _IdentityRule.apply(x, y.detach())
+
+
+def scale_gradient(x: Tensor, factor: float) -> Tensor:
+    return _Scale.apply(x, factor) if isinstance(x, Tensor) and x.requires_grad else x
+
+
+# ---------------------------------------------------------------------------------------------
+# Which operation is which.
+
+# Linear in every relevance-carrying operand, shape ops and casts: the plain gradient is the rule.
+_LINEAR = {
+    "add", "sub", "neg", "sum", "mean", "cumsum", "embedding", "softmax",
+    "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+    "contiguous", "clone", "to", "type", "type_as", "float", "half", "bfloat16", "double", "cpu", "cuda",
+    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze", "transpose",
+    "swapaxes", "swapdims", "t", "T", "mT", "permute", "movedim", "moveaxis", "expand", "expand_as", "repeat",
+    "repeat_interleave", "tile", "narrow", "select", "getitem", "setitem", "index_select", "gather",
+    "take_along_dim", "split", "split_with_sizes", "chunk", "tensor_split", "unbind", "cat", "concat",
+    "concatenate", "stack", "hstack", "vstack", "roll", "flip", "pad", "masked_fill", "tril", "triu", "where",
+    "unfold", "diagonal",
+}
+# Products: linear when one operand carries relevance, the uniform rule when two do.
+_PRODUCTS = {"mul", "matmul", "bmm", "mm", "einsum"}
+# Linear in each operand, but bilinear when the input and the weight both carry relevance (no rule then):
+# the positions of the multiplied operands.
+_WEIGHTED = {"linear": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2), "conv1d": (0, 1),
+             "conv2d": (0, 1), "conv3d": (0, 1), "conv_transpose1d": (0, 1), "conv_transpose2d": (0, 1),
+             "conv_transpose3d": (0, 1), "bilinear": (0, 1)}
+# Elementwise activations: the identity rule.
+_ACTIVATIONS = {
+    "gelu", "silu", "relu", "relu6", "leaky_relu", "elu", "selu", "celu", "mish", "softplus", "hardswish",
+    "hardsigmoid", "hardtanh", "tanh", "sigmoid",
+}
+# A norm's standard deviation (or its inverse): held constant.
+_NORM_STATISTICS = {"sqrt", "rsqrt", "std"}
+_DUNDER = {
+    "__add__": "add", "__radd__": "add", "__iadd__": "add_", "__sub__": "sub", "__rsub__": "sub",
+    "__isub__": "sub_", "__mul__": "mul", "__rmul__": "mul", "__imul__": "mul_", "__truediv__": "div",
+    "__itruediv__": "div_", "__rtruediv__": "rdiv", "__matmul__": "matmul", "__rmatmul__": "matmul",
+    "__neg__": "neg", "__getitem__": "getitem", "__setitem__": "setitem", "__pow__": "pow", "__rpow__": "rpow",
+}
+_ACTIVATION_MODULES_EXCLUDED = (nn.Softmax, nn.Softmin, nn.LogSoftmax, nn.Softmax2d, nn.MultiheadAttention, nn.GLU)
+
+
+def _op_name(func: Callable) -> str:
+    full = resolve_name(func) or getattr(func, "__name__", None) or repr(func)
+    parts = full.split(".")
+    name = parts[-2] if parts[-1] == "__get__" and len(parts) > 1 else parts[-1]
+    name = _DUNDER.get(name, name)
+    if name in ("true_divide", "divide"):
+        name = "div"
+    return name
+
+
+def _full_name(func: Callable) -> str:
+    return resolve_name(func) or getattr(func, "__qualname__", None) or repr(func)
+
+
+def _flat_tensors(args: Sequence[Any], kwargs: dict) -> list[Tensor]:
+    found = []
+    for a in [*args, *kwargs.values()]:
+        if isinstance(a, Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(t for t in a if isinstance(t, Tensor))
+    return found
+
+
+def _live(t: Any) -> bool:
+    return isinstance(t, Tensor) and t.requires_grad
+
+
+def _is_activation_module(module: nn.Module) -> bool:
+    if isinstance(module, _ACTIVATION_MODULES_EXCLUDED):
+        return False
+    cls = type(module)
+    return cls.__module__ in ("torch.nn.modules.activation", "transformers.activations")
+
+
+def _layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+                bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """LXT's ``layer_norm_forward``: ``(x - mean) / std`` with ``std`` detached."""
+    dims = tuple(range(-len(normalized_shape), 0))
+    mean = input.mean(dim=dims, keepdim=True)
+    var = ((input - mean) ** 2).mean(dim=dims, keepdim=True)
+    y = (input - mean) / (var + eps).sqrt().detach()
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def _rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+              eps: float | None = None) -> Tensor:
+    """LXT's ``rms_norm_forward``: ``x * rsqrt(mean(x²) + eps)`` with the factor detached."""
+    dims = tuple(range(-len(normalized_shape), 0))
+    eps = torch.finfo(input.dtype).eps if eps is None else eps
+    y = input * torch.rsqrt(input.pow(2).mean(dim=dims, keepdim=True) + eps).detach()
+    return y if weight is None else y * weight
+
+
+_LN_SIGNATURE = inspect.signature(F.layer_norm)
+_RMS_SIGNATURE = inspect.signature(F.rms_norm)
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
+
+
+class _LRPMode(TorchFunctionMode):
+    """Swaps each operation of the forward for its AttnLRP form (see the module docstring)."""
+
+    def __init__(self, capture: LRPCapture) -> None:
+        super().__init__()
+        self.capture = capture
+
+    def _no_rule(self, func: Callable, out: Any) -> Any:
+        where = self.capture.current_path or "<model>"
+        module = self.capture.current_type
+        message = (
+            f"method='attnlrp' has no relevance rule for {_full_name(func)} (in module {where!r}"
+            f"{f', {module}' if module else ''}), which lies on the path from the inputs to the explained score; "
+            "its plain gradient would give a silently wrong map. Supported: linear maps, sums, LayerNorm/RMSNorm, "
+            "elementwise activations, products (uniform rule), softmax, attention (SDPA, nn.MultiheadAttention, "
+            "softmax -> matmul) and shape ops (lightning_gae.lrp)."
+        )
+        if isinstance(out, Tensor):
+            return _NoRule.apply(out, message) if out.requires_grad else out
+        if isinstance(out, (tuple, list)):
+            return type(out)(_NoRule.apply(t, message) if _live(t) else t for t in out)
+        return out
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if self.capture._in_unit:
+            # Inside an activation module: its output is replaced by the identity rule as one unit.
+            return func(*args, **kwargs)
+        if func is F.scaled_dot_product_attention:
+            return self._sdpa(args, kwargs)
+        if func is F.multi_head_attention_forward:
+            return self._mha(args, kwargs)
+        live = [t for t in _flat_tensors(args, kwargs) if t.requires_grad]
+        if not live:
+            return func(*args, **kwargs)
+        name = _op_name(func)
+        inplace = name.endswith("_") and not name.startswith("_")
+        base = name[:-1] if inplace else name
+        if base in _ACTIVATIONS and (kwargs.get("inplace") is True or any(a is True for a in args[1:])):
+            inplace = True  # F.relu(x, inplace=True): x's own value is gone before a rule could use it
+        if func is F.layer_norm:
+            b = _LN_SIGNATURE.bind(*args, **kwargs)
+            return _layer_norm(**b.arguments)
+        if func is F.rms_norm:
+            b = _RMS_SIGNATURE.bind(*args, **kwargs)
+            return _rms_norm(**b.arguments)
+        if base in _NORM_STATISTICS and not inplace:
+            return func(*args, **kwargs).detach()
+        if base in _ACTIVATIONS and not inplace:
+            x = args[0] if args else kwargs.get("input")
+            out = func(*args, **kwargs)
+            return identity_rule(x, out) if _live(x) else out
+        if base in _PRODUCTS or base == "div":
+            operands = self._product_operands(base, args, kwargs)
+            carrying = sum(_live(t) for t in operands)
+            if base == "div":
+                divisor = args[1] if len(args) > 1 else kwargs.get("other")
+                if _live(divisor):
+                    return self._refuse(func, inplace, args, kwargs)
+                return func(*args, **kwargs)
+            if carrying <= 1:
+                return func(*args, **kwargs)
+            if inplace or carrying > 2:
+                return self._refuse(func, inplace, args, kwargs)
+            self.capture._note_product(func)
+            return _Scale.apply(func(*args, **kwargs), 0.5)
+        if base in _WEIGHTED:
+            multiplied = [args[i] for i in _WEIGHTED[base] if i < len(args)]
+            if base == "bilinear" or sum(_live(t) for t in multiplied) > 1:
+                return self._refuse(func, inplace, args, kwargs)
+            return func(*args, **kwargs)
+        if base == "batch_norm":
+            training = kwargs.get("training", args[5] if len(args) > 5 else False)
+            # With running statistics (eval mode) it is an affine map per channel.
+            return self._refuse(func, inplace, args, kwargs) if training else func(*args, **kwargs)
+        if base in _LINEAR or name in ("detach", "requires_grad_"):
+            return func(*args, **kwargs)
+        return self._refuse(func, inplace, args, kwargs)
+
+    def _refuse(self, func: Callable, inplace: bool, args: tuple, kwargs: dict) -> Any:
+        if inplace:
+            where = self.capture.current_path or "<model>"
+            module = self.capture.current_type
+            raise UnsupportedOperation(
+                f"method='attnlrp' has no relevance rule for the in-place {_full_name(func)} on a relevance-carrying "
+                f"tensor (in module {where!r}{f', {module}' if module else ''}); an in-place operation cannot be given "
+                "one afterwards (lightning_gae.lrp)"
+            )
+        return self._no_rule(func, func(*args, **kwargs))
+
+    @staticmethod
+    def _product_operands(base: str, args: tuple, kwargs: dict) -> list[Any]:
+        if base == "einsum":
+            rest = list(args[1:])
+            return list(rest[0]) if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
+        lhs = args[0] if args else kwargs.get("input")
+        rhs = args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("mat2"))
+        return [lhs, rhs]
+
+    def _sdpa(self, args: tuple, kwargs: dict) -> Tensor:
+        p = dict(zip(_SDPA_ARGS, args))
+        p.update(kwargs)
+        if not any(_live(p.get(n)) for n in ("query", "key", "value")):
+            return F.scaled_dot_product_attention(*args, **kwargs)
+        # LXT's wrap_attention_forward: a quarter of the gradient to q and to k, half to v.
+        p["query"], p["key"], p["value"] = (scale_gradient(p[n], f) for n, f in (("query", 0.25), ("key", 0.25), ("value", 0.5)))
+        self.capture._note_attention("sdpa")
+        out, _ = explicit_scaled_dot_product_attention(**p)
+        return out.to(p["value"].dtype)
+
+    def _mha(self, args: tuple, kwargs: dict) -> Any:
+        b = _MHA_SIGNATURE.bind(*args, **kwargs)
+        if not any(_live(b.arguments.get(n)) for n in ("query", "key", "value")):
+            return F.multi_head_attention_forward(*args, **kwargs)
+        # The projections are linear, so splitting the gradient of their inputs splits that of q, k, v.
+        for n, f in (("query", 0.25), ("key", 0.25), ("value", 0.5)):
+            b.arguments[n] = scale_gradient(b.arguments[n], f)
+        self.capture._note_attention("mha")
+        result, _ = explicit_multi_head_attention_forward(*b.args, **b.kwargs)
+        return result
+
+
+def word_embedding(model: nn.Module, embedding_layer: nn.Module | str | None = None) -> nn.Module:
+    """The module whose output is explained: ``embedding_layer`` (a module or a module path) or the
+    model's Hugging Face ``get_input_embeddings()``."""
+    if isinstance(embedding_layer, str):
+        try:
+            return model.get_submodule(embedding_layer)
+        except AttributeError as err:
+            raise ValueError(f"embedding_layer={embedding_layer!r} is no module of {type(model).__name__}") from err
+    if isinstance(embedding_layer, nn.Module):
+        if not any(m is embedding_layer for m in model.modules()):
+            raise ValueError(f"embedding_layer ({type(embedding_layer).__name__}) is not a module of {type(model).__name__}")
+        return embedding_layer
+    if embedding_layer is not None:
+        raise ValueError(f"embedding_layer must be a module or a module path, got {type(embedding_layer).__name__}")
+    getter = getattr(model, "get_input_embeddings", None)
+    found = None
+    if callable(getter):
+        try:
+            found = getter()
+        except (NotImplementedError, AttributeError):
+            found = None
+    if not isinstance(found, nn.Module):
+        raise ValueError(
+            f"method='attnlrp' reads relevance at the word embeddings, and {type(model).__name__} has no Hugging Face "
+            "get_input_embeddings(); pass embedding_layer= (the module, or its path such as 'embed.tokens') whose "
+            "output is one vector per token"
+        )
+    return found
+
+
+class LRPCapture:
+    """Context manager: the forward of ``model`` inside it computes AttnLRP relevance in its backward.
+
+    ``model`` must be called as ``capture.forward(*args, **kwargs)`` (the parameters are detached for
+    the call, the model itself is untouched). After the forward, ``capture.embeddings`` is the word
+    embedding's output (``[B, N, D]``, a leaf that requires grad) and ``capture.attention`` lists the
+    module paths where attention ran with the AttnLRP rule.
+    """
+
+    def __init__(self, model: nn.Module, embedding_layer: nn.Module | str | None = None) -> None:
+        self.model = model
+        self.embedding = word_embedding(model, embedding_layer)
+        self._names = {m: n for n, m in model.named_modules(remove_duplicate=False)}
+        self._stack: list[nn.Module] = []
+        self._units = 0
+        self._unit_input: Tensor | None = None
+        self._exit: ExitStack | None = None
+        self.embeddings: list[Tensor] = []
+        self.attention: list[str] = []
+
+    @property
+    def current_path(self) -> str:
+        for module in reversed(self._stack):
+            name = self._names.get(module)
+            if name is not None:
+                return name
+        return ""
+
+    @property
+    def current_type(self) -> str:
+        return type(self._stack[-1]).__name__ if self._stack else ""
+
+    @property
+    def _in_unit(self) -> bool:
+        return self._units > 0
+
+    def _note_attention(self, kind: str) -> None:
+        # One entry per run of consecutive calls in a module (Q·Kᵀ and A·V of one eager attention are one).
+        path = self.current_path
+        if not self.attention or self.attention[-1] != path:
+            self.attention.append(path)
+
+    def _note_product(self, func: Callable) -> None:
+        if _op_name(func) in ("matmul", "bmm", "einsum", "baddbmm"):
+            self._note_attention("matmul")
+
+    def _push(self, module: nn.Module, args: Any) -> Any:
+        self._stack.append(module)
+        if self._units:
+            self._units += 1
+        elif _is_activation_module(module) and args and _live(args[0]):
+            self._units = 1
+            self._unit_input = args[0]
+            if getattr(module, "inplace", False) is True:
+                # nn.ReLU(inplace=True) would overwrite the input the identity rule divides by.
+                return (args[0].clone(), *args[1:])
+        return None
+
+    def _pop(self, module: nn.Module, args: Any, output: Any) -> Any:
+        if self._stack:
+            self._stack.pop()
+        if self._units:
+            self._units -= 1
+            x, self._unit_input = (self._unit_input, None) if self._units == 0 else (None, self._unit_input)
+            if x is not None and isinstance(output, Tensor) and output.shape == x.shape:
+                return identity_rule(x, output)
+        return None
+
+    def _leaf(self, module: nn.Module, args: Any, output: Any) -> Tensor:
+        if not isinstance(output, Tensor) or not output.is_floating_point():
+            raise ValueError(f"the word embedding ({type(module).__name__}) returned {type(output).__name__}, not a float tensor")
+        leaf = output.detach().requires_grad_(True)
+        self.embeddings.append(leaf)
+        return leaf
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        params = {n: p.detach() for n, p in self.model.named_parameters()}
+        return torch.func.functional_call(self.model, params, args, kwargs, strict=False)
+
+    def __enter__(self) -> LRPCapture:
+        self.embeddings, self.attention, self._stack, self._units = [], [], [], 0
+        with ExitStack() as stack:
+            if "torch._dynamo" in sys.modules:
+                # A torch.compile'd submodule runs eagerly, as under the capture: Dynamo would trace the mode.
+                stack.enter_context(torch.compiler.set_stance("force_eager"))
+                stack.enter_context(warnings.catch_warnings())
+                warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
+            stack.enter_context(self.embedding.register_forward_hook(self._leaf))
+            stack.enter_context(nn.modules.module.register_module_forward_pre_hook(self._push))
+            stack.enter_context(nn.modules.module.register_module_forward_hook(self._pop, always_call=True))
+            stack.enter_context(_LRPMode(self))
+            self._exit = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        exit_stack, self._exit = self._exit, None
+        self._stack, self._units, self._unit_input = [], 0, None
+        if exit_stack is not None:
+            exit_stack.close()
+
+
+@dataclass
+class LRPForward:
+    """One forward under :class:`LRPCapture`: the model's ``output``, the word-embedding output
+    ``embeddings`` ``[B, N, D]`` (a leaf requiring grad) and the module paths of its ``attention``."""
+
+    output: Any
+    embeddings: Tensor
+    attention: list[str]
+
+
+def relevance_forward(model: nn.Module, args: tuple, kwargs: dict, embedding_layer: nn.Module | str | None = None) -> LRPForward:
+    """Run ``model(*args, **kwargs)`` under :class:`LRPCapture`; the word embedding must run once."""
+    capture = LRPCapture(model, embedding_layer)
+    with capture:
+        output = capture.forward(*args, **kwargs)
+    if len(capture.embeddings) != 1:
+        runs = "never ran" if not capture.embeddings else f"ran {len(capture.embeddings)} times"
+        raise ValueError(
+            f"the word embedding ({type(capture.embedding).__name__}) {runs} in the forward; method='attnlrp' explains "
+            "one call of one module (an encoder-decoder may embed through its own modules, e.g. "
+            "'model.encoder.embed_tokens'): pass embedding_layer= naming it"
+        )
+    embeddings = capture.embeddings[0]
+    if embeddings.dim() != 3:
+        raise ValueError(f"the word embedding returned shape {list(embeddings.shape)}; method='attnlrp' needs [B, N, D]")
+    return LRPForward(output, embeddings, list(capture.attention))
+
+
+def token_relevance(embeddings: Tensor, score: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+    """``(relevance [B, N], conservation [B])``: ``sum_d e * grad e`` of each token, 0 where ``keep`` is
+    False, and its sum over the tokens divided by the score (NaN for a score of 0)."""
+    if not score.requires_grad:
+        raise ValueError("the explained score does not depend on the word embeddings (no gradient path); check target")
+    (grad,) = torch.autograd.grad(score.sum(), [embeddings])
+    with torch.no_grad():
+        tokens = (embeddings * grad).sum(-1).to(torch.float32).masked_fill(~keep, 0.0)
+        total = score.detach().to(torch.float32)
+        conservation = tokens.sum(-1) / torch.where(total == 0, torch.ones_like(total), total)
+        conservation = torch.where(total == 0, torch.full_like(total, float("nan")), conservation)
+    return tokens, conservation

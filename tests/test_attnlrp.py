@@ -1,0 +1,369 @@
+"""method="attnlrp": AttnLRP through the capture's TorchFunctionMode, checked against LXT 2.1 on the same weights.
+
+The LXT side runs in its own environment (LXT 2.1 imports only under transformers 4.x), built by the
+``lxt_env`` fixture below with ``pip install --target`` (slow, needs the package index; set
+``LXT_ENV=/path`` to reuse a built one) and driven through ``tests/lxt_reference.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lightning_gae as lg
+from lightning_gae.explain import explain_methods
+from lightning_gae.lrp import UnsupportedOperation
+
+transformers = pytest.importorskip("transformers")
+
+HERE = Path(__file__).resolve().parent
+TOL = 1e-3
+BERT = dict(vocab_size=120, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,
+            max_position_embeddings=32, type_vocab_size=2, num_labels=3, initializer_range=0.1)
+LLAMA = dict(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=96, max_position_embeddings=64, initializer_range=0.1, tie_word_embeddings=False)
+GPT2 = dict(vocab_size=120, n_embd=64, n_layer=2, n_head=4, n_positions=64, initializer_range=0.1,
+            bos_token_id=0, eos_token_id=0)
+QWEN2 = dict(LLAMA, num_key_value_heads=1)
+CONFIGS = {"bert": BERT, "llama": LLAMA, "gpt2": GPT2, "qwen2": QWEN2}
+# LXT's environment: transformers 4.x (LXT 2.1 patches its modeling files) beside this project's torch.
+LXT_PINS = ["lxt==2.1", "transformers==4.53.3", "huggingface_hub==0.36.2", "tokenizers==0.21.4", "requests==2.34.2",
+            "urllib3==2.8.0", "idna==3.20", "charset-normalizer==3.5.2", "certifi==2026.10.19.post1", "fsspec==2026.9.0"]
+# LXT imports torchvision.models.vision_transformer (for its ViT patch map) when it is imported; it only reads
+# vision_transformer.nn, so a stand-in spares the CUDA-built torchvision.
+TORCHVISION_STANDIN = {
+    "torchvision/__init__.py": '"""Stand-in for LXT\'s import of torchvision.models.vision_transformer."""\n',
+    "torchvision/models/__init__.py": "",
+    "torchvision/models/vision_transformer.py": "from torch import nn  # noqa: F401  (LXT reads vision_transformer.nn)\n",
+}
+
+
+def _perturbed(model: nn.Module, seed: int) -> nn.Module:
+    """Every parameter moved off its initial value (biases, LayerNorm gains), so no rule hides behind a zero."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def bert(impl: str, seed: int = 0):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    return _perturbed(BertForSequenceClassification(BertConfig(**BERT, attn_implementation=impl)), seed)
+
+
+def llama(impl: str, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return _perturbed(LlamaForCausalLM(LlamaConfig(**LLAMA, attn_implementation=impl)), seed)
+
+
+def gpt2(impl: str, seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    return _perturbed(GPT2LMHeadModel(GPT2Config(**GPT2, attn_implementation=impl)), seed)
+
+
+def qwen2(impl: str, seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    return _perturbed(Qwen2ForCausalLM(Qwen2Config(**QWEN2, attn_implementation=impl)), seed)
+
+
+def padded_batch(lengths=(10, 7, 4), vocab=120, token_types=True, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    n = max(lengths)
+    ids = torch.randint(3, vocab, (len(lengths), n), generator=g)
+    mask = torch.zeros(len(lengths), n, dtype=torch.long)
+    for b, length in enumerate(lengths):
+        mask[b, :length] = 1
+    ids = ids * mask
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if token_types:
+        inputs["token_type_ids"] = torch.randint(0, 2, (len(lengths), n), generator=g) * mask
+    return inputs
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+# --- LXT, the independent oracle -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lxt_env(tmp_path_factory):
+    if os.environ.get("LXT_ENV"):
+        return Path(os.environ["LXT_ENV"])
+    target = tmp_path_factory.mktemp("lxt_env")
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), *LXT_PINS]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        pytest.skip(f"LXT's environment could not be built ({' '.join(cmd[3:])}): {done.stderr[-500:]}")
+    for rel, text in TORCHVISION_STANDIN.items():
+        (target / rel).parent.mkdir(parents=True, exist_ok=True)
+        (target / rel).write_text(text)
+    return target
+
+
+def lxt_relevance(env: Path, tmp_path: Path, kind: str, model: nn.Module, impl: str, inputs: dict, target, position=None):
+    case = {"model": kind, "config": CONFIGS[kind], "implementation": impl,
+            "state_dict": {k: v.detach().clone() for k, v in model.state_dict().items()}, "inputs": inputs,
+            "target": target, "position": position}
+    torch.save(case, tmp_path / "case.pt")
+    env_vars = {**os.environ, "PYTHONPATH": str(env)}
+    done = subprocess.run([sys.executable, str(HERE / "lxt_reference.py"), str(tmp_path / "case.pt"), str(tmp_path / "out.pt")],
+                          capture_output=True, text=True, env=env_vars, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(tmp_path / "out.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_bert_equals_lxt_on_the_same_weights(lxt_env, tmp_path, impl):
+    model = bert(impl)
+    inputs = padded_batch()
+    target = torch.tensor([0, 2, 1])
+    exp = lg.explain(model, inputs, target=target, method="attnlrp")
+    ref = lxt_relevance(lxt_env, tmp_path, "bert", model, impl, inputs, target)
+    keep = inputs["attention_mask"].bool()
+    assert torch.allclose(exp.score, ref["score"], atol=1e-5)
+    err = relative(exp.tokens[keep], ref["relevance"][keep])
+    print(f"bert {impl}: max error vs LXT {err:.2e} of the largest |R|; conservation {exp.conservation.tolist()}")
+    assert err < TOL
+    assert torch.all(exp.tokens[~keep] == 0)
+    assert torch.allclose(exp.conservation, exp.tokens.sum(-1) / exp.score)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "qwen2"])
+def test_causal_lm_last_position_equals_lxt(lxt_env, tmp_path, impl, kind):
+    model = {"llama": llama, "gpt2": gpt2, "qwen2": qwen2}[kind](impl)
+    inputs = padded_batch(lengths=(9, 6, 9), token_types=False)  # right padding: each row's last real token is read
+    target = torch.tensor([5, 17, 40])
+    exp = lg.explain(model, inputs, target=target, method="attnlrp", query="last")
+    assert exp.query.tolist() == [8, 5, 8]
+    ref = lxt_relevance(lxt_env, tmp_path, kind, model, impl, inputs, target, position=exp.query)
+    assert torch.allclose(exp.score, ref["score"], atol=1e-5)
+    keep = inputs["attention_mask"].bool()
+    assert torch.all(exp.tokens[~keep] == 0)
+    err = relative(exp.tokens[keep], ref["relevance"][keep])
+    print(f"{kind} {impl}: max error vs LXT {err:.2e} of the largest |R|; conservation {exp.conservation.tolist()}")
+    assert err < TOL
+
+
+# --- without LXT ----------------------------------------------------------------------------------
+
+
+def test_bert_sdpa_and_eager_agree_and_padding_is_zero():
+    inputs = padded_batch()
+    sdpa = lg.explain(bert("sdpa"), inputs, target=1, method="attnlrp")
+    eager = lg.explain(bert("eager"), inputs, target=1, method="attnlrp")
+    assert relative(sdpa.tokens, eager.tokens) < 1e-5
+    assert torch.all(sdpa.tokens[inputs["attention_mask"] == 0] == 0)
+    assert sdpa.method == "attnlrp" and sdpa.tokens.shape == (3, 10) and sdpa.tokens.dtype == torch.float32
+    assert sdpa.layers == [f"bert.encoder.layer.{i}.attention.self" for i in range(3)] == eager.layers
+    assert sdpa.conservation.shape == (3,) and torch.isfinite(sdpa.conservation).all()
+
+
+def test_batch_equals_one_sample_at_a_time():
+    model, inputs = bert("sdpa"), padded_batch()
+    batched = lg.explain(model, inputs, target=torch.tensor([0, 2, 1]), method="attnlrp")
+    for b, length in enumerate((10, 7, 4)):
+        one = {k: v[b : b + 1, :length] for k, v in inputs.items()}
+        alone = lg.explain(model, one, target=int(batched.target[b]), method="attnlrp")
+        assert relative(batched.tokens[b, :length], alone.tokens[0]) < 1e-5
+        assert torch.allclose(batched.conservation[b], alone.conservation[0], atol=1e-5)
+
+
+def test_llama_grouped_query_sdpa_and_eager_agree():
+    inputs = padded_batch(lengths=(9, 6), token_types=False)
+    sdpa = lg.explain(llama("sdpa"), inputs, target=3, method="attnlrp", query="last")
+    eager = lg.explain(llama("eager"), inputs, target=3, method="attnlrp", query="last")
+    assert relative(sdpa.tokens, eager.tokens) < 1e-5 and sdpa.layers == eager.layers == [
+        "model.layers.0.self_attn", "model.layers.1.self_attn"]
+
+
+def test_explain_methods_runs_attnlrp_beside_the_attention_methods():
+    model, inputs = bert("sdpa"), padded_batch()
+    both = explain_methods(model, inputs, ("gae", "attnlrp"), target=0)
+    assert list(both) == ["gae", "attnlrp"] and both["gae"].conservation is None
+    assert torch.equal(both["attnlrp"].tokens, lg.explain(model, inputs, target=0, method="attnlrp").tokens)
+    assert torch.equal(both["gae"].tokens, lg.explain(model, inputs, target=0, method="gae").tokens)
+
+
+class TinyLM(nn.Module):
+    """Bias-free embedding -> LayerNorm -> SwiGLU (activation module) -> GELU -> head over the mean token."""
+
+    def __init__(self, act: nn.Module | None = None, extra=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(30, 16)
+        self.norm = nn.LayerNorm(16, bias=False)
+        self.gate, self.up, self.down = nn.Linear(16, 24, bias=False), nn.Linear(16, 24, bias=False), nn.Linear(24, 16, bias=False)
+        self.act = act or nn.SiLU()
+        self.head = nn.Linear(16, 4, bias=False)
+        self.extra = extra
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, ids):
+        x = self.norm(self.embed(ids))
+        x = x + self.down(self.act(self.gate(x)) * self.up(x))
+        if self.extra is not None:
+            x = self.extra(x)
+        return self.head(F.gelu(x).mean(1))
+
+
+def dense_tiny_reference(model: TinyLM, ids: torch.Tensor, target: int) -> torch.Tensor:
+    """The rules written out for TinyLM, by hand: R = e * g with g the modified gradient, one sample."""
+    e = model.embed(ids).detach().requires_grad_(True)
+    mean = e.mean(-1, keepdim=True)
+    x = (e - mean) / (e.var(-1, unbiased=False, keepdim=True) + model.norm.eps).sqrt().detach() * model.norm.weight
+    g = model.gate(x)
+    a = g * (F.silu(g) / g).detach()                    # identity rule: a = silu(g), gradient silu(g)/g
+    prod = a * model.up(x)
+    prod = prod.detach() + 0.5 * (prod - prod.detach())  # uniform rule: half the gradient to each side
+    h = x + model.down(prod)
+    y = h * (F.gelu(h) / h).detach()
+    score = model.head(y.mean(1))[:, target].sum()
+    (grad,) = torch.autograd.grad(score, [e])
+    return (e * grad).sum(-1)
+
+
+def test_rules_on_a_small_model_equal_the_hand_written_ones_and_conserve():
+    model = TinyLM().eval()
+    ids = torch.randint(0, 30, (2, 6), generator=torch.Generator().manual_seed(3))
+    exp = lg.explain(model, ids, target=2, method="attnlrp")
+    expected = dense_tiny_reference(model, ids, 2)
+    assert relative(exp.tokens, expected) < 1e-5
+    # No biases and every rule conservative: the relevance sums to the score.
+    assert torch.allclose(exp.conservation, torch.ones(2), atol=1e-4)
+
+
+class Cube(nn.Module):
+    def forward(self, x):
+        return x.pow(3)
+
+
+def test_an_operation_without_a_rule_on_the_path_raises_with_its_module():
+    model = TinyLM(extra=Cube()).eval()
+    with pytest.raises(UnsupportedOperation, match=r"pow.*'extra', Cube"):
+        lg.explain(model, torch.randint(0, 30, (2, 6)), method="attnlrp")
+    # Nothing stays patched or hooked after the error.
+    assert not torch.overrides._is_torch_function_mode_enabled()
+    assert not nn.modules.module._global_forward_hooks and not nn.modules.module._global_forward_pre_hooks
+    assert model.embed._forward_hooks == {}
+
+
+class Lambda(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+@pytest.mark.parametrize("fn, name", [
+    (torch.exp, "exp"), (lambda x: x.abs(), "abs"), (lambda x: x.clamp(min=0), "clamp"), (lambda x: 1 / x, "div"),
+    (lambda x: x / x.norm(dim=-1, keepdim=True), "div"), (lambda x: torch.erf(x) * x, "erf"),
+    (lambda x: x.amax(-1, keepdim=True) + x, "amax"),
+    (lambda x: F.linear(x, torch.cat([x[0]] * 3)[:16]), "linear"),  # a weight computed from the input: bilinear
+])
+def test_every_operation_without_a_rule_raises_on_the_path(fn, name):
+    with pytest.raises(UnsupportedOperation, match=rf"{name}.*'extra', Lambda"):
+        lg.explain(TinyLM(extra=Lambda(fn)).eval(), torch.randint(0, 30, (2, 6)), method="attnlrp")
+
+
+def test_an_in_place_operation_without_a_rule_raises_at_once():
+    with pytest.raises(UnsupportedOperation, match=r"in-place .*relu .*'extra', Lambda"):
+        lg.explain(TinyLM(extra=Lambda(lambda x: F.relu(x, inplace=True))).eval(), torch.randint(0, 30, (2, 6)), method="attnlrp")
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_an_in_place_activation_module_is_one_unit_on_its_input(inplace):
+    ids = torch.randint(0, 30, (2, 6), generator=torch.Generator().manual_seed(3))
+    exp = lg.explain(TinyLM(act=nn.SiLU(inplace=inplace)).eval(), ids, target=2, method="attnlrp")
+    assert relative(exp.tokens, dense_tiny_reference(TinyLM().eval(), ids, 2)) < 1e-5
+
+
+class OffPath(nn.Module):
+    """An unsupported operation whose result is held constant: never on the explained path."""
+
+    def forward(self, x):
+        return x / x.pow(2).mean(-1, keepdim=True).sqrt()
+
+
+def test_an_operation_without_a_rule_off_the_path_does_not_raise():
+    model = TinyLM(extra=OffPath()).eval()
+    exp = lg.explain(model, torch.randint(0, 30, (2, 6)), method="attnlrp")
+    assert torch.isfinite(exp.tokens).all()
+
+
+def test_the_model_is_untouched():
+    model = bert("sdpa")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = [p.requires_grad for p in model.parameters()]
+    lg.explain(model, padded_batch(), method="attnlrp")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert [p.requires_grad for p in model.parameters()] == flags and all(p.grad is None for p in model.parameters())
+    assert not torch.overrides._is_torch_function_mode_enabled()
+    assert not nn.modules.module._global_forward_hooks and not nn.modules.module._global_forward_pre_hooks
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_multi_head_attention_through_a_named_embedding_layer():
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.tokens = nn.Embedding(30, 16)
+            self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.head = nn.Linear(16, 3)
+
+        def forward(self, ids, src_key_padding_mask=None):
+            return self.head(self.layer(self.tokens(ids), src_key_padding_mask=src_key_padding_mask)[:, 0])
+
+    model = Encoder().eval()
+    ids = torch.randint(0, 30, (2, 5))
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    exp = lg.explain(model, {"ids": ids, "src_key_padding_mask": pad}, method="attnlrp", embedding_layer="tokens")
+    assert exp.layers == ["layer.self_attn"] and torch.all(exp.tokens[1, 3:] == 0)
+    alone = lg.explain(model, {"ids": ids[1:, :3]}, target=exp.target[1:], method="attnlrp", embedding_layer=model.tokens)
+    assert relative(exp.tokens[1, :3], alone.tokens[0]) < 1e-5
+
+
+def test_a_model_without_word_embeddings_asks_for_embedding_layer():
+    model = nn.Sequential(nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="embedding_layer="):
+        lg.explain(model, torch.randn(2, 3, 4), method="attnlrp")
+
+
+def test_an_embedding_that_never_runs_or_runs_twice_is_named():
+    class Twice(TinyLM):
+        def forward(self, ids):
+            return super().forward(ids) + self.head(self.embed(ids).mean(1))
+
+    with pytest.raises(ValueError, match=r"Embedding\) ran 2 times.*embedding_layer="):
+        lg.explain(Twice().eval(), torch.randint(0, 30, (2, 6)), method="attnlrp")
+    model = TinyLM().eval()
+    model.unused = nn.Embedding(3, 3)
+    with pytest.raises(ValueError, match=r"never ran.*embedding_layer="):
+        lg.explain(model, torch.randint(0, 30, (2, 6)), method="attnlrp", embedding_layer="unused")
+    with pytest.raises(ValueError, match=r"is not a module of TinyLM"):
+        lg.explain(model, torch.randint(0, 30, (2, 6)), method="attnlrp", embedding_layer=nn.Embedding(3, 3))
