@@ -1,7 +1,7 @@
 """Generic Attention-model Explainability (GAE) for PyTorch Lightning, Captum and torchmetrics."""
 
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
-from lightning_gae.explain import METHODS, Explanation, allow_slow_attention_flow, explain
+from lightning_gae.explain import LRP_METHODS, METHODS, Explanation, allow_slow_attention_flow, explain
 from lightning_gae.streams import Streams
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae import metrics  # noqa: E402  (after explain/modalities, which it builds on)
@@ -11,6 +11,7 @@ __all__ = [
     "AttentionRecorder",
     "Explanation",
     "ImageTokens",
+    "LRP_METHODS",
     "METHODS",
     "Modality",
     "Streams",

@@ -339,8 +339,8 @@ class _LRPMode(TorchFunctionMode):
 
 
 def word_embedding(model: nn.Module, embedding_layer: nn.Module | str | None = None) -> nn.Module:
-    """The module whose output is explained: ``embedding_layer`` (a module or a module path) or the
-    model's Hugging Face ``get_input_embeddings()``."""
+    """The word embedding: ``embedding_layer`` (a module or a module path) or the Hugging Face
+    ``get_input_embeddings()`` of the model or its first submodule that has one."""
     if isinstance(embedding_layer, str):
         try:
             return model.get_submodule(embedding_layer)
@@ -352,20 +352,22 @@ def word_embedding(model: nn.Module, embedding_layer: nn.Module | str | None = N
         return embedding_layer
     if embedding_layer is not None:
         raise ValueError(f"embedding_layer must be a module or a module path, got {type(embedding_layer).__name__}")
-    getter = getattr(model, "get_input_embeddings", None)
-    found = None
-    if callable(getter):
+    # Hugging Face models say where their token embeddings are, also inside a LightningModule or a wrapper.
+    for module in model.modules():
+        getter = getattr(module, "get_input_embeddings", None)
+        if not callable(getter):
+            continue
         try:
             found = getter()
         except (NotImplementedError, AttributeError):
-            found = None
-    if not isinstance(found, nn.Module):
-        raise ValueError(
-            f"method='attnlrp' reads relevance at the word embeddings, and {type(model).__name__} has no Hugging Face "
-            "get_input_embeddings(); pass embedding_layer= (the module, or its path such as 'embed.tokens') whose "
-            "output is one vector per token"
-        )
-    return found
+            continue
+        if isinstance(found, nn.Module):
+            return found
+    raise ValueError(
+        f"relevance is read at the word embeddings, and neither {type(model).__name__} nor a submodule has a Hugging "
+        "Face get_input_embeddings(): pass embedding_layer= (the module, or its path such as 'embed.tokens') whose "
+        "output is one vector per token"
+    )
 
 
 class LRPCapture:
@@ -444,7 +446,15 @@ class LRPCapture:
         return leaf
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        params = {n: p.detach() for n, p in self.model.named_parameters()}
+        # The attribute paths functional_call swaps at, walked by nn.Module's own traversal: a wrapper that
+        # reports its model's module names (the Captum classes' forward_func) keeps its real paths here.
+        params: dict[str, Tensor] = {}
+        seen: set[int] = set()
+        for prefix, module in nn.Module.named_modules(self.model):
+            for name, param in module.named_parameters(recurse=False):
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    params[f"{prefix}.{name}" if prefix else name] = param.detach()
         return torch.func.functional_call(self.model, params, args, kwargs, strict=False)
 
     def __enter__(self) -> LRPCapture:

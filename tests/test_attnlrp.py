@@ -2,7 +2,7 @@
 
 The LXT side runs in its own environment (LXT 2.1 imports only under transformers 4.x), built by the
 ``lxt_env`` fixture below with ``pip install --target`` (slow, needs the package index; set
-``LXT_ENV=/path`` to reuse a built one) and driven through ``tests/lxt_reference.py``.
+``LXT_ENV=/path`` to reuse a built one) and driven through ``tests/helpers/lxt_reference.py``.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def lxt_relevance(env: Path, tmp_path: Path, kind: str, model: nn.Module, impl: 
             "target": target, "position": position}
     torch.save(case, tmp_path / "case.pt")
     env_vars = {**os.environ, "PYTHONPATH": str(env)}
-    done = subprocess.run([sys.executable, str(HERE / "lxt_reference.py"), str(tmp_path / "case.pt"), str(tmp_path / "out.pt")],
+    done = subprocess.run([sys.executable, str(HERE / "helpers" / "lxt_reference.py"), str(tmp_path / "case.pt"), str(tmp_path / "out.pt")],
                           capture_output=True, text=True, env=env_vars, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     return torch.load(tmp_path / "out.pt")
@@ -367,3 +367,24 @@ def test_an_embedding_that_never_runs_or_runs_twice_is_named():
         lg.explain(model, torch.randint(0, 30, (2, 6)), method="attnlrp", embedding_layer="unused")
     with pytest.raises(ValueError, match=r"is not a module of TinyLM"):
         lg.explain(model, torch.randint(0, 30, (2, 6)), method="attnlrp", embedding_layer=nn.Embedding(3, 3))
+
+
+# --- every face takes it: attribute/compare, the Captum class, the callback --------------------------------
+
+
+def test_compare_and_the_captum_class_give_explains_attnlrp():
+    from lightning_gae.attribution import AttnLRP
+    from lightning_gae.compare import attribute, compare
+
+    model = bert("sdpa")
+    inputs = padded_batch(token_types=False)
+    exp = lg.explain(model, inputs, method="attnlrp")
+    assert torch.equal(attribute("attnlrp", model, inputs, exp.target), exp.tokens)
+    captum = AttnLRP(lambda ids, mask: model(input_ids=ids, attention_mask=mask).logits, model=model)
+    by_captum = captum.attribute(inputs["input_ids"], target=exp.target, additional_forward_args=(inputs["attention_mask"],))
+    assert relative(by_captum, exp.tokens) < 1e-6
+    modality = lg.TextTokens(vocab=[str(i) for i in range(120)], pad_id=0)
+    result = compare(model, inputs, methods=("attnlrp", "random"), metrics=("positive_perturbation_auc", "abpc"),
+                     modality=modality, batch_size=2)
+    assert set(result.methods) == {"attnlrp", "random"}
+    assert all(torch.isfinite(torch.tensor(v)) for v in result.methods["attnlrp"].values())

@@ -11,6 +11,7 @@ from lightning_gae.attribution.attention import (
     AttentionFlow,
     AttentionGradCAM,
     AttentionRollout,
+    AttnLRP,
     GenericAttention,
     RawAttention,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "AttentionFlow",
     "AttentionGradCAM",
     "AttentionRollout",
+    "AttnLRP",
     "CAPTUM_METHODS",
     "GenericAttention",
     "RawAttention",

@@ -40,7 +40,7 @@ from lightning_gae.explain import Query, explain
 from lightning_gae.streams import Streams
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 
-__all__ = ["AttentionAttribution", "AttentionFlow", "AttentionGradCAM", "AttentionRollout", "GenericAttention", "RawAttention"]
+__all__ = ["AttentionAttribution", "AttentionFlow", "AttnLRP", "AttentionGradCAM", "AttentionRollout", "GenericAttention", "RawAttention"]
 
 TensorOrTuple = Union[Tensor, tuple[Tensor, ...]]
 InterpolateMode = Literal["nearest", "bilinear"]
@@ -447,3 +447,15 @@ class AttentionFlow(AttentionAttribution):
     """
 
     method = "attention_flow"
+
+
+class AttnLRP(AttentionAttribution):
+    r"""AttnLRP (Achtibat et al., ICML 2024) as a Captum attribution: relevance propagated by LRP rules
+    through an unmodified model (:mod:`lightning_gae.lrp`), read at the word embeddings, one value per
+    token. Explains ``target``; the model's word embedding must run inside the forward (token ids as
+    inputs, found by ``get_input_embeddings()``).
+
+    Same arguments and contract as :class:`GenericAttention`.
+    """
+
+    method = "attnlrp"

@@ -22,6 +22,7 @@ from captum.attr import GradientShap, InputXGradient, IntegratedGradients, Salie
 from torch import Tensor, nn
 
 from lightning_gae._structures import eval_mode, forward_logits, model_logits
+from lightning_gae.lrp import word_embedding
 
 __all__ = ["CAPTUM_METHODS", "batch_tensor", "captum_attribute", "predict"]
 
@@ -138,28 +139,9 @@ class _EmbeddingForward:
 
 
 def _embedding_layer(model: nn.Module, embedding_layer: str | nn.Module | None) -> tuple[nn.Module, str]:
-    if isinstance(embedding_layer, nn.Module):
-        return embedding_layer, type(embedding_layer).__name__
-    if isinstance(embedding_layer, str):
-        try:
-            return model.get_submodule(embedding_layer), repr(embedding_layer)
-        except AttributeError:
-            raise ValueError(f"embedding_layer={embedding_layer!r} is not a module path of {type(model).__name__}; "
-                             "give the dotted path of the layer mapping token ids to vectors, e.g. 'embed.tokens'") from None
-    # Hugging Face models say where their token embeddings are, also inside a LightningModule.
-    for module in model.modules():
-        get_embeddings = getattr(module, "get_input_embeddings", None)
-        if callable(get_embeddings):
-            try:
-                layer = get_embeddings()
-            except NotImplementedError:
-                continue
-            if isinstance(layer, nn.Module):
-                return layer, f"{type(module).__name__}.get_input_embeddings()"
-    raise ValueError(
-        f"token-id inputs are attributed at the embedding layer, and {type(model).__name__} has no "
-        "get_input_embeddings(): pass embedding_layer='path.to.embedding' (a module path, e.g. 'embed.tokens')"
-    )
+    """The token embedding Captum's methods attribute at, and how to name it in errors."""
+    layer = word_embedding(model, embedding_layer)
+    return layer, repr(embedding_layer) if isinstance(embedding_layer, str) else type(layer).__name__
 
 
 def _captum_options(method: str, x: Tensor, batch: int) -> dict[str, Any]:

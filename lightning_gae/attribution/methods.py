@@ -14,12 +14,12 @@ from torch import Tensor, nn
 
 from lightning_gae._structures import ClassTarget, class_index
 from lightning_gae.attribution.gradients import CAPTUM_METHODS, batch_tensor, captum_attribute, predict
-from lightning_gae.explain import METHODS, explain
+from lightning_gae.explain import LRP_METHODS, METHODS, explain
 from lightning_gae.metrics.functional.perturbation import random_attribution
 
 __all__ = ["ATTRIBUTION_METHODS", "attribute"]
 
-ATTRIBUTION_METHODS: tuple[str, ...] = (*METHODS, "random", *CAPTUM_METHODS)
+ATTRIBUTION_METHODS: tuple[str, ...] = (*METHODS, *LRP_METHODS, "random", *CAPTUM_METHODS)
 """Every method :func:`attribute` and :func:`~lightning_gae.compare.compare` know: the attention methods of
 :func:`~lightning_gae.explain`, ``"random"`` (the seeded floor) and Captum's gradient methods."""
 
@@ -37,7 +37,7 @@ def attribute(
 
     Args:
         method: a name in :data:`ATTRIBUTION_METHODS`: ``"gae"``, ``"rollout"``, ``"raw_attention"``,
-            ``"attn_gradcam"`` (:func:`~lightning_gae.explain`), ``"random"`` (seeded uniform token
+            ``"attn_gradcam"``, ``"attention_flow"``, ``"attnlrp"`` (:func:`~lightning_gae.explain`), ``"random"`` (seeded uniform token
             relevance, the floor every method must beat), or Captum's ``"saliency"``,
             ``"input_x_gradient"``, ``"integrated_gradients"``, ``"gradient_shap"``.
         model: the classifier (an ``nn.Module`` returning logits ``[B, C]``, a tuple or ``.logits``).
@@ -81,6 +81,9 @@ def attribute(
         raise ValueError(f"method={method!r}; choose one of {list(ATTRIBUTION_METHODS)}")
     if method in METHODS:
         return explain(model, inputs, target=target, method=method, **options).tokens
+    if method in LRP_METHODS:
+        # Relevance at the word embeddings: embedding_layer names them where get_input_embeddings() cannot.
+        return explain(model, inputs, target=target, method=method, embedding_layer=embedding_layer, **options).tokens
     if method == "random":
         # Only the token count is needed, and raw attention needs no backward.
         return random_attribution(explain(model, inputs, method="raw_attention", **options).tokens, seed)

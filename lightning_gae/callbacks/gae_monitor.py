@@ -36,7 +36,7 @@ from lightning_gae.callbacks._scoring import (
     relevance_scalars,
     set_truth_scalars,
 )
-from lightning_gae.explain import METHODS, Explanation, explain_methods
+from lightning_gae.explain import LRP_METHODS, METHODS, Explanation, explain_methods
 from lightning_gae.metrics import PERTURBATION_METRICS, random_attribution
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens
 from lightning_gae.streams import Streams
@@ -116,7 +116,8 @@ class GAECallback(Callback):
             and tracks all of them.
         every_n_epochs: explain after every N-th validation epoch of ``fit`` (None: never by epoch).
         every_n_train_steps: also explain every N optimizer steps (None: never by step).
-        methods: any of ``"gae"``, ``"rollout"``, ``"raw_attention"``, ``"attn_gradcam"``.
+        methods: any of ``"gae"``, ``"rollout"``, ``"raw_attention"``, ``"attn_gradcam"``, ``"attn_gradcam_vit"``,
+            ``"attention_flow"`` and ``"attnlrp"`` (its relevance at the word embeddings: ``embedding_layer``).
         modality: ``ImageTokens``, ``TextTokens`` or ``TabularTokens``; None infers ``ImageTokens``
             for image batches whose token count fits a square patch grid plus prefix tokens. For a
             model with several token sets (encoder-decoder, image and text towers, co-attention), a
@@ -146,8 +147,8 @@ class GAECallback(Callback):
         captum_baselines: Captum methods shown in the grid and scored like the others:
             ``"saliency"``, ``"input_x_gradient"``, ``"integrated_gradients"``, ``"gradient_shap"``
             (token-id models: on the embedding layer, see :func:`lightning_gae.compare.attribute`).
-        embedding_layer: module path of the token embedding for ``captum_baselines`` on token ids;
-            None finds it for Hugging Face models.
+        embedding_layer: module path of the token embedding for ``captum_baselines`` on token ids and for
+            ``"attnlrp"``; None finds it for Hugging Face models.
         metric_max_batch: at most this many perturbed inputs per forward pass of the metrics.
         batch_ground_truth: ``batch -> masks [B, H, W] or rationales [B, T]``; default: a mapping's
             ``masks``/``segmentation``/``rationales``, or ``z`` of ``(x, y, z)``.
@@ -308,9 +309,9 @@ class GAECallback(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        unknown = [m for m in self.methods if m not in METHODS]
+        unknown = [m for m in self.methods if m not in METHODS + LRP_METHODS]
         if unknown or not self.methods:
-            raise ValueError(f"GAECallback(methods={list(self.methods)}): choose from {list(METHODS)}")
+            raise ValueError(f"GAECallback(methods={list(self.methods)}): choose from {list(METHODS + LRP_METHODS)}")
         if not callable(self.target) and self.target not in ("pred", "label"):
             raise ValueError(f"GAECallback(target={self.target!r}): use 'pred' (predicted class), 'label', or a "
                              "callable output -> Tensor[B]")
@@ -640,7 +641,8 @@ class GAECallback(Callback):
             target = None if self.target == "pred" else labels.to(pl_module.device)
         # One recorded forward for every method (GAE alone keeps its memory-lean path).
         explanations = explain_methods(pl_module, inputs, self.methods, target=target, query=self.query,
-                                       attention_modules=self.attention_modules, streams=self.streams)
+                                       attention_modules=self.attention_modules, streams=self.streams,
+                                       embedding_layer=self.embedding_layer)
         first = next(iter(explanations.values()))
         # Every method explains the same classes: the first explanation's (the prediction or the label).
         maps = {m: attribute(m, pl_module, inputs, first.target, embedding_layer=self.embedding_layer, seed=self.seed)

@@ -237,3 +237,23 @@ def test_an_image_modality_without_cls_read_at_token_0_warns_to_use_the_mean(tmp
         assert not told
         # query="mean" explains the pooled patches: 16 tokens per sample, every one with relevance.
         assert read_events(tmp_path / "tb" / "version_0").Tags()["images"]
+
+
+def test_attnlrp_beside_gae_on_a_hugging_face_text_model(tmp_path, make_trainer, read_events):
+    # The LRP method in the callback: the BERT inside the LightningModule gives its word embedding, and AttnLRP is
+    # drawn, tabled and scored like the attention methods, on the same samples.
+    seed_everything(0)
+    train = DataLoader(synthetic_texts(32, seed=0), batch_size=8, shuffle=True, collate_fn=pad_batch)
+    val = DataLoader(synthetic_texts(32, seed=1), batch_size=8, collate_fn=pad_batch)
+    modality = TextTokens(vocab=VOCAB, special_ids=[CLS, SEP], pad_id=PAD)
+    callback = GAECallback(num_samples=2, methods=("gae", "attnlrp"), modality=modality, metric_samples=16)
+    trainer = make_trainer(tmp_path, [callback], limit_val_batches=1)
+    with no_skipped_explanation():
+        trainer.fit(TextClassifier(), train, val)
+    acc = read_events(trainer.logger.log_dir)
+    sample = callback.sample_indices[0]
+    table = acc.Tensors(f"gae_tokens/val_{sample}")[-1].tensor_proto.string_val[0].decode()
+    assert "| token | gae | attnlrp |" in table
+    scalars = acc.Tags()["scalars"]
+    for tag in ("relevance_concentration/attnlrp", "positive_perturbation_auc/attnlrp", "negative_perturbation_auc/attnlrp"):
+        assert tag in scalars, scalars
