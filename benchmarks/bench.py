@@ -91,6 +91,9 @@ class Case:
 
     @property
     def methods(self) -> tuple[str, ...]:
+        if self.name == "bert":
+            # AttnLRP reads relevance at word embeddings: the BERT cases have them, the ViT's conv patches do not.
+            return (*MODEL_METHODS, "attnlrp")
         return {"main_job": FIT_METHODS, "flow": FLOW_METHODS}.get(self.name, MODEL_METHODS)
 
 
@@ -313,6 +316,7 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
         "per_sample_loop": per_sample_loop,
         "rollout": lambda: explain(model, inputs, target=target, method="rollout"),
         "attention_flow": attention_flow,
+        "attnlrp": lambda: explain(model, inputs, target=target, method="attnlrp"),
         "saliency": saliency,
         "integrated_gradients": integrated_gradients,
     }
@@ -447,6 +451,16 @@ def ratio_report(rows: Sequence[dict]) -> str:
             lines.append(f"| {name} | {batch} | {tokens} | {floor['seconds']:.3g} s / {floor['peak_memory_mb']:.0f} MB | "
                          + " | ".join(cells) + " |")
     lines += ["", "Cells: time / peak memory, each relative to forward_backward of the same row.", ""]
+    lrp = [s for s in _settings(rows, "bert") if ("bert", *s, "attnlrp") in found]
+    if lrp:
+        lines += ["| AttnLRP | batch | N | attnlrp / gae | attnlrp / forward_backward | peak memory attnlrp / gae |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for batch, tokens in lrp:
+            at = {m: found[("bert", batch, tokens, m)] for m in ("attnlrp", "gae", "forward_backward")}
+            lines.append(f"| bert | {batch} | {tokens} | {at['attnlrp']['seconds'] / at['gae']['seconds']:.2f}x | "
+                         f"{at['attnlrp']['seconds'] / at['forward_backward']['seconds']:.2f}x | "
+                         f"{at['attnlrp']['peak_memory_mb'] / at['gae']['peak_memory_mb']:.2f}x |")
+        lines.append("")
     flows = _settings(rows, "flow")
     if flows:
         lines += ["| attention flow, 1 sample | N | attention_flow | attention_flow / gae | attention_flow / rollout |",
