@@ -14,9 +14,10 @@ The output relevance is 1 at the explained score (their one-hot), then
 * linear layers (``F.linear``): alpha-beta with alpha=1, beta=0, the bias left out;
 * LayerNorm / RMSNorm, elementwise activations (GELU...), softmax: relevance passed on unchanged
   (their ``RelProp.relprop`` is the identity);
-* a sum of two tensors (the residuals; ``+`` a constant too): their ``Add`` rule, the z-rule
+* a sum of two relevance-carrying tensors (the residuals): their ``Add`` rule, the z-rule
   rescaled so that each operand keeps its share ``|ΣR_a| / (|ΣR_a| + |ΣR_b|)`` of the total,
-  summed per sample (their code runs one sample);
+  summed per sample (their code runs one sample). ``+`` a constant (an attention mask) passes the
+  gradient: where the constant is 0 the relevance is unchanged, as their BERT code leaves the mask;
 * a product of two relevance-carrying tensors (``Q Kᵀ``, ``A V``): the z-rule, halved for each side
   (their ``einsum`` rule and ``cam /= 2``); a product with a constant, shape ops, dropout (eval),
   copies and casts: unchanged (their ``Clone`` sums the copies' relevance, as autograd does);
@@ -174,10 +175,8 @@ class _TAMode(TorchFunctionMode):
             return _AlphaBeta.apply(x, weight, bias)
         if base == "add" and not inplace and len(args) == 2 and not kwargs:
             a, b = args
-            if not isinstance(a, Tensor):
-                a, b = b, a
-            if not isinstance(b, Tensor):
-                b = torch.as_tensor(b, dtype=a.dtype, device=a.device)
+            if not (lrp._live(a) and lrp._live(b)):
+                return func(*args, **kwargs)  # a constant (an attention mask, a bias): the gradient passes
             return _AddRule.apply(a, b)
         if base in ("mul", "div") and not inplace:
             other = args[1] if len(args) > 1 else kwargs.get("other")

@@ -132,11 +132,12 @@ def test_registered() -> None:
 @pytest.mark.parametrize("given", [False, True])
 def test_equals_authors_code(authors, images, model_kind, given) -> None:
     model = authors if model_kind == "authors" else plain(authors, fused=model_kind == "plain_fused")
-    target = torch.tensor([3, 7, 0, 3]) if given else None
+    target = torch.tensor([3, 7, 1, 5]) if given else None
     e = lg.explain(model, images, method="transformer_attribution", target=target)
     predicted = authors(images).detach().argmax(-1)  # (their forward hooks the gradients: not under no_grad)
     assert e.tokens.shape == (4, (IMG // PATCH) ** 2 + 1)
     assert torch.equal(e.target, target if given else predicted)
+    assert not given or (target != predicted).all()
     assert (e.tokens[:, 0] == 0).all()
     ref = reference(authors, images, target.tolist() if given else None)
     assert ref.abs().amax(-1).min() > 0
