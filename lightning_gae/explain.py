@@ -507,7 +507,7 @@ def explain_methods(
     model = _unwrap_compiled(model)
     _pooling_warning(model, query)
     lrp_runs = {"attnlrp": lambda: _explain_attnlrp(model, inputs, target, query, embedding_layer),
-                "transformer_attribution": lambda: transformer_attribution.explain(model, inputs, target, query)}
+                "transformer_attribution": lambda: transformer_attribution.explain(model, inputs, target, query, embedding_layer)}
     found: dict[str, Explanation] = {m: lrp_runs[m]() for m in methods if m in lrp_runs}
     rest = tuple(m for m in methods if m not in LRP_METHODS)
     if rest:

@@ -101,7 +101,7 @@ class _AddRule(torch.autograd.Function):
 _ROUTING = lrp._LINEAR - {"add", "sub", "neg", "sum", "mean", "cumsum", "embedding", "softmax"}
 _MATMULS = {"matmul", "bmm", "einsum"}
 _NORMS = {F.layer_norm, F.rms_norm}
-_KEEPS_PROBS = {"dropout", "to", "type", "type_as", "float", "contiguous", "clone"}
+_KEEPS_PROBS = {"dropout", "to", "type", "type_as", "float", "contiguous", "clone", "masked_fill"}
 
 
 class _TAMode(TorchFunctionMode):
@@ -198,8 +198,8 @@ class TransformerAttributionCapture(lrp.LRPCapture):
     method = METHOD
     mode_class = _TAMode
 
-    def __init__(self, model: nn.Module, rules: bool) -> None:
-        super().__init__(model, embedding_layer=False)
+    def __init__(self, model: nn.Module, rules: bool, embedding_layer: nn.Module | str | None | bool = False) -> None:
+        super().__init__(model, embedding_layer=embedding_layer)
         self.rules = rules
         self.probs: list[Tensor] = []
         self.paths: list[str] = []
@@ -244,7 +244,7 @@ def as_heads(t: Tensor) -> Tensor:
     return t.reshape(t.shape[0], -1, t.shape[-2], t.shape[-1])
 
 
-def explain(model: nn.Module, inputs: Any, target: Any, query: Any) -> Any:
+def explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_layer: nn.Module | str | None = None) -> Any:
     """``method="transformer_attribution"``: a forward under the authors' rules and a plain one."""
     import sys
 
@@ -258,16 +258,20 @@ def explain(model: nn.Module, inputs: Any, target: Any, query: Any) -> Any:
         raise ValueError(f"method={METHOD!r} explains one token set; query={{set: ...}} is for models with several")
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     runs = []
+    floats = []
+    map_tensors(inputs, lambda t: floats.append(t.is_floating_point()) or t)
+    # Float inputs (pixels) are the leaves; token ids are not: the word embedding's output is, then.
+    leaf = False if any(floats) else embedding_layer
     with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
         for use_rules in (True, False):
             # The float inputs are the leaves: a tensor carries relevance when it depends on them.
             args, kwargs = call_args(map_tensors(inputs, lambda t: t.detach().clone().requires_grad_(t.is_floating_point())))
-            capture = TransformerAttributionCapture(model, rules=use_rules)
+            capture = TransformerAttributionCapture(model, rules=use_rules, embedding_layer=leaf)
             with capture:
                 output = capture.forward(*args, **kwargs)
             if not capture.probs:
                 raise ValueError(f"method={METHOD!r} found no attention (softmax -> matmul with values, SDPA or "
-                                 f"nn.MultiheadAttention) depending on the float inputs of {type(model).__name__}")
+                                 f"nn.MultiheadAttention) depending on the inputs of {type(model).__name__}")
             probs = [as_heads(p) for p in capture.probs]
             batch, num_tokens = probs[0].shape[0], probs[0].shape[-1]
             logits = model_logits(output)

@@ -172,3 +172,29 @@ def test_operation_without_rule_raises(authors, images) -> None:
     model.blocks[1].norm2 = HandNorm()
     with pytest.raises(UnsupportedOperation, match=r"transformer_attribution.*'blocks\.1\.norm2'"):
         lg.explain(model, images, method="transformer_attribution")
+
+
+def test_text_model_reads_the_word_embeddings() -> None:
+    """Token ids are no leaves: the word embedding's output is. Eager == SDPA; padding changes nothing."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, num_labels=3, initializer_range=0.3)
+    maps = {}
+    for impl in ("eager", "sdpa"):
+        config._attn_implementation = impl
+        model = transformers.BertForSequenceClassification(config).eval()
+        if maps:
+            model.load_state_dict(first.state_dict())
+        else:
+            first = model
+        ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(2))
+        mask = torch.ones(2, 7, dtype=torch.long)
+        mask[1, 5:] = 0
+        e = lg.explain(model, {"input_ids": ids, "attention_mask": mask}, method="transformer_attribution")
+        alone = lg.explain(model, {"input_ids": ids[1:, :5], "attention_mask": mask[1:, :5]}, method="transformer_attribution")
+        assert e.layers == [f"bert.encoder.layer.{i}.attention.self" for i in range(2)]
+        assert torch.isfinite(e.tokens).all() and (e.tokens[1, 5:] == 0).all() and e.tokens.abs().amax() > 0
+        torch.testing.assert_close(alone.tokens, e.tokens[1:, :5], rtol=1e-4, atol=1e-7 * e.tokens.abs().max().item())
+        maps[impl] = e.tokens
+    torch.testing.assert_close(maps["eager"], maps["sdpa"], rtol=1e-4, atol=1e-6 * maps["eager"].abs().max().item())
