@@ -11,7 +11,7 @@ propagated in gradient form through the model as it is (the mode of :mod:`lightn
 second rule set): the relevance of a tensor ``x`` is ``x * g(x)`` with ``g`` the modified gradient.
 The output relevance is 1 at the explained score (their one-hot), then
 
-* linear layers (``F.linear``): alpha-beta with alpha=1, beta=0, the bias left out;
+* linear layers (``F.linear``, ``x @ W``): alpha-beta with alpha=1, beta=0, the bias left out;
 * LayerNorm / RMSNorm, elementwise activations (GELU...), softmax: relevance passed on unchanged
   (their ``RelProp.relprop`` is the identity);
 * a sum of two relevance-carrying tensors (the residuals): their ``Add`` rule, the z-rule
@@ -154,6 +154,9 @@ class _TAMode(TorchFunctionMode):
                     cap._record(operands[0])
                 out = func(*args, **kwargs)
                 return lrp._Scale.apply(out, 0.5) if self.rules else out
+            if self.rules and base == "matmul" and lrp._live(operands[0]) and isinstance(operands[1], Tensor) \
+                    and operands[1].dim() == 2 and not inplace:
+                return _AlphaBeta.apply(operands[0], operands[1].T, None)  # x @ W: a linear layer
         if not self.rules:
             out = func(*args, **kwargs)
             if base == "softmax" or (base in _KEEPS_PROBS and args and self._is_probs(args[0])):

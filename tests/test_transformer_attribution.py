@@ -167,6 +167,29 @@ class HandNorm(nn.Module):
         return (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-6).sqrt()
 
 
+def test_x_at_weight_is_a_linear_layer(authors, images) -> None:
+    """The same network with its head written as ``x @ Wᵀ``: the same map (no bias: ``+ b`` passes the gradient)."""
+    model = plain(authors, fused=True)
+    with torch.no_grad():
+        model.head.bias.zero_()
+    linear_head = model.state_dict()
+    head = model.head
+
+    class MatmulHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = head.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.weight.T
+
+    reference_model = plain(authors, fused=True)
+    reference_model.load_state_dict(linear_head)
+    model.head = MatmulHead()
+    reference_map = lg.explain(reference_model, images, method="transformer_attribution").tokens
+    torch.testing.assert_close(lg.explain(model, images, method="transformer_attribution").tokens, reference_map)
+
+
 def test_operation_without_rule_raises(authors, images) -> None:
     model = plain(authors, fused=True)
     model.blocks[1].norm2 = HandNorm()
@@ -180,14 +203,12 @@ def test_text_model_reads_the_word_embeddings() -> None:
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=64, num_labels=3, initializer_range=0.3)
+    weights = transformers.BertForSequenceClassification(config).state_dict()
     maps = {}
     for impl in ("eager", "sdpa"):
         config._attn_implementation = impl
         model = transformers.BertForSequenceClassification(config).eval()
-        if maps:
-            model.load_state_dict(first.state_dict())
-        else:
-            first = model
+        model.load_state_dict(weights)
         ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(2))
         mask = torch.ones(2, 7, dtype=torch.long)
         mask[1, 5:] = 0
