@@ -13,7 +13,7 @@ from typing import Any, Literal, Union
 import torch
 from torch import Tensor, nn
 
-from lightning_gae import lrp, rules
+from lightning_gae import lrp, rules, transformer_attribution
 from lightning_gae._structures import Target, call_args, eval_mode, map_tensors, model_logits, nonfinite_inputs
 from lightning_gae.attn_gradcam_vit import attn_gradcam_vit_row
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
@@ -21,11 +21,11 @@ from lightning_gae.streams import Streams, TokenSets, assign_token_sets
 
 __all__ = ["Explanation", "LRP_METHODS", "allow_slow_attention_flow", "attention_flow_seconds", "explain", "eval_mode", "METHODS", "map_tensors", "model_logits"]
 
-Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit", "attention_flow", "attnlrp"]
+Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit", "attention_flow", "attnlrp", "transformer_attribution"]
 METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit", "attention_flow")
 # Relevance propagation through the whole model rather than through the attention maps: explain() takes
 # them, METHODS (the attention methods that compare, the callback and the attribution table run) does not.
-LRP_METHODS: tuple[str, ...] = ("attnlrp",)
+LRP_METHODS: tuple[str, ...] = ("attnlrp", "transformer_attribution")
 _NEEDS_GRAD = {"gae", "attn_gradcam", "attn_gradcam_vit"}
 _LAST_LAYER_ONLY = {"raw_attention", "attn_gradcam", "attn_gradcam_vit"}
 Query = Union[int, Literal["last", "mean"], Sequence[int], Tensor]
@@ -443,7 +443,7 @@ def explain(
             ``"attention_flow"`` (Abnar & Zuidema's max flow through the layered attention graph: one
             token set, one readout token; one max-flow per token and sample, so a call estimated
             above a minute raises unless run inside :func:`allow_slow_attention_flow`) or ``"attnlrp"``
-            (AttnLRP with LXT's rules, :mod:`lightning_gae.lrp`: every token's word-embedding relevance).
+            (AttnLRP, :mod:`lightning_gae.lrp`) or ``"transformer_attribution"`` (Chefer et al. 2021).
         query: the token of the query set whose relevance row is read: an index (a decoder
             position for encoder-decoders; default: the family's readout where a preset knows it,
             such as BART classifiers' last EOS, else 0, the CLS token), ``"last"`` (the last real token),
@@ -506,10 +506,10 @@ def explain_methods(
         raise ValueError(f"method={unknown[0] if unknown else methods!r}; choose one of {METHODS + LRP_METHODS}")
     model = _unwrap_compiled(model)
     _pooling_warning(model, query)
-    found: dict[str, Explanation] = {}
-    if "attnlrp" in methods:
-        found["attnlrp"] = _explain_attnlrp(model, inputs, target, query, embedding_layer)
-    rest = tuple(m for m in methods if m != "attnlrp")
+    lrp_runs = {"attnlrp": lambda: _explain_attnlrp(model, inputs, target, query, embedding_layer),
+                "transformer_attribution": lambda: transformer_attribution.explain(model, inputs, target, query, embedding_layer)}
+    found: dict[str, Explanation] = {m: lrp_runs[m]() for m in methods if m in lrp_runs}
+    rest = tuple(m for m in methods if m not in LRP_METHODS)
     if rest:
         try:
             found.update(_explain(model, inputs, target, rest, query, attention_modules, streams, lean=rest == ("gae",)))

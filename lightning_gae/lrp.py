@@ -219,6 +219,9 @@ _MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
 class _LRPMode(TorchFunctionMode):
     """Swaps each operation of the forward for its AttnLRP form (see the module docstring)."""
 
+    supported = ("linear maps, sums, LayerNorm/RMSNorm, elementwise activations, products (uniform rule), softmax, "
+                 "attention (SDPA, nn.MultiheadAttention, softmax -> matmul) and shape ops (lightning_gae.lrp).")
+
     def __init__(self, capture: LRPCapture) -> None:
         super().__init__()
         self.capture = capture
@@ -227,11 +230,9 @@ class _LRPMode(TorchFunctionMode):
         where = self.capture.current_path or "<model>"
         module = self.capture.current_type
         message = (
-            f"method='attnlrp' has no relevance rule for {_full_name(func)} (in module {where!r}"
+            f"method={self.capture.method!r} has no relevance rule for {_full_name(func)} (in module {where!r}"
             f"{f', {module}' if module else ''}), which lies on the path from the inputs to the explained score; "
-            "its plain gradient would give a silently wrong map. Supported: linear maps, sums, LayerNorm/RMSNorm, "
-            "elementwise activations, products (uniform rule), softmax, attention (SDPA, nn.MultiheadAttention, "
-            "softmax -> matmul) and shape ops (lightning_gae.lrp)."
+            "its plain gradient would give a silently wrong map. Supported: " + self.supported
         )
         if isinstance(out, Tensor):
             return _NoRule.apply(out, message) if out.requires_grad else out
@@ -300,7 +301,7 @@ class _LRPMode(TorchFunctionMode):
             where = self.capture.current_path or "<model>"
             module = self.capture.current_type
             raise UnsupportedOperation(
-                f"method='attnlrp' has no relevance rule for the in-place {_full_name(func)} on a relevance-carrying "
+                f"method={self.capture.method!r} has no relevance rule for the in-place {_full_name(func)} on a relevance-carrying "
                 f"tensor (in module {where!r}{f', {module}' if module else ''}); an in-place operation cannot be given "
                 "one afterwards (lightning_gae.lrp)"
             )
@@ -379,9 +380,13 @@ class LRPCapture:
     module paths where attention ran with the AttnLRP rule.
     """
 
-    def __init__(self, model: nn.Module, embedding_layer: nn.Module | str | None = None) -> None:
+    method = "attnlrp"
+    mode_class: type[TorchFunctionMode] = _LRPMode
+
+    def __init__(self, model: nn.Module, embedding_layer: nn.Module | str | None | bool = None) -> None:
         self.model = model
-        self.embedding = word_embedding(model, embedding_layer)
+        # embedding_layer=False: no word-embedding leaf (the caller makes its float inputs require grad).
+        self.embedding = None if embedding_layer is False else word_embedding(model, embedding_layer)
         self._names = {m: n for n, m in model.named_modules(remove_duplicate=False)}
         self._stack: list[nn.Module] = []
         self._units = 0
@@ -465,10 +470,11 @@ class LRPCapture:
                 stack.enter_context(torch.compiler.set_stance("force_eager"))
                 stack.enter_context(warnings.catch_warnings())
                 warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
-            stack.enter_context(self.embedding.register_forward_hook(self._leaf))
+            if self.embedding is not None:
+                stack.enter_context(self.embedding.register_forward_hook(self._leaf))
             stack.enter_context(nn.modules.module.register_module_forward_pre_hook(self._push))
             stack.enter_context(nn.modules.module.register_module_forward_hook(self._pop, always_call=True))
-            stack.enter_context(_LRPMode(self))
+            stack.enter_context(self.mode_class(self))
             self._exit = stack.pop_all()
         return self
 

@@ -1,0 +1,221 @@
+"""method="transformer_attribution" against the authors' own ViT_LRP code (Chefer, Gur & Wolf, CVPR 2021).
+
+The authors' model (tests/helpers/chefer_vit.py, their code) and a plain timm-style ViT with the same
+state dict (nn.Linear, nn.LayerNorm, nn.GELU, ``+`` residuals, fused SDPA or softmax -> ``@``) get
+identical weights; our maps must equal the authors' ``generate_LRP(method="transformer_attribution")``,
+which runs one sample at a time, sample by sample.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import lightning_gae as lg
+from lightning_gae.explain import LRP_METHODS, explain_methods
+from lightning_gae.lrp import UnsupportedOperation
+from tests.helpers.chefer_vit import LRP, VisionTransformer
+
+IMG, PATCH, DIM, HEADS, DEPTH, CLASSES = 32, 4, 64, 4, 3, 10
+TOL = 1e-3
+
+
+class PlainAttention(nn.Module):
+    """timm's ``Attention`` (qkv layout ``(3, heads, head_dim)``), fused or eager."""
+
+    def __init__(self, dim: int, num_heads: int, fused: bool) -> None:
+        super().__init__()
+        self.num_heads, self.scale, self.fused_attn = num_heads, (dim // num_heads) ** -0.5, fused
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.attn_drop = nn.Dropout(0.0)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(q, k, v)
+        else:
+            attn = (q * self.scale) @ k.transpose(-2, -1)
+            x = self.attn_drop(attn.softmax(dim=-1)) @ v
+        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
+
+
+class PlainMlp(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class PlainBlock(nn.Module):
+    def __init__(self, dim: int, num_heads: int, fused: bool) -> None:
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim, eps=1e-6), PlainAttention(dim, num_heads, fused)
+        self.norm2, self.mlp = nn.LayerNorm(dim, eps=1e-6), PlainMlp(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class PlainPatchEmbed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(3, DIM, PATCH, PATCH)
+
+
+class PlainViT(nn.Module):
+    """A timm-style ``VisionTransformer`` whose state dict is the authors' model's."""
+
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.patch_embed = PlainPatchEmbed()
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, DIM))
+        self.pos_embed = nn.Parameter(torch.zeros(1, (IMG // PATCH) ** 2 + 1, DIM))
+        self.blocks = nn.ModuleList(PlainBlock(DIM, HEADS, fused) for _ in range(DEPTH))
+        self.norm = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed.proj(x).flatten(2).transpose(1, 2)
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.norm(x)[:, 0])
+
+
+@pytest.fixture(scope="module")
+def authors() -> VisionTransformer:
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=IMG, patch_size=PATCH, num_classes=CLASSES, embed_dim=DIM, depth=DEPTH,
+                              num_heads=HEADS, qkv_bias=True).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # away from the tiny initialisation: maps with structure
+            p.copy_(torch.randn_like(p) * (0.3 if p.dim() > 1 else 0.1))
+    return model
+
+
+@pytest.fixture(scope="module")
+def images() -> torch.Tensor:
+    return torch.randn(4, 3, IMG, IMG, generator=torch.Generator().manual_seed(1))
+
+
+def plain(authors: VisionTransformer, fused: bool) -> PlainViT:
+    model = PlainViT(fused).eval()
+    model.load_state_dict(authors.state_dict(), strict=True)
+    return model
+
+
+def reference(authors: VisionTransformer, images: torch.Tensor, index: list[int] | None) -> torch.Tensor:
+    """The authors' maps ``[B, N-1]`` (patches), one sample at a time as their code runs."""
+    rows = [LRP(authors).generate_LRP(images[b:b + 1], index=None if index is None else index[b],
+                                      method="transformer_attribution").detach()[0] for b in range(images.shape[0])]
+    return torch.stack(rows)
+
+
+def max_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest per-sample error relative to the sample's largest value."""
+    return ((ours - ref).abs().amax(-1) / ref.abs().amax(-1)).max().item()
+
+
+def test_registered() -> None:
+    assert "transformer_attribution" in LRP_METHODS
+
+
+@pytest.mark.parametrize("model_kind", ["authors", "plain_fused", "plain_eager"])
+@pytest.mark.parametrize("given", [False, True])
+def test_equals_authors_code(authors, images, model_kind, given) -> None:
+    model = authors if model_kind == "authors" else plain(authors, fused=model_kind == "plain_fused")
+    target = torch.tensor([3, 7, 1, 5]) if given else None
+    e = lg.explain(model, images, method="transformer_attribution", target=target)
+    predicted = authors(images).detach().argmax(-1)  # (their forward hooks the gradients: not under no_grad)
+    assert e.tokens.shape == (4, (IMG // PATCH) ** 2 + 1)
+    assert torch.equal(e.target, target if given else predicted)
+    assert not given or (target != predicted).all()
+    assert (e.tokens[:, 0] == 0).all()
+    ref = reference(authors, images, target.tolist() if given else None)
+    assert ref.abs().amax(-1).min() > 0
+    assert max_error(e.tokens[:, 1:], ref) < TOL
+    assert len(e.layers) == DEPTH
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_batched_equals_one_at_a_time(authors, images, fused) -> None:
+    model = plain(authors, fused)
+    batched = lg.explain(model, images, method="transformer_attribution", target=2).tokens
+    single = torch.cat([lg.explain(model, images[b:b + 1], method="transformer_attribution", target=2).tokens
+                        for b in range(images.shape[0])])
+    torch.testing.assert_close(batched, single, rtol=1e-4, atol=1e-6 * single.abs().max().item())
+
+
+def test_with_other_methods(authors, images) -> None:
+    model = plain(authors, fused=True)
+    found = explain_methods(model, images, ("gae", "transformer_attribution"))
+    alone = lg.explain(model, images, method="transformer_attribution").tokens
+    assert set(found) == {"gae", "transformer_attribution"}
+    torch.testing.assert_close(found["transformer_attribution"].tokens, alone)
+
+
+class HandNorm(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-6).sqrt()
+
+
+def test_x_at_weight_is_a_linear_layer(authors, images) -> None:
+    """The same network with its head written as ``x @ Wᵀ``: the same map (no bias: ``+ b`` passes the gradient)."""
+    model = plain(authors, fused=True)
+    with torch.no_grad():
+        model.head.bias.zero_()
+    linear_head = model.state_dict()
+    head = model.head
+
+    class MatmulHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = head.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.weight.T
+
+    reference_model = plain(authors, fused=True)
+    reference_model.load_state_dict(linear_head)
+    model.head = MatmulHead()
+    reference_map = lg.explain(reference_model, images, method="transformer_attribution").tokens
+    torch.testing.assert_close(lg.explain(model, images, method="transformer_attribution").tokens, reference_map)
+
+
+def test_operation_without_rule_raises(authors, images) -> None:
+    model = plain(authors, fused=True)
+    model.blocks[1].norm2 = HandNorm()
+    with pytest.raises(UnsupportedOperation, match=r"transformer_attribution.*'blocks\.1\.norm2'"):
+        lg.explain(model, images, method="transformer_attribution")
+
+
+def test_text_model_reads_the_word_embeddings() -> None:
+    """Token ids are no leaves: the word embedding's output is. Eager == SDPA; padding changes nothing."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, num_labels=3, initializer_range=0.3)
+    weights = transformers.BertForSequenceClassification(config).state_dict()
+    maps = {}
+    for impl in ("eager", "sdpa"):
+        config._attn_implementation = impl
+        model = transformers.BertForSequenceClassification(config).eval()
+        model.load_state_dict(weights)
+        ids = torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(2))
+        mask = torch.ones(2, 7, dtype=torch.long)
+        mask[1, 5:] = 0
+        e = lg.explain(model, {"input_ids": ids, "attention_mask": mask}, method="transformer_attribution")
+        alone = lg.explain(model, {"input_ids": ids[1:, :5], "attention_mask": mask[1:, :5]}, method="transformer_attribution")
+        assert e.layers == [f"bert.encoder.layer.{i}.attention.self" for i in range(2)]
+        assert torch.isfinite(e.tokens).all() and (e.tokens[1, 5:] == 0).all() and e.tokens.abs().amax() > 0
+        torch.testing.assert_close(alone.tokens, e.tokens[1:, :5], rtol=1e-4, atol=1e-7 * e.tokens.abs().max().item())
+        maps[impl] = e.tokens
+    torch.testing.assert_close(maps["eager"], maps["sdpa"], rtol=1e-4, atol=1e-6 * maps["eager"].abs().max().item())
