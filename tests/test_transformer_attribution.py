@@ -219,3 +219,17 @@ def test_text_model_reads_the_word_embeddings() -> None:
         torch.testing.assert_close(alone.tokens, e.tokens[1:, :5], rtol=1e-4, atol=1e-7 * e.tokens.abs().max().item())
         maps[impl] = e.tokens
     torch.testing.assert_close(maps["eager"], maps["sdpa"], rtol=1e-4, atol=1e-6 * maps["eager"].abs().max().item())
+
+
+def test_the_captum_class_puts_explains_patches_on_the_pixels(authors, images) -> None:
+    from lightning_gae import ImageTokens
+    from lightning_gae.attribution import TransformerAttribution
+
+    model = plain(authors, fused=True)
+    exp = lg.explain(model, images, target=torch.tensor([3, 7, 1, 5]), method="transformer_attribution")
+    pixels = TransformerAttribution(model, modality=ImageTokens(patch_size=PATCH)).attribute(images, target=[3, 7, 1, 5])
+    assert pixels.shape == images.shape
+    grid = exp.tokens[:, 1:].reshape(-1, IMG // PATCH, IMG // PATCH)
+    # Each patch's pixels carry its token's relevance, on every channel.
+    torch.testing.assert_close(pixels[:, 0, ::PATCH, ::PATCH], grid)
+    torch.testing.assert_close(pixels[:, 2], pixels[:, 0])

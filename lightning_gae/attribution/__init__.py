@@ -14,6 +14,7 @@ from lightning_gae.attribution.attention import (
     AttnLRP,
     GenericAttention,
     RawAttention,
+    TransformerAttribution,
 )
 from lightning_gae.attribution.gradients import CAPTUM_METHODS
 from lightning_gae.attribution.methods import ATTRIBUTION_METHODS, attribute
@@ -28,5 +29,6 @@ __all__ = [
     "CAPTUM_METHODS",
     "GenericAttention",
     "RawAttention",
+    "TransformerAttribution",
     "attribute",
 ]

@@ -40,7 +40,8 @@ from lightning_gae.explain import Query, explain
 from lightning_gae.streams import Streams
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 
-__all__ = ["AttentionAttribution", "AttentionFlow", "AttnLRP", "AttentionGradCAM", "AttentionRollout", "GenericAttention", "RawAttention"]
+__all__ = ["AttentionAttribution", "AttentionFlow", "AttnLRP", "AttentionGradCAM", "AttentionRollout", "GenericAttention", "RawAttention",
+           "TransformerAttribution"]
 
 TensorOrTuple = Union[Tensor, tuple[Tensor, ...]]
 InterpolateMode = Literal["nearest", "bilinear"]
@@ -459,3 +460,14 @@ class AttnLRP(AttentionAttribution):
     """
 
     method = "attnlrp"
+
+
+class TransformerAttribution(AttentionAttribution):
+    r"""Transformer Attribution (Chefer, Gur & Wolf, CVPR 2021) as a Captum attribution: the authors' LRP
+    relevance at each attention map times its gradient, negatives removed, mean over heads, ``I +`` that
+    multiplied over layers, the query's row (:mod:`lightning_gae.transformer_attribution`). Explains ``target``.
+
+    Same arguments and contract as :class:`GenericAttention`.
+    """
+
+    method = "transformer_attribution"

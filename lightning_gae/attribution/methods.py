@@ -37,7 +37,7 @@ def attribute(
 
     Args:
         method: a name in :data:`ATTRIBUTION_METHODS`: ``"gae"``, ``"rollout"``, ``"raw_attention"``,
-            ``"attn_gradcam"``, ``"attention_flow"``, ``"attnlrp"`` (:func:`~lightning_gae.explain`), ``"random"`` (seeded uniform token
+            ``"attn_gradcam"``, ``"attention_flow"``, ``"attnlrp"``, ``"transformer_attribution"`` (:func:`~lightning_gae.explain`), ``"random"`` (seeded uniform token
             relevance, the floor every method must beat), or Captum's ``"saliency"``,
             ``"input_x_gradient"``, ``"integrated_gradients"``, ``"gradient_shap"``.
         model: the classifier (an ``nn.Module`` returning logits ``[B, C]``, a tuple or ``.logits``).

@@ -117,7 +117,8 @@ class GAECallback(Callback):
         every_n_epochs: explain after every N-th validation epoch of ``fit`` (None: never by epoch).
         every_n_train_steps: also explain every N optimizer steps (None: never by step).
         methods: any of ``"gae"``, ``"rollout"``, ``"raw_attention"``, ``"attn_gradcam"``, ``"attn_gradcam_vit"``,
-            ``"attention_flow"`` and ``"attnlrp"`` (its relevance at the word embeddings: ``embedding_layer``).
+            ``"attention_flow"``, ``"attnlrp"`` (its relevance at the word embeddings: ``embedding_layer``) and
+            ``"transformer_attribution"``.
         modality: ``ImageTokens``, ``TextTokens`` or ``TabularTokens``; None infers ``ImageTokens``
             for image batches whose token count fits a square patch grid plus prefix tokens. For a
             model with several token sets (encoder-decoder, image and text towers, co-attention), a
