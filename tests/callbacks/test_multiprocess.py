@@ -3,12 +3,14 @@ logs; every rank tracks the samples one process would pick), and the pickling dd
 
 import json
 import pickle
+import textwrap
 from collections import Counter
 
 import pytest
 
 from lightning_gae.callbacks import GAECallback
 from recipes.digits import DigitsDataModule
+from tests.helpers import processes
 from tests.helpers.models import small_vit
 from tests.helpers.trainer import heatmap_tag
 
@@ -92,10 +94,23 @@ DDP_SPAWN_SCRIPT = """
 """
 
 
+# A spawned rank sometimes aborts in C++ ("terminate called without an active exception", SIGABRT) while
+# rank zero explains at the last validation; seen about once in ten runs, at 802ffac too (3 of 8 there), never
+# twice in a row. Not understood yet: one more run, and only for that signature, so anything else still fails.
+_SPAWN_ABORT = "terminate called without an active exception"
+
+
 @pytest.mark.slow
-def test_ddp_spawn_on_two_cpu_processes(tmp_path, run_script, read_events):
-    run_script(DDP_SPAWN_SCRIPT)
-    event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
+def test_ddp_spawn_on_two_cpu_processes(tmp_path, read_events):
+    for attempt in (1, 2):
+        root = tmp_path / f"run{attempt}"
+        root.mkdir()
+        (root / "script.py").write_text(textwrap.dedent(DDP_SPAWN_SCRIPT))
+        done = processes.run_python([root / "script.py", root], cwd=root)
+        if done.returncode == 0:
+            break
+        assert attempt == 1 and _SPAWN_ABORT in done.stderr, (done.stdout + done.stderr)[-4000:]
+    event_dirs = {p.parent for p in root.rglob("events.out.tfevents.*")}
     assert len(event_dirs) == 1
     acc = read_events(event_dirs.pop())
     counts = Counter((tag, e.step) for tag in acc.Tags()["images"] for e in acc.Images(tag))
