@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["MODEL_METHODS", "FIT_METHODS", "FLOW_METHODS", "Case", "full_cases", "quick_cases", "run", "ratio_report", "main"]
+__all__ = ["MODEL_METHODS", "FIT_METHODS", "FLOW_METHODS", "LRP_BENCH_METHODS", "Case", "full_cases", "quick_cases", "run", "ratio_report", "main"]
 
 MODEL_METHODS: tuple[str, ...] = (
     "forward_backward", "gae", "gae_matrix", "per_sample_loop", "rollout", "saliency", "integrated_gradients",
@@ -67,6 +67,8 @@ MODEL_METHODS: tuple[str, ...] = (
 FIT_METHODS: tuple[str, ...] = ("fit_without_callback", "fit_with_callback")
 FLOW_METHODS: tuple[str, ...] = ("forward_backward", "gae", "rollout", "attention_flow")
 """The ``flow`` cases: attention flow (one max flow per token and sample) per token count, one sample."""
+LRP_BENCH_METHODS: tuple[str, ...] = ("attnlrp", "transformer_attribution")
+"""Beside the model methods in the ViT and BERT cases: the LRP family (:data:`lightning_gae.LRP_METHODS`)."""
 _IG_STEPS = 50
 # Rows per Captum internal batch are chosen so that one holds about as many tokens as the largest
 # ViT batch (64 x 257): IG's memory stays that of a training step while its steps stay batched.
@@ -91,9 +93,9 @@ class Case:
 
     @property
     def methods(self) -> tuple[str, ...]:
-        if self.name == "bert":
-            # AttnLRP reads relevance at word embeddings: the BERT cases have them, the ViT's conv patches do not.
-            return (*MODEL_METHODS, "attnlrp")
+        if self.name in ("vit", "bert"):
+            # The LRP methods beside GAE (their forward computes different gradients: their own passes).
+            return (*MODEL_METHODS, *LRP_BENCH_METHODS)
         return {"main_job": FIT_METHODS, "flow": FLOW_METHODS}.get(self.name, MODEL_METHODS)
 
 
@@ -317,6 +319,7 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
         "rollout": lambda: explain(model, inputs, target=target, method="rollout"),
         "attention_flow": attention_flow,
         "attnlrp": lambda: explain(model, inputs, target=target, method="attnlrp"),
+        "transformer_attribution": lambda: explain(model, inputs, target=target, method="transformer_attribution"),
         "saliency": saliency,
         "integrated_gradients": integrated_gradients,
     }
@@ -451,15 +454,18 @@ def ratio_report(rows: Sequence[dict]) -> str:
             lines.append(f"| {name} | {batch} | {tokens} | {floor['seconds']:.3g} s / {floor['peak_memory_mb']:.0f} MB | "
                          + " | ".join(cells) + " |")
     lines += ["", "Cells: time / peak memory, each relative to forward_backward of the same row.", ""]
-    lrp = [s for s in _settings(rows, "bert") if ("bert", *s, "attnlrp") in found]
+    lrp = [(name, *s) for name in ("vit", "bert") for s in _settings(rows, name)
+           if any((name, *s, m) in found for m in LRP_BENCH_METHODS)]
     if lrp:
-        lines += ["| AttnLRP | batch | N | attnlrp / gae | attnlrp / forward_backward | peak memory attnlrp / gae |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
-        for batch, tokens in lrp:
-            at = {m: found[("bert", batch, tokens, m)] for m in ("attnlrp", "gae", "forward_backward")}
-            lines.append(f"| bert | {batch} | {tokens} | {at['attnlrp']['seconds'] / at['gae']['seconds']:.2f}x | "
-                         f"{at['attnlrp']['seconds'] / at['forward_backward']['seconds']:.2f}x | "
-                         f"{at['attnlrp']['peak_memory_mb'] / at['gae']['peak_memory_mb']:.2f}x |")
+        lines += ["| LRP methods | batch | N | " + " | ".join(f"{m} / gae (time, memory)" for m in LRP_BENCH_METHODS)
+                  + " | " + " | ".join(f"{m} / forward_backward" for m in LRP_BENCH_METHODS) + " |",
+                  "| --- | ---: | ---: |" + " ---: |" * (2 * len(LRP_BENCH_METHODS))]
+        for key in lrp:
+            gae, floor = found[(*key, "gae")], found[(*key, "forward_backward")]
+            at = [found.get((*key, m)) for m in LRP_BENCH_METHODS]
+            vs_gae = [f"{r['seconds'] / gae['seconds']:.2f}x, {r['peak_memory_mb'] / gae['peak_memory_mb']:.2f}x" if r else "-" for r in at]
+            vs_floor = [f"{r['seconds'] / floor['seconds']:.2f}x" if r else "-" for r in at]
+            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(vs_gae + vs_floor) + " |")
         lines.append("")
     flows = _settings(rows, "flow")
     if flows:
@@ -486,6 +492,9 @@ def ratio_report(rows: Sequence[dict]) -> str:
             (f"integrated_gradients / gae ({at})", ratio(("vit", b, n, "integrated_gradients"), ("vit", b, n, "gae")), ">= 35"),
             (f"per_sample_loop / gae ({at})", ratio(("vit", b, n, "per_sample_loop"), ("vit", b, n, "gae")), ">= 3"),
         ]
+        # Issue 20: one forward and one backward each (attnlrp); the gradient and the relevance (transformer_attribution).
+        targets += [(f"{m} / gae ({at})", ratio(("vit", b, n, m), ("vit", b, n, "gae")), wanted)
+                    for m, wanted in (("attnlrp", "<= 1.3"), ("transformer_attribution", "<= 2.0")) if ("vit", b, n, m) in found]
     settings = [("vit", *s) for s in vit] + [("bert", *s) for s in bert]
     if settings:
         worst = max(settings, key=lambda s: ratio((*s, "gae"), (*s, "forward_backward")))

@@ -537,14 +537,14 @@ def _explain_attnlrp(model: nn.Module, inputs: Any, target: Target, query: Any,
     with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
         args, kwargs = call_args(map_tensors(inputs, lambda t: t.detach().clone()))
         run = lrp.relevance_forward(model, args, kwargs, embedding_layer)
-        batch, num_tokens = run.embeddings.shape[:2]
+        batch, num_tokens = run.embeddings.shape[0], run.num_tokens
         logits = model_logits(run.output)
         keep = _keep_mask(kwargs, batch, num_tokens)
         device = run.embeddings.device
         keep = torch.ones(batch, num_tokens, dtype=torch.bool, device=device) if keep is None else keep.to(device)
         query_index = _query_index(_resolve(0 if query is None else query, kwargs, args), batch, num_tokens, keep, device)
         score, target_index = _target_scores(run.output, logits, target, query_index, batch)
-        tokens, conservation = lrp.token_relevance(run.embeddings, score, keep)
+        tokens, conservation = lrp.token_relevance(run, score, keep)
     return Explanation(tokens=tokens, logits=None if logits is None else logits.detach(), target=target_index,
                        score=score.detach(), method="attnlrp", layers=run.attention,
                        query=None if query_index.is_floating_point() else query_index, relevance={"tokens": tokens},

@@ -54,7 +54,8 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from lightning_gae.capture import explicit_multi_head_attention_forward, explicit_scaled_dot_product_attention
 
-__all__ = ["LRPCapture", "LRPForward", "UnsupportedOperation", "relevance_forward", "token_relevance", "word_embedding"]
+__all__ = ["LRPCapture", "LRPForward", "UnsupportedOperation", "input_embedding", "relevance_forward", "token_relevance",
+           "word_embedding"]
 
 
 class UnsupportedOperation(ValueError):
@@ -281,8 +282,9 @@ class _LRPMode(TorchFunctionMode):
                 return func(*args, **kwargs)
             if inplace or carrying > 2:
                 return self._refuse(func, inplace, args, kwargs)
-            self.capture._note_product(func)
-            return _Scale.apply(func(*args, **kwargs), 0.5)
+            out = func(*args, **kwargs)
+            self.capture._note_product(func, out)
+            return _Scale.apply(out, 0.5)
         if base in _WEIGHTED:
             multiplied = [args[i] for i in _WEIGHTED[base] if i < len(args)]
             if base == "bilinear" or sum(_live(t) for t in multiplied) > 1:
@@ -323,7 +325,7 @@ class _LRPMode(TorchFunctionMode):
             return F.scaled_dot_product_attention(*args, **kwargs)
         # LXT's wrap_attention_forward: a quarter of the gradient to q and to k, half to v.
         p["query"], p["key"], p["value"] = (scale_gradient(p[n], f) for n, f in (("query", 0.25), ("key", 0.25), ("value", 0.5)))
-        self.capture._note_attention("sdpa")
+        self.capture._note_attention("sdpa", p["key"].shape[-2])
         out, _ = explicit_scaled_dot_product_attention(**p)
         return out.to(p["value"].dtype)
 
@@ -334,7 +336,7 @@ class _LRPMode(TorchFunctionMode):
         # The projections are linear, so splitting the gradient of their inputs splits that of q, k, v.
         for n, f in (("query", 0.25), ("key", 0.25), ("value", 0.5)):
             b.arguments[n] = scale_gradient(b.arguments[n], f)
-        self.capture._note_attention("mha")
+        self.capture._note_attention("mha", b.arguments["key"].shape[0])
         result, _ = explicit_multi_head_attention_forward(*b.args, **b.kwargs)
         return result
 
@@ -394,6 +396,7 @@ class LRPCapture:
         self._exit: ExitStack | None = None
         self.embeddings: list[Tensor] = []
         self.attention: list[str] = []
+        self.num_tokens: int | None = None
 
     @property
     def current_path(self) -> str:
@@ -411,15 +414,18 @@ class LRPCapture:
     def _in_unit(self) -> bool:
         return self._units > 0
 
-    def _note_attention(self, kind: str) -> None:
+    def _note_attention(self, kind: str, keys: int) -> None:
         # One entry per run of consecutive calls in a module (Q·Kᵀ and A·V of one eager attention are one).
         path = self.current_path
         if not self.attention or self.attention[-1] != path:
             self.attention.append(path)
+            if self.num_tokens is None:
+                self.num_tokens = int(keys)
 
-    def _note_product(self, func: Callable) -> None:
+    def _note_product(self, func: Callable, out: Tensor) -> None:
+        # The first product of two relevance-carrying tensors in an attention module is Q·Kᵀ: [..., N, N].
         if _op_name(func) in ("matmul", "bmm", "einsum", "baddbmm"):
-            self._note_attention("matmul")
+            self._note_attention("matmul", out.shape[-1])
 
     def _push(self, module: nn.Module, args: Any) -> Any:
         self._stack.append(module)
@@ -463,7 +469,7 @@ class LRPCapture:
         return torch.func.functional_call(self.model, params, args, kwargs, strict=False)
 
     def __enter__(self) -> LRPCapture:
-        self.embeddings, self.attention, self._stack, self._units = [], [], [], 0
+        self.embeddings, self.attention, self._stack, self._units, self.num_tokens = [], [], [], 0, None
         with ExitStack() as stack:
             if "torch._dynamo" in sys.modules:
                 # A torch.compile'd submodule runs eagerly, as under the capture: Dynamo would trace the mode.
@@ -487,40 +493,108 @@ class LRPCapture:
 
 @dataclass
 class LRPForward:
-    """One forward under :class:`LRPCapture`: the model's ``output``, the word-embedding output
-    ``embeddings`` ``[B, N, D]`` (a leaf requiring grad) and the module paths of its ``attention``."""
+    """One forward under :class:`LRPCapture`: the model's ``output``, the tensor relevance is read at
+    (``embeddings``, a leaf requiring grad: ``[B, n, D]`` token vectors, ``[B, D, h, w]`` a
+    convolution's patch grid, or ``[B, F]`` float features), the module paths of its ``attention``
+    and ``attended``, the key count of the first attention (None if none ran)."""
 
     output: Any
     embeddings: Tensor
     attention: list[str]
+    attended: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """The tokens explained: those attention sees, or the embedding's own when no attention ran."""
+        if self.attended is not None:
+            return self.attended
+        e = self.embeddings
+        return e.shape[-2] * e.shape[-1] if e.dim() == 4 else e.shape[1]
+
+
+def input_embedding(model: nn.Module, embedding_layer: nn.Module | str | None, token_ids: bool) -> nn.Module | None:
+    """Where ``method="attnlrp"`` reads relevance: ``embedding_layer`` if given; for token ids the word
+    embedding (:func:`word_embedding`); for float inputs a Hugging Face ``get_input_embeddings()``
+    (a ViT's patch embedding) or the first submodule named ``patch_embed`` (timm's convention), else
+    None (the float inputs themselves)."""
+    if embedding_layer is not None or token_ids:
+        return word_embedding(model, embedding_layer)
+    try:
+        return word_embedding(model)
+    except ValueError:
+        pass
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "patch_embed":
+            return module
+    return None
 
 
 def relevance_forward(model: nn.Module, args: tuple, kwargs: dict, embedding_layer: nn.Module | str | None = None) -> LRPForward:
-    """Run ``model(*args, **kwargs)`` under :class:`LRPCapture`; the word embedding must run once."""
-    capture = LRPCapture(model, embedding_layer)
+    """Run ``model(*args, **kwargs)`` under :class:`LRPCapture`; the embedding must run once.
+
+    Token ids are read at their word embedding; float inputs (pixels, features) at the patch
+    embedding (:func:`input_embedding`) or, without one, at a single ``[B, F]`` float input.
+    """
+    floats = [t for t in _flat_tensors(args, kwargs) if t.is_floating_point()]
+    module = input_embedding(model, embedding_layer, token_ids=not floats)
+    if module is None:
+        if len(floats) != 1 or floats[0].dim() != 2:
+            shapes = [list(t.shape) for t in floats]
+            raise ValueError(
+                f"method='attnlrp' reads relevance at an embedding whose output is one vector per token; "
+                f"{type(model).__name__} has no get_input_embeddings() and no 'patch_embed' module, and its float "
+                f"inputs {shapes} are not one [B, F] tensor of features: pass embedding_layer= (the module, or "
+                "its path such as 'stem.proj') whose output is [B, N, D] or a convolution's [B, D, h, w]"
+            )
+        floats[0].requires_grad_(True)
+    capture = LRPCapture(model, module if module is not None else False)
     with capture:
         output = capture.forward(*args, **kwargs)
+    if module is None:
+        return LRPForward(output, floats[0], list(capture.attention), capture.num_tokens)
     if len(capture.embeddings) != 1:
         runs = "never ran" if not capture.embeddings else f"ran {len(capture.embeddings)} times"
         raise ValueError(
-            f"the word embedding ({type(capture.embedding).__name__}) {runs} in the forward; method='attnlrp' explains "
+            f"the embedding ({type(module).__name__}) {runs} in the forward; method='attnlrp' explains "
             "one call of one module (an encoder-decoder may embed through its own modules, e.g. "
             "'model.encoder.embed_tokens'): pass embedding_layer= naming it"
         )
     embeddings = capture.embeddings[0]
-    if embeddings.dim() != 3:
-        raise ValueError(f"the word embedding returned shape {list(embeddings.shape)}; method='attnlrp' needs [B, N, D]")
-    return LRPForward(output, embeddings, list(capture.attention))
+    if embeddings.dim() not in (3, 4):
+        raise ValueError(f"the embedding ({type(module).__name__}) returned shape {list(embeddings.shape)}; method='attnlrp' "
+                         "needs one vector per token, [B, N, D], or a convolution's patch grid [B, D, h, w]")
+    return LRPForward(output, embeddings, list(capture.attention), capture.num_tokens)
 
 
-def token_relevance(embeddings: Tensor, score: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+def token_relevance(run: LRPForward, score: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
     """``(relevance [B, N], conservation [B])``: ``sum_d e * grad e`` of each token, 0 where ``keep`` is
-    False, and its sum over the tokens divided by the score (NaN for a score of 0)."""
+    False, and its sum over the tokens divided by the score (NaN for a score of 0).
+
+    A patch grid ``[B, D, h, w]`` gives its ``h * w`` tokens row-major; ``[B, F]`` features one each.
+    When the embedding yields fewer tokens than attention sees, they are its last ones: the tokens
+    the model adds before them (CLS, ...) get 0, as ``prefix_tokens`` in the image and tabular
+    modalities.
+    """
     if not score.requires_grad:
-        raise ValueError("the explained score does not depend on the word embeddings (no gradient path); check target")
+        raise ValueError("the explained score does not depend on the embeddings (no gradient path); check target")
+    embeddings = run.embeddings
     (grad,) = torch.autograd.grad(score.sum(), [embeddings])
     with torch.no_grad():
-        tokens = (embeddings * grad).sum(-1).to(torch.float32).masked_fill(~keep, 0.0)
+        product = embeddings * grad
+        if embeddings.dim() == 4:
+            tokens = product.sum(1).flatten(1)
+        elif embeddings.dim() == 3:
+            tokens = product.sum(-1)
+        else:
+            tokens = product
+        tokens = tokens.to(torch.float32)
+        prefix = keep.shape[1] - tokens.shape[1]
+        if prefix < 0:
+            raise ValueError(f"the embedding gives {tokens.shape[1]} tokens but attention sees {keep.shape[1]}; "
+                             "pass embedding_layer= naming the module whose output is one vector per attended token")
+        if prefix:
+            tokens = torch.cat([tokens.new_zeros(tokens.shape[0], prefix), tokens], dim=1)
+        tokens = tokens.masked_fill(~keep, 0.0)
         total = score.detach().to(torch.float32)
         conservation = tokens.sum(-1) / torch.where(total == 0, torch.ones_like(total), total)
         conservation = torch.where(total == 0, torch.full_like(total, float("nan")), conservation)

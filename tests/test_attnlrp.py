@@ -32,7 +32,9 @@ LLAMA = dict(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_
 GPT2 = dict(vocab_size=120, n_embd=64, n_layer=2, n_head=4, n_positions=64, initializer_range=0.1,
             bos_token_id=0, eos_token_id=0)
 QWEN2 = dict(LLAMA, num_key_value_heads=1)
-CONFIGS = {"bert": BERT, "llama": LLAMA, "gpt2": GPT2, "qwen2": QWEN2}
+VIT = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128, image_size=12, patch_size=3,
+           num_channels=2, num_labels=4, initializer_range=0.1)
+CONFIGS = {"bert": BERT, "llama": LLAMA, "gpt2": GPT2, "qwen2": QWEN2, "vit": VIT}
 # LXT's environment: transformers 4.x (LXT 2.1 patches its modeling files) beside this project's torch.
 LXT_PINS = ["lxt==2.1", "transformers==4.53.3", "huggingface_hub==0.36.2", "tokenizers==0.21.4", "requests==2.34.2",
             "urllib3==2.8.0", "idna==3.20", "charset-normalizer==3.5.2", "certifi==2026.10.19.post1", "fsspec==2026.9.0"]
@@ -163,6 +165,37 @@ def test_causal_lm_last_position_equals_lxt(lxt_env, tmp_path, impl, kind):
     err = relative(exp.tokens[keep], ref["relevance"][keep])
     print(f"{kind} {impl}: max error vs LXT {err:.2e} of the largest |R|; conservation {exp.conservation.tolist()}")
     assert err < TOL
+
+
+def hf_vit(impl: str, seed: int = 0):
+    from transformers import ViTConfig, ViTForImageClassification
+
+    torch.manual_seed(seed)
+    return _perturbed(ViTForImageClassification(ViTConfig(**VIT, attn_implementation=impl)), seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_vit_patch_relevance_equals_lxt(lxt_env, tmp_path, impl):
+    # Pixels in: relevance is read at the patch embedding (get_input_embeddings()), one value per patch;
+    # the CLS token, which the model adds after it, gets 0. LXT runs its own generic patches on modeling_vit.
+    model = hf_vit(impl)
+    pixels = torch.randn(3, 2, 12, 12, generator=torch.Generator().manual_seed(5))
+    target = torch.tensor([3, 0, 1])
+    exp = lg.explain(model, pixels, target=target, method="attnlrp")
+    assert exp.tokens.shape == (3, 1 + 16) and torch.all(exp.tokens[:, 0] == 0)
+    ref = lxt_relevance(lxt_env, tmp_path, "vit", model, impl, {"pixel_values": pixels}, target)
+    assert torch.allclose(exp.score, ref["score"], atol=1e-5)
+    err = relative(exp.tokens[:, 1:], ref["relevance"])
+    print(f"vit {impl}: max error vs LXT {err:.2e} of the largest |R|; conservation {exp.conservation.tolist()}")
+    assert err < TOL
+    # The rules matter here: plain gradient x input at the same leaf is far from both.
+    leaves = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, a, out: leaves.append(out.detach().requires_grad_()) or leaves[-1])
+    score = model(pixel_values=pixels).logits[torch.arange(3), target]
+    hook.remove()
+    (grad,) = torch.autograd.grad(score.sum(), leaves)
+    assert relative((leaves[0] * grad).sum(-1), ref["relevance"]) > 30 * TOL
 
 
 # --- without LXT ----------------------------------------------------------------------------------
@@ -388,3 +421,76 @@ def test_compare_and_the_captum_class_give_explains_attnlrp():
                      modality=modality, batch_size=2)
     assert set(result.methods) == {"attnlrp", "random"}
     assert all(torch.isfinite(torch.tensor(v)) for v in result.methods["attnlrp"].values())
+
+
+# --- float inputs: pixels through a patch embedding, features as they are -----------------------------
+
+
+def _recipe_vit(seed: int = 0):
+    from recipes.vit import ViT
+
+    torch.manual_seed(seed)
+    return _perturbed(ViT(image_size=8, patch_size=2, in_chans=1, num_classes=5, dim=32, depth=2, heads=2, dropout=0.0), seed)
+
+
+def test_a_convolution_patch_grid_gives_one_value_per_patch_row_major():
+    model = _recipe_vit()
+    with torch.no_grad():
+        model.patch_embed.bias.zero_()
+    pixels = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    pixels[2, :, 2:4, 4:6] = 0  # patch (row 1, col 2) of sample 2: its embedding is exactly 0
+    exp = lg.explain(model, pixels, method="attnlrp")
+    assert exp.tokens.shape == (4, 1 + 16) and torch.all(exp.tokens[:, 0] == 0)  # CLS: added after the embedding
+    assert exp.tokens[2, 1 + 1 * 4 + 2] == 0 and torch.all(exp.tokens[2, 1:].abs().topk(15).values > 0)
+    alone = torch.cat([lg.explain(model, pixels[i : i + 1], target=exp.target[i : i + 1], method="attnlrp").tokens for i in range(4)])
+    assert relative(exp.tokens, alone) < 1e-5
+    # The same leaf named explicitly.
+    named = lg.explain(model, pixels, method="attnlrp", embedding_layer="patch_embed")
+    assert torch.equal(named.tokens, exp.tokens)
+
+
+def test_hf_vit_sdpa_and_eager_agree_on_pixels():
+    pixels = torch.randn(2, 2, 12, 12, generator=torch.Generator().manual_seed(2))
+    a = lg.explain(hf_vit("sdpa"), pixels, method="attnlrp")
+    b = lg.explain(hf_vit("eager"), pixels, method="attnlrp")
+    assert a.tokens.shape == (2, 17) and relative(a.tokens, b.tokens) < 1e-5
+
+
+def test_float_features_are_read_at_the_input():
+    from recipes.tabular import FTTransformer
+
+    torch.manual_seed(0)
+    model = _perturbed(FTTransformer(num_features=5, num_classes=2, dim=16, depth=2, heads=2, dropout=0.0), 0)
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(4))
+    x[1, 3] = 0.0  # a zero feature carries no relevance (x * grad)
+    exp = lg.explain(model, x, target=1, method="attnlrp")
+    assert exp.tokens.shape == (3, 6) and torch.all(exp.tokens[:, 0] == 0) and exp.tokens[1, 4] == 0
+    # Dense form of the relevance at the input: x * (modified gradient); with the LRP mode off it is
+    # not the plain gradient, so recompute the gradient under the mode and compare the product.
+    from lightning_gae.lrp import relevance_forward
+
+    leaf = x.clone()
+    run = relevance_forward(model, (leaf,), {})
+    (grad,) = torch.autograd.grad(run.output[:, 1].sum(), [leaf])
+    assert relative(exp.tokens[:, 1:], leaf.detach() * grad) < 1e-6
+    alone = torch.cat([lg.explain(model, x[i : i + 1], target=1, method="attnlrp").tokens for i in range(3)])
+    assert relative(exp.tokens, alone) < 1e-5
+
+
+def test_pixels_without_a_patch_embedding_ask_for_embedding_layer():
+    class Stem(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(1, 8, 2, stride=2)
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, x):
+            t = self.stem(x).flatten(2).transpose(1, 2)
+            return self.head(self.attn(t, t, t)[0].mean(1))
+
+    model = Stem().eval()
+    with pytest.raises(ValueError, match="no get_input_embeddings\\(\\) and no 'patch_embed'.*embedding_layer="):
+        lg.explain(model, torch.randn(2, 1, 4, 4), method="attnlrp")
+    exp = lg.explain(model, torch.randn(2, 1, 4, 4), method="attnlrp", embedding_layer="stem")
+    assert exp.tokens.shape == (2, 4)

@@ -29,7 +29,8 @@ def test_quick_bench_writes_every_case_and_method(tmp_path, capsys):
     table = capsys.readouterr().out
     for label in ("gae / saliency", "integrated_gradients / gae", "per_sample_loop / gae",
                   "peak memory gae / forward_backward", "fit_with_callback / fit_without_callback",
-                  "attention_flow / gae", "attnlrp / gae"):
+                  "attention_flow / gae", "attnlrp / gae", "transformer_attribution / gae", "attnlrp / gae (vit batch 2, N=17)",
+                  "transformer_attribution / gae (vit batch 2, N=17)"):
         assert label in table
 
 
