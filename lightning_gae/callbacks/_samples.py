@@ -26,6 +26,7 @@ __all__ = [
     "default_batch_ground_truth",
     "default_batch_inputs",
     "default_batch_labels",
+    "finite_rows",
     "keyed_truth",
     "missing_classes",
     "private_reader",
@@ -169,6 +170,20 @@ def read_samples(batches: Iterable[Any], max_batches: int, batch_inputs: Callabl
         keyed={k: concat([part[k] for part in keyed]) for k in keyed[0] if all(k in part for part in keyed)},
     )
     return samples, len(inputs)
+
+
+def finite_rows(samples: Samples) -> Tensor:
+    """``[n]`` bool: True for the samples whose float inputs hold no NaN or inf (token ids are always finite)."""
+    total = len(samples)
+    keep = torch.ones(total, dtype=torch.bool)
+
+    def check(t: Tensor) -> Tensor:
+        if t.is_floating_point() and t.dim() and t.shape[0] == total:
+            keep.logical_and_(torch.isfinite(t.reshape(total, -1)).all(dim=1))
+        return t
+
+    map_tensors(samples.inputs, check)
+    return keep
 
 
 def missing_classes(labels: Tensor | None, chosen: Sequence[int]) -> tuple[list[int], int]:

@@ -25,6 +25,7 @@ from lightning_gae.callbacks._samples import (
     default_batch_ground_truth,
     default_batch_inputs,
     default_batch_labels,
+    finite_rows,
     missing_classes,
     private_reader,
     read_samples,
@@ -109,7 +110,8 @@ class GAECallback(Callback):
     the batch's inputs, every method and Captum baseline, and the modality (inferred or given).
     Any failure then stops the run with the fix. Later, a failing explanation warns once with its
     reason and is skipped, and a step whose logits or relevance are not finite (NaN/inf) is skipped
-    with one warning: no non-finite value is ever logged.
+    with one warning: no non-finite value is ever logged. Validation samples whose inputs hold NaN or
+    inf are neither tracked nor scored (one warning names them; all of them stops the run).
 
     Args:
         num_samples: how many validation samples to track; more than the validation set holds warns
@@ -437,11 +439,24 @@ class GAECallback(Callback):
         total = len(read)
         scanned = (f"the first {total} samples read (max_scan_batches={self.max_scan_batches})"
                    if count == self.max_scan_batches else f"the {total} samples of the validation set")
+        # Samples whose inputs hold NaN or inf cannot be explained (explain() refuses them): never tracked or scored.
+        finite = finite_rows(read)
+        usable = torch.nonzero(finite).flatten()
+        pool_labels = None if read.labels is None else read.labels[usable]
+        if not bool(finite.all()):
+            broken = torch.nonzero(~finite).flatten().tolist()
+            rank_zero_warn(f"GAECallback: {len(broken)} of {scanned} hold NaN or inf input values (samples "
+                           f"{broken[:5]}{' ...' if len(broken) > 5 else ''}); they are neither tracked nor scored")
+            if not len(usable):
+                raise ValueError(f"GAECallback: every one of {scanned} holds NaN or inf input values; nothing can be explained")
+        if self.sample_indices is not None and not bool(finite[[i for i in self.sample_indices if 0 <= i < total]].all()):
+            self.sample_indices = [i for i in self.sample_indices if not 0 <= i < total or bool(finite[i])]
         if self.sample_indices is None:
-            if self.num_samples > total:
+            if self.num_samples > len(usable):
                 rank_zero_warn(f"GAECallback(num_samples={self.num_samples}): there are only {scanned}; "
-                               f"tracking all {total}")
-            self.sample_indices = balanced_choice(read.labels, total, self.num_samples, self.seed)
+                               f"tracking all {len(usable)}")
+            chosen = balanced_choice(pool_labels, len(usable), self.num_samples, self.seed)
+            self.sample_indices = [int(usable[i]) for i in chosen]
             missing, classes = missing_classes(read.labels, self.sample_indices)
             if missing:
                 rank_zero_warn(f"GAECallback(num_samples={self.num_samples}): {scanned} have {classes} classes, so "
@@ -454,7 +469,8 @@ class GAECallback(Callback):
         self._inputs, self._labels, self._truth, self._keyed = tracked.inputs, tracked.labels, tracked.truth, tracked.keyed
         if self.metric_samples:
             # Another seed than the displayed choice: the subset is a sample of the validation set, not of the shown ones.
-            self._scored = read.subset(balanced_choice(read.labels, total, self.metric_samples, self.seed + 1))
+            scored = balanced_choice(pool_labels, len(usable), self.metric_samples, self.seed + 1)
+            self._scored = read.subset([int(usable[i]) for i in scored])
         if self.target == "label" and self._labels is None:
             raise ValueError("GAECallback(target='label'): the batches carry no labels; pass batch_labels=... or use target='pred'")
 

@@ -211,3 +211,47 @@ def test_fsdp_is_refused_in_setup_with_the_reason(tmp_path, make_trainer):
         os.environ.clear()
         os.environ.update(environment)
     assert trainer.global_step == 0
+
+
+class DigitsWithBrokenSamples(DigitsDataModule):
+    """Validation samples 0, 3 and 5 hold a NaN or inf pixel (a sensor glitch); training data is clean."""
+
+    def setup(self, stage=None):
+        super().setup(stage)
+        x, y = self.val_set.tensors
+        x = x.clone()
+        x[0, 0, 1, 1] = float("nan")
+        x[3, 0, 4, 4] = float("inf")
+        x[5, 0, 7, 0] = float("-inf")
+        self.val_set = torch.utils.data.TensorDataset(x, y)
+
+
+def test_samples_with_nan_or_inf_inputs_are_neither_tracked_nor_scored(tmp_path, make_trainer, read_events):
+    callback = GAECallback(num_samples=10, metric_samples=32, methods=("gae", "rollout"))
+    trainer = make_trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(small_vit(), DigitsWithBrokenSamples(batch_size=32))
+    messages = [str(w.message) for w in caught if "NaN or inf" in str(w.message)]
+    assert messages == [f"GAECallback: 3 of the {len(trainer.datamodule.val_set)} samples of the validation set hold NaN or "
+                        "inf input values (samples [0, 3, 5]); they are neither tracked nor scored"], messages
+    assert not any("was skipped" in str(w.message) or "failed" in str(w.message) for w in caught)
+    assert len(callback.sample_indices) == 10 and not {0, 3, 5} & set(callback.sample_indices)
+    assert trainer.state.finished
+    acc = read_events(trainer.logger.log_dir)
+    scalars = {t: v for t, v in acc.scalar_events().items() if t.rsplit("/", 1)[-1] in ("gae", "rollout")}
+    assert scalars and all(math.isfinite(v) for values in scalars.values() for _, v in values)
+    for sample in callback.sample_indices:
+        assert acc.image_steps(heatmap_tag(sample))
+
+
+def test_every_sample_non_finite_stops_the_run_at_start(tmp_path, make_trainer):
+    class AllBroken(DigitsDataModule):
+        def setup(self, stage=None):
+            super().setup(stage)
+            x, y = self.val_set.tensors
+            self.val_set = torch.utils.data.TensorDataset(torch.full_like(x, float("nan")), y)
+
+    trainer = make_trainer(tmp_path, [GAECallback(num_samples=2)], max_epochs=1)
+    with pytest.raises(ValueError, match="every one of the .* holds NaN or inf input values"):
+        trainer.fit(small_vit(), AllBroken(batch_size=32))
