@@ -3,6 +3,7 @@
 from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.explain import LRP_METHODS, METHODS, Explanation, allow_slow_attention_flow, explain
 from lightning_gae.streams import Streams
+from lightning_gae.generation import GenerationExplanation, explain_generation
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae import metrics  # noqa: E402  (after explain/modalities, which it builds on)
 
@@ -10,6 +11,7 @@ __all__ = [
     "AttentionRecord",
     "AttentionRecorder",
     "Explanation",
+    "GenerationExplanation",
     "ImageTokens",
     "LRP_METHODS",
     "METHODS",
@@ -19,6 +21,7 @@ __all__ = [
     "TextTokens",
     "allow_slow_attention_flow",
     "explain",
+    "explain_generation",
     "metrics",
 ]
 __version__ = "0.1.0"
