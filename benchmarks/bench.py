@@ -17,8 +17,10 @@ Methods, on the same batch of one model:
   (text), ``n_steps=50``, at most ~64 x 257 tokens per internal batch.
 
 Cases: a ViT (``recipes.vit.ViT``) at batch 1, 16, 64 with N = 65 and 257 tokens; a BERT-mini
-shaped ``BertForSequenceClassification`` (4 layers, width 256, SDPA) at N = 257, 1025, 2049; and
-``main_job``, the fit of ``configs/vit_digits.yaml`` through LightningCLI without and with its
+shaped ``BertForSequenceClassification`` (4 layers, width 256, SDPA) at N = 257, 1025, 2049; ``flow``
+(attention flow per token count); ``llama``, a ``LlamaForCausalLM`` (4 layers, width 256, 8 query and
+2 key/value heads, SDPA) at batch 1 with N = 1024, 4096, 8192, explaining the last position's
+next-token logit against a language-model training step over every position; and ``main_job``, the fit of ``configs/vit_digits.yaml`` through LightningCLI without and with its
 ``GAECallback`` (same seed and epochs).
 
 Timing: each method runs once as a warm-up, then ``repeats`` rounds go through the methods in
@@ -59,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["MODEL_METHODS", "FIT_METHODS", "FLOW_METHODS", "LRP_BENCH_METHODS", "Case", "full_cases", "quick_cases", "run", "ratio_report", "main"]
+__all__ = ["MODEL_METHODS", "FIT_METHODS", "FLOW_METHODS", "LRP_BENCH_METHODS", "LLAMA_METHODS", "Case", "full_cases", "quick_cases", "run", "ratio_report", "main"]
 
 MODEL_METHODS: tuple[str, ...] = (
     "forward_backward", "gae", "gae_matrix", "per_sample_loop", "rollout", "saliency", "integrated_gradients",
@@ -68,6 +70,8 @@ FIT_METHODS: tuple[str, ...] = ("fit_without_callback", "fit_with_callback")
 FLOW_METHODS: tuple[str, ...] = ("forward_backward", "gae", "rollout", "attention_flow")
 """The ``flow`` cases: attention flow (one max flow per token and sample) per token count, one sample."""
 LRP_BENCH_METHODS: tuple[str, ...] = ("attnlrp", "transformer_attribution")
+LLAMA_METHODS: tuple[str, ...] = ("forward_backward", "gae", "rollout", "attnlrp")
+"""The ``llama`` cases (a decoder-only LM at batch 1, long prompts): the last position's next-token logit."""
 """Beside the model methods in the ViT and BERT cases: the LRP family (:data:`lightning_gae.LRP_METHODS`)."""
 _IG_STEPS = 50
 # Rows per Captum internal batch are chosen so that one holds about as many tokens as the largest
@@ -96,11 +100,12 @@ class Case:
         if self.name in ("vit", "bert"):
             # The LRP methods beside GAE (their forward computes different gradients: their own passes).
             return (*MODEL_METHODS, *LRP_BENCH_METHODS)
-        return {"main_job": FIT_METHODS, "flow": FLOW_METHODS}.get(self.name, MODEL_METHODS)
+        return {"main_job": FIT_METHODS, "flow": FLOW_METHODS, "llama": LLAMA_METHODS}.get(self.name, MODEL_METHODS)
 
 
 _VIT = {"dim": 192, "depth": 6, "heads": 3}
 _BERT = {"hidden": 256, "layers": 4, "heads": 4}
+_LLAMA = {"hidden": 256, "layers": 4, "heads": 8, "kv_heads": 2}
 
 
 def full_cases(config: str | Path = _MAIN_CONFIG) -> list[Case]:
@@ -109,7 +114,8 @@ def full_cases(config: str | Path = _MAIN_CONFIG) -> list[Case]:
     # Batches sized so that the dense matrix forms (every layer's N x N maps kept) fit a 24 GiB device.
     bert = [Case("bert", batch, tokens, dict(_BERT)) for batch, tokens in ((8, 257), (2, 1025), (1, 2049))]
     flow = [Case("flow", 1, tokens, dict(_VIT)) for tokens in (17, 65, 257)]
-    return [*vit, *bert, *flow, _main_job_case(config, None)]
+    llama = [Case("llama", 1, tokens, dict(_LLAMA)) for tokens in (1024, 4096, 8192)]
+    return [*vit, *bert, *flow, *llama, _main_job_case(config, None)]
 
 
 def quick_cases(config: str | Path = _MAIN_CONFIG) -> list[Case]:
@@ -118,6 +124,7 @@ def quick_cases(config: str | Path = _MAIN_CONFIG) -> list[Case]:
         Case("vit", 2, 17, {"dim": 32, "depth": 2, "heads": 2}),
         Case("bert", 2, 33, {"hidden": 32, "layers": 2, "heads": 2}),
         Case("flow", 1, 17, {"dim": 32, "depth": 2, "heads": 2}),
+        Case("llama", 1, 64, {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2}),
         _main_job_case(config, 3),
     ]
 
@@ -210,6 +217,7 @@ class _Subject:
     captum_forward: Callable[..., Tensor]
     captum_extra: tuple[Tensor, ...]
     tokens: int
+    query: Any = 0
 
 
 def _logits(model: nn.Module, inputs: Any) -> Tensor:
@@ -255,6 +263,23 @@ def _bert(case: Case, device: torch.device) -> _Subject:
     return _Subject(model, {"input_ids": ids, "attention_mask": mask}, labels, embeds, on_embeddings, (mask,), case.tokens)
 
 
+def _llama(case: Case, device: torch.device) -> _Subject:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=4096, hidden_size=case.size["hidden"], num_hidden_layers=case.size["layers"],
+        num_attention_heads=case.size["heads"], num_key_value_heads=case.size["kv_heads"],
+        intermediate_size=4 * case.size["hidden"], max_position_embeddings=max(2048, case.tokens),
+        attn_implementation="sdpa", tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config).to(device)
+    ids = torch.randint(1, config.vocab_size, (case.batch, case.tokens), device=device)
+    # Captum's methods are not measured here: the embeddings stand in for their input.
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(ids)
+    return _Subject(model, {"input_ids": ids}, ids, embeds, model, (), case.tokens, query="last")
+
+
 def gae_matrix_rows(model: nn.Module, inputs: Any, target: Tensor, query: int = 0) -> Tensor:
     """GAE in the dense matrix form: ``R = (I + Ā_L) ⋯ (I + Ā_1)`` for every sample, then row ``query``. ``[B, N]``.
 
@@ -287,7 +312,9 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
 
     def forward_backward() -> None:
         model.train()
-        F.cross_entropy(_logits(model, inputs), subject.labels).backward()
+        logits = _logits(model, inputs)
+        # A language model's training step: every position's next token.
+        F.cross_entropy(logits.flatten(0, 1) if logits.dim() == 3 else logits, subject.labels.flatten()).backward()
         # Dropped after the step, so each repeat starts from the same memory (no gradients held).
         model.zero_grad(set_to_none=True)
 
@@ -313,12 +340,12 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
 
     return {
         "forward_backward": forward_backward,
-        "gae": lambda: explain(model, inputs, target=target),
+        "gae": lambda: explain(model, inputs, target=target, query=subject.query),
         "gae_matrix": lambda: gae_matrix_rows(model, inputs, target),
         "per_sample_loop": per_sample_loop,
-        "rollout": lambda: explain(model, inputs, target=target, method="rollout"),
+        "rollout": lambda: explain(model, inputs, target=target, method="rollout", query=subject.query),
         "attention_flow": attention_flow,
-        "attnlrp": lambda: explain(model, inputs, target=target, method="attnlrp"),
+        "attnlrp": lambda: explain(model, inputs, target=target, method="attnlrp", query=subject.query),
         "transformer_attribution": lambda: explain(model, inputs, target=target, method="transformer_attribution"),
         "saliency": saliency,
         "integrated_gradients": integrated_gradients,
@@ -327,10 +354,11 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
 
 def _run_model_case(case: Case, methods: Sequence[str], repeats: int, budget: float, device: torch.device) -> list[dict]:
     torch.manual_seed(0)
-    subject = (_bert if case.name == "bert" else _vit)(case, device)
+    subject = {"bert": _bert, "llama": _llama}.get(case.name, _vit)(case, device)
     with torch.no_grad():
         subject.model.eval()
-        target = _logits(subject.model, subject.inputs).argmax(dim=1)
+        logits = _logits(subject.model, subject.inputs)
+        target = (logits[:, -1] if logits.dim() == 3 else logits).argmax(dim=-1)
     runs = _model_methods(subject, target)
     measured = _measure({m: runs[m] for m in methods}, _PeakMemory(device), repeats, budget)
     return [_row(case, m, *measured[m]) for m in methods]
@@ -476,6 +504,19 @@ def ratio_report(rows: Sequence[dict]) -> str:
             lines.append(f"| flow | {tokens} | {flow:.3g} s | {flow / gae:.1f}x | {flow / rollout:.1f}x |")
         lines.append("")
 
+    llamas = _settings(rows, "llama")
+    if llamas:
+        lines += ["| decoder (Llama, last position) | batch | N | gae / forward_backward (time, memory) | "
+                  "rollout / forward_backward | attnlrp / forward_backward (time, memory) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for batch, tokens in llamas:
+            at = {m: found[("llama", batch, tokens, m)] for m in LLAMA_METHODS}
+            floor = at["forward_backward"]
+            cell = lambda m: f"{at[m]['seconds'] / floor['seconds']:.2f}x, {at[m]['peak_memory_mb'] / floor['peak_memory_mb']:.2f}x"  # noqa: E731
+            lines.append(f"| llama | {batch} | {tokens} | {cell('gae')} | {at['rollout']['seconds'] / floor['seconds']:.2f}x "
+                         f"| {cell('attnlrp')} |")
+        lines.append("")
+
     targets: list[tuple[str, float, str]] = []
     vit, bert = _settings(rows, "vit"), _settings(rows, "bert")
 
@@ -504,6 +545,12 @@ def ratio_report(rows: Sequence[dict]) -> str:
         b, n = max(bert, key=lambda s: (s[1], s[0]))
         targets.append((f"peak memory gae / forward_backward (bert batch {b}, N={n})",
                         ratio(("bert", b, n, "gae"), ("bert", b, n, "forward_backward"), "peak_memory_mb"), "<= 1.5"))
+    if llamas:
+        # Issue 22: long prompts, batch 1, the longest measured.
+        b, n = max(llamas, key=lambda s: (s[1], s[0]))
+        targets += [(f"llama gae / forward_backward (batch {b}, N={n})", ratio(("llama", b, n, "gae"), ("llama", b, n, "forward_backward")), "<= 1.5"),
+                    (f"llama peak memory gae / forward_backward (batch {b}, N={n})",
+                     ratio(("llama", b, n, "gae"), ("llama", b, n, "forward_backward"), "peak_memory_mb"), "<= 1.5")]
     for b, n in _settings(rows, "main_job"):
         targets.append(("main_job fit_with_callback / fit_without_callback",
                         ratio(("main_job", b, n, "fit_with_callback"), ("main_job", b, n, "fit_without_callback")), "<= 1.05"))
@@ -523,8 +570,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "median seconds and peak memory of each method on the same batches, and their ratios.")
     parser.add_argument("--quick", action="store_true", help="tiny models and a 3-epoch main job: a smoke test (minutes)")
     parser.add_argument("--output", help="write {'results': [{case, method, batch, tokens, seconds, peak_memory_mb}, ...]} here")
-    parser.add_argument("--cases", nargs="+", choices=("vit", "bert", "flow", "main_job"),
-                        default=["vit", "bert", "flow", "main_job"],
+    parser.add_argument("--cases", nargs="+", choices=("vit", "bert", "flow", "llama", "main_job"),
+                        default=["vit", "bert", "flow", "llama", "main_job"],
                         help="run only these case kinds")
     parser.add_argument("--repeats", type=int, help="timed repeats after the warm-up (default 3, 1 with --quick)")
     parser.add_argument("--budget", type=float, default=60.0,

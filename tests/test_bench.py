@@ -23,14 +23,15 @@ def test_quick_bench_writes_every_case_and_method(tmp_path, capsys):
     expected = {(c.name, m) for c in bench.quick_cases() for m in c.methods}
     assert {(r["case"], r["method"]) for r in rows} == expected
     assert len(rows) == len(expected)
-    assert {"vit", "bert", "flow", "main_job"} == {name for name, _ in expected}
+    assert {"vit", "bert", "flow", "llama", "main_job"} == {name for name, _ in expected}
     # The main job's shape comes from its config: 8x8 digits in 2x2 patches plus CLS, batch 64.
     assert {(r["batch"], r["tokens"]) for r in rows if r["case"] == "main_job"} == {(64, 17)}
     table = capsys.readouterr().out
     for label in ("gae / saliency", "integrated_gradients / gae", "per_sample_loop / gae",
                   "peak memory gae / forward_backward", "fit_with_callback / fit_without_callback",
                   "attention_flow / gae", "attnlrp / gae", "transformer_attribution / gae", "attnlrp / gae (vit batch 2, N=17)",
-                  "transformer_attribution / gae (vit batch 2, N=17)"):
+                  "transformer_attribution / gae (vit batch 2, N=17)", "llama gae / forward_backward (batch 1, N=64)",
+                  "llama peak memory gae / forward_backward (batch 1, N=64)"):
         assert label in table
 
 
