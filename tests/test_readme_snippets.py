@@ -87,6 +87,20 @@ def test_every_python_block_is_collected():
     assert "Explaining a batch" in SECTIONS and "Watching explanations while training" in SECTIONS
 
 
+def _hand_attention_is_named_by_the_error(namespace: dict) -> None:
+    """The prose before the block: without ``attention_modules`` explain raises, naming the modules to pass."""
+    import torch
+
+    import lightning_gae as lg
+
+    with pytest.raises(ValueError, match=re.escape("pass attention_modules=['*.attend']")):
+        lg.explain(namespace["hand"], torch.randn(2, 10, 32))
+
+
+# Claims a section's prose makes about its snippets that the snippets do not assert themselves.
+PROSE_CLAIMS = {"Explaining a batch": _hand_attention_is_named_by_the_error}
+
+
 @pytest.mark.parametrize("heading", list(SECTIONS))
 def test_readme_section_runs(heading, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -94,8 +108,11 @@ def test_readme_section_runs(heading, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing is downloaded: models come from configs or packages
     monkeypatch.setenv("MPLBACKEND", "Agg")
     start = time.perf_counter()
-    run_section(SECTIONS[heading])
+    namespace = run_section(SECTIONS[heading])
     print(f"{heading}: {time.perf_counter() - start:.1f} s")
+    PROSE_CLAIMS.get(heading, lambda namespace: None)(namespace)
+    if heading == "Watching explanations while training":  # the fit wrote its event files where the snippet said
+        assert list(tmp_path.glob("runs/lightning_logs/version_0/events.out.tfevents.*"))
 
 
 # --- the runner itself --------------------------------------------------------------------------
