@@ -9,7 +9,6 @@ A block that raises fails its section's test with the README line the error come
 from __future__ import annotations
 
 import re
-import sys
 import time
 import traceback
 from dataclasses import dataclass
