@@ -282,6 +282,11 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
             reason = _zero_reason(d["method"], value)
             if reason is not None:
                 entry["all_zero"] = reason
+            elif d["space"] == "rows":
+                # Rows of a decoder that are zero everywhere (e.g. one position's Grad-CAM) say why, too.
+                zero = [t for t, row in enumerate(value) if _zero_reason(d["method"], row) is not None]
+                if zero:
+                    entry["zero_rows"], entry["zero_reason"] = zero, ALL_ZERO.get(d["method"], ALL_ZERO_DEFAULT)
             if d["kind"] == "relevance":
                 sample["relevance"][d["method"]] = entry
             elif d["space"] == "rows":

@@ -105,6 +105,7 @@ const STYLE = `
   table.gae-matrix th { font-weight: normal; font-family: "Roboto Mono", Menlo, monospace; font-size: 11px; color: #424242; }
   table.gae-matrix th.gae-col { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; padding: 2px 0; }
   table.gae-matrix th.gae-row { text-align: right; padding-right: 4px; white-space: nowrap; }
+  table.gae-matrix th.gae-zero-row { color: #b71c1c; cursor: help; }
   table.gae-matrix caption { font-size: 12px; color: #424242; text-align: left; padding-bottom: 3px; }
   .gae-curves { display: flex; flex-wrap: wrap; gap: 24px; }
   .gae-curve text { font-size: 11px; fill: #424242; }
@@ -413,7 +414,13 @@ function rowMatrices(sample, at) {
       const table = colormapTable(state.colormap, range.signed);
       const head = el("tr", {}, el("th"), ...m.columns.map((c) => el("th", {class: "gae-col", text: m.names[c]})));
       const body = positions.map((t) => {
-        const tr = el("tr", {}, el("th", {class: "gae-row", text: `${t}: ${labels[t]}`}));
+        const zero = (m.relevance.zero_rows || []).includes(t);
+        const label = el("th", {class: zero ? "gae-row gae-zero-row" : "gae-row", text: `${t}: ${labels[t]}${zero ? " ∅" : ""}`});
+        if (zero) {
+          label.addEventListener("mousemove", (event) => showTip(event, `${method} · row ${t}: ${m.relevance.zero_reason}`));
+          label.addEventListener("mouseleave", hideTip);
+        }
+        const tr = el("tr", {}, label);
         for (const c of m.columns) {
           const value = m.relevance.values[t * m.n + c];
           const td = el("td", {class: "gae-cell"});
@@ -429,6 +436,9 @@ function rowMatrices(sample, at) {
                                     caption, head, ...body), colourBar(range, table, 160)));
     }
     block.append(line);
+  }
+  if (byMethod.some(([, matrices]) => matrices.some((m) => (m.relevance.zero_rows || []).length))) {
+    block.append(el("div", {class: "gae-hint", text: "∅: the row is zero everywhere (hover its label for why)"}));
   }
   return block;
 }
