@@ -366,3 +366,39 @@ def test_multi_hot_labels_are_named_in_the_titles_and_the_dashboard(tmp_path, re
     views = TensorBoardViews()
     assert "labels 1 (b), 3 (d)" in views._header(5, [1, 3], np.array([1.0, 1.0, 0.9]), ["a", "b", "c", "d"])
     assert "labels none" in views._header(6, [], np.array([0.0, 0.0, 0.9]), ["a", "b", "c", "d"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_a_map_that_is_zero_everywhere_says_why_instead_of_a_black_panel(tmp_path, make_trainer):
+    from lightning_gae.tensorboard.plugin import ALL_ZERO
+
+    seed_everything(0)
+    model = small_vit()
+    # A classifier head frozen at zero: every logit is 0 whatever the input, so no gradient reaches the attention and
+    # Attention Grad-CAM's (mean gradient x attention)+ is zero everywhere; raw attention is not.
+    head = model.model.head
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    head.requires_grad_(False)
+    callback = GAECallback(num_samples=2, methods=("raw_attention", "attn_gradcam"), metrics=(), random_baseline=False)
+    trainer = make_trainer(tmp_path, [callback], name="zero", max_epochs=1)
+    trainer.fit(model, DigitsDataModule(batch_size=32))
+    logdir = Path(trainer.logger.log_dir)
+    with tensorboard_server(logdir.parent) as base:
+        info = get_json(f"{base}/data/plugin/gae/run?run={logdir.name}")
+        at = get_json(f"{base}/data/plugin/gae/step?run={logdir.name}&step={info['steps'][-1]}")
+        for index in callback.sample_indices:
+            relevance = at["samples"][str(index)]["relevance"]
+            assert not any(relevance["attn_gradcam"]["values"])
+            assert relevance["attn_gradcam"]["all_zero"] == ALL_ZERO["attn_gradcam"]
+            assert "all_zero" not in relevance["raw_attention"]
+        with Chromium(find_chromium(), width=1200, height=900) as browser:
+            page = browser.open(f"{base}/#gae")
+            page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard[data-rendered-step]')")
+            boxes = page.evaluate(f"[...{DASHBOARD}.querySelectorAll('.gae-empty[data-method=attn_gradcam]')]"
+                                  ".map((box) => box.textContent)")
+            assert boxes == [ALL_ZERO["attn_gradcam"]] * 2
+            assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap[data-method=attn_gradcam]').length") == 0
+            assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap[data-method=raw_attention]').length") == 2
+            assert page.script_errors() == []

@@ -99,6 +99,7 @@ const STYLE = `
   .gae-set { margin: 8px 0 4px; }
   .gae-set-title { font-size: 12px; font-weight: 500; color: #424242; margin-bottom: 4px; }
   .gae-set-tokens { font-family: "Roboto Mono", Menlo, monospace; font-size: 12px; color: #424242; }
+  .gae-matrix-methods { display: flex; flex-wrap: wrap; gap: 14px 40px; align-items: flex-start; }
   .gae-matrices { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
   table.gae-matrix { border-collapse: collapse; }
   table.gae-matrix td.gae-cell { width: 16px; height: 16px; padding: 0; border: 1px solid #fff; cursor: crosshair; }
@@ -388,7 +389,7 @@ function rowMatrices(sample, at) {
   const query = sample.sets.find((x) => x.query) || sample.sets[sample.sets.length - 1];
   const positions = query.input.tokens.map((_, t) => t).filter((t) => query.modality !== "text" || query.valid[t]);
   const labels = at.row_labels || query.input.tokens;
-  const block = el("div");
+  const block = el("div", {class: "gae-matrix-methods"});
   const byMethod = state.info.methods.map((method) => [method, sample.sets.filter((x) => at.rows[x.set] && at.rows[x.set][method])
     .map((tokenSet) => {
       const relevance = at.rows[tokenSet.set][method];
@@ -438,7 +439,7 @@ function rowMatrices(sample, at) {
     block.append(line);
   }
   if (byMethod.some(([, matrices]) => matrices.some((m) => (m.relevance.zero_rows || []).length))) {
-    block.append(el("div", {class: "gae-hint", text: "∅: the row is zero everywhere (hover its label for why)"}));
+    return el("div", {}, block, el("div", {class: "gae-hint", text: "∅: the row is zero everywhere (hover its label for why)"}));
   }
   return block;
 }
