@@ -288,7 +288,8 @@ class StepViews:
             else:
                 picture = self._matrix_picture(matrices, k, header)
             pictures.append((bounded(picture), self._sets_markdown(sets, kept, k, shown_maps, matrices, header)))
-        return {"sets": sets, "raw": raw, "pictures": pictures, "predictions": predictions, "query_set": first.query_set}
+        return {"sets": sets, "raw": raw, "pictures": pictures, "predictions": predictions, "query_set": first.query_set,
+                "outputs": None if matrices is None else matrices["outputs"]}
 
     def _kept(self, token_set: SetInput) -> np.ndarray:
         """bool ``[B, U]``: the units drawn (text: real tokens; everything else: all)."""
@@ -308,7 +309,7 @@ class StepViews:
         """Per sample, the target x source matrices of every method and set, their labels and colour ranges."""
         query = sets[first.query_set]
         logits = first.logits
-        out: dict[str, Any] = {"panels": [], "tables": []}
+        out: dict[str, Any] = {"panels": [], "tables": [], "outputs": []}
         for k in range(query.shown.shape[0]):
             positions = (np.flatnonzero(kept[first.query_set][k]) if isinstance(query.modality, TextTokens)
                          else np.arange(first.tokens.shape[1]))
@@ -318,6 +319,7 @@ class StepViews:
                 outputs = self._unit_names(query.modality, made[None], 0, made.shape[0])
             else:
                 outputs = self._unit_names(query.modality, query.shown, k, query.shown.shape[1])
+            out["outputs"].append(outputs)
             row_labels = [f"{t}: {outputs[t]}" for t in positions]
             panels, tables = [], []
             for method, by_set in rows.items():

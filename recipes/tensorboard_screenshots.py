@@ -6,9 +6,11 @@ Run after ``lightning-gae fit --config configs/vit_digits.yaml``::
 
 It starts ``tensorboard --logdir <logdir>`` on a free loopback port, opens it in Debian's
 ``chromium`` (``apt-get install chromium``) driven over the DevTools protocol on a pipe, and saves
-``tensorboard_gae_tab.png`` and ``tensorboard_gae_curves.png`` (the GAE dashboard),
+``tensorboard_gae_tab.png`` (the GAE dashboard: the summary, the curves, the first samples) and
+``tensorboard_gae_curves.png`` (its curves),
 ``tensorboard_images.png``, ``tensorboard_custom_scalars.png`` and ``tensorboard_faithfulness_table.png``
-(the Text tab). The test of
+(the Text tab). ``--gae-only NAME.png`` saves the GAE tab alone under that name (the recipes with several
+token sets: ``runs/seq2seq recipes/figures --gae-only tensorboard_gae_seq2seq.png``). The test of
 the dashboard (``tests/tensorboard/test_plugin.py``) drives the browser through the same
 :class:`Chromium` and :func:`tensorboard_server`.
 """
@@ -272,18 +274,23 @@ def _settle(page: Page, seconds: float = 2.0) -> None:
     page.evaluate("new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
 
 
-def gae_tab(page: Page, output: Path) -> list[Path]:
+def gae_tab(page: Page, output: Path, name: str = "tensorboard_gae_tab.png") -> list[Path]:
     page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard[data-rendered-step]')", timeout=180)
-    # Hover a patch of the first GAE map, so the picture shows the read-out.
+    # Hover a patch of the first GAE map (a matrix cell, a token), so the picture shows the read-out.
+    target = ("canvas.gae-heatmap[data-method=gae], table.gae-matrix[data-method=gae] td.gae-cell, "
+              ".gae-tokens[data-method=gae] .gae-token:not(.muted), canvas.gae-heatmap")
     left, top, width, height = page.evaluate(f"""(() => {{
         const frame = document.querySelector('iframe').getBoundingClientRect();
-        const r = {DASHBOARD}.querySelector('canvas.gae-heatmap').getBoundingClientRect();
+        const hits = {DASHBOARD}.querySelectorAll('{target}');
+        const r = hits[Math.min(hits.length - 1, hits[0].tagName === 'TD' ? 37 : 0)].getBoundingClientRect();
         return [frame.left + r.left, frame.top + r.top, r.width, r.height];
     }})()""")
     page.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": left + width * 0.6, "y": top + height * 0.4})
     _settle(page, 0.5)
-    first = output / "tensorboard_gae_tab.png"
+    first = output / name
     page.screenshot(first)
+    if name != "tensorboard_gae_tab.png" or not page.evaluate(f"Boolean({DASHBOARD}.querySelector('.gae-curves'))"):
+        return [first]
     page.evaluate(f"{DASHBOARD}.querySelector('#gae-tooltip').style.display = 'none'")
     page.evaluate(f"{DASHBOARD}.querySelector('.gae-curves').scrollIntoView({{block: 'end'}})")
     _settle(page, 0.5)
@@ -332,20 +339,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("logdir", type=Path, help="TensorBoard's logdir, e.g. runs/vit_digits")
     parser.add_argument("output", type=Path, help="folder for the PNGs")
+    parser.add_argument("--gae-only", metavar="NAME", help="save the GAE tab alone, as NAME (e.g. tensorboard_gae_seq2seq.png)")
     args = parser.parse_args(argv)
     chromium = find_chromium()
     if chromium is None:
         raise SystemExit("no chromium on PATH: install it (Debian: apt-get install chromium)")
-    # 1600 px: the Images tab's cards then fit four 256 px panels at their actual size.
-    with tensorboard_server(args.logdir) as base, Chromium(chromium, width=1600, height=1000) as browser:
-        for tab, shoot in (("gae", gae_tab), ("images", images_tab), ("custom_scalars", custom_scalars_tab),
-                           ("text", text_tab)):
-            page = browser.open(f"{base}/#{tab}")
-            for path in shoot(page, args.output):
-                print(f"wrote {path}")
-            errors = page.script_errors()
-            if errors:
-                raise SystemExit(f"the {tab} tab logged script errors: {errors}")
+    tabs = [("gae", lambda page, output: gae_tab(page, output, args.gae_only or "tensorboard_gae_tab.png"))]
+    if not args.gae_only:
+        tabs += [("images", images_tab), ("custom_scalars", custom_scalars_tab), ("text", text_tab)]
+    # 1600 px: the Images tab's cards then fit four 256 px panels at their actual size; 1700 px high: the GAE
+    # tab's summary, curves and first samples on one screen.
+    with tensorboard_server(args.logdir) as base:
+        for tab, shoot in tabs:
+            with Chromium(chromium, width=1600, height=1700 if tab == "gae" else 1000) as browser:
+                page = browser.open(f"{base}/#{tab}")
+                for path in shoot(page, args.output):
+                    print(f"wrote {path}")
+                errors = page.script_errors()
+                if errors:
+                    raise SystemExit(f"the {tab} tab logged script errors: {errors}")
 
 
 if __name__ == "__main__":

@@ -190,8 +190,9 @@ class GAECallback(Callback):
     (:class:`~lightning_gae.metrics.AlignmentAccuracy`). Batches with ``masks`` score the image set
     (``segmentation_*``) and with ``rationales`` the text set (``rationale_*``). Perturbation
     ``metrics`` and ``captum_baselines`` remove or attribute one input and are refused on such
-    models when the run starts (pass ``metrics=()``). The GAE tab shows the query set; every set's
-    relevance is in its tensors (``set_relevance``, :mod:`lightning_gae.tensorboard.metadata`).
+    models when the run starts (pass ``metrics=()``). The GAE tab shows every set with its tokens (a decoder's
+    rows as target x set matrices) from its tensors (``set_input``, ``set_relevance``, ``row_labels``,
+    :mod:`lightning_gae.tensorboard.metadata`).
 
     Raises:
         ValueError: in ``setup``: an unknown method, metric or Captum baseline, a bad schedule,

@@ -13,6 +13,9 @@ plugin reads the meaning from the metadata, never from the tag's spelling. Kinds
   ``[N]`` (``space="tokens"``) or a Captum map in input units (``space="input"``: pixels ``[H, W]``,
   one value per token or feature); ``order`` is the method's place in the callback's list;
 * ``curve``: per step, metric and method, ``float64 [2, S]``: fractions removed and the mean score;
+* ``score``: per step where it was scored, metric and method, ``float64 [2]``: the scalar the loggers
+  got (``<metric>/<method>``) and its standard error (NaN when there is none); ``higher_is_better``
+  says which way the methods rank (the metric's own ``higher_is_better``);
 * ``set_input`` and ``set_relevance`` (models with several token sets: encoder/decoder, image/text
   towers): the same as ``input`` and ``relevance`` for every token set, named by ``set``. A
   ``set_relevance`` of ``space="rows"`` is ``[T, N]``: one relevance row per position ``t`` of the
@@ -33,7 +36,7 @@ TAG_PREFIX = "gae_dashboard"
 
 VERSION = 1
 
-KINDS = ("input", "prediction", "relevance", "curve", "set_input", "set_relevance")
+KINDS = ("input", "prediction", "relevance", "curve", "score", "set_input", "set_relevance", "row_labels")
 
 
 def encode(kind: str, **fields: Any) -> bytes:

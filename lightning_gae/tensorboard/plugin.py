@@ -9,9 +9,12 @@ Routes (``run`` and ``step`` are query parameters):
 
 * ``/runs``: the runs with dashboard data;
 * ``/run?run=``: its steps, methods, metrics, the steps that have the metrics' curves, the tracked
-  samples (input, modality layout, label) and each method's largest relevance magnitude over all steps;
-* ``/step?run=&step=``: at that step, every sample's prediction and raw relevance per method,
-  and every metric's curve per method;
+  samples (input, modality layout, label; every token set's input for a model with several), each
+  method's largest relevance magnitude over all steps, and the summary: per faithfulness metric, the
+  methods ranked (value ± standard error) at every step where the metric was scored;
+* ``/step?run=&step=``: at that step, every sample's prediction and raw relevance per method (and per
+  token set, a decoder's target x source rows), why a map is all zero where it is, and every metric's
+  curve per method;
 * ``/colormaps``: matplotlib's colormaps as 256-entry tables, and the line colours of the curves.
 """
 
@@ -40,6 +43,32 @@ SEQUENTIAL_COLORMAPS = ("inferno", "magma", "viridis", "cividis", "Greys_r")
 DIVERGING_COLORMAPS = ("RdBu_r", "PuOr_r", "coolwarm")
 
 
+ALL_ZERO = {
+    "attn_gradcam": "all zero: no positive gradient-weighted attention at the last layer (Attention Grad-CAM "
+                    "keeps only (mean gradient x attention) > 0)",
+    "attn_gradcam_vit": "all zero: no positive gradient-weighted attention at the last layer (Grad-CAM keeps "
+                        "only positive values)",
+    "saliency": "all zero: the explained output has zero gradient with respect to this input",
+    "input_x_gradient": "all zero: the explained output has zero gradient with respect to this input",
+}
+"""Why a method's map can be exactly zero everywhere, shown on the tab instead of an all-black map."""
+ALL_ZERO_DEFAULT = "all zero: the method gave no relevance to any unit of this input at this step"
+
+
+def _zero_reason(method: str, value: np.ndarray) -> str | None:
+    """The reason shown for a map that is exactly zero everywhere (None for any other map)."""
+    finite = value[np.isfinite(value)]
+    if finite.size and np.any(finite != 0):
+        return None
+    return ALL_ZERO.get(method, ALL_ZERO_DEFAULT)
+
+
+def _ranked(values: dict[str, float], higher_is_better: bool, order: list[str]) -> list[str]:
+    """Methods best first; equal values keep the callback's order of methods (``random`` last)."""
+    place = {m: i for i, m in enumerate(order)}
+    return sorted(values, key=lambda m: (-values[m] if higher_is_better else values[m], place.get(m, len(order)), m))
+
+
 def _json_values(array: np.ndarray) -> list[Any]:
     """Nested lists for JSON, non-finite numbers as null (JSON has no NaN)."""
     values = np.asarray(array, dtype=np.float64)
@@ -48,6 +77,21 @@ def _json_values(array: np.ndarray) -> list[Any]:
     if values.ndim == 1:
         return [float(v) if math.isfinite(v) else None for v in values.tolist()]
     return [_json_values(row) for row in values]
+
+
+def _input_payload(d: dict[str, Any], value: np.ndarray) -> dict[str, Any]:
+    """The JSON of an ``input`` (or ``set_input``) summary: its description and the input as a browser draws it."""
+    sample = {k: v for k, v in d.items() if k not in ("version", "kind")}
+    if d.get("modality") == "image":
+        pixels = np.ascontiguousarray(value, dtype=np.uint8)
+        sample["input"] = {"height": int(pixels.shape[0]), "width": int(pixels.shape[1]),
+                           "rgb": base64.b64encode(pixels.tobytes()).decode("ascii")}
+    elif d.get("modality") == "text":
+        sample["input"] = {"tokens": [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
+                                      for t in value.reshape(-1).tolist()]}
+    else:
+        sample["input"] = {"values": _json_values(value.reshape(-1))}
+    return sample
 
 
 class GAEDashboardPlugin(base_plugin.TBPlugin):
@@ -133,10 +177,12 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
     def _serve_run(self, request: wrappers.Request) -> wrappers.Response:
         run, described = self._run_descriptions(request)
         inputs = self._of_kind(described, "input")
+        set_inputs = self._of_kind(described, "set_input")
         relevance = self._of_kind(described, "relevance")
         predictions = self._of_kind(described, "prediction")
         curves = self._of_kind(described, "curve")
-        data = self._read(request, run, [*inputs, *relevance, *predictions, *curves])
+        scores = self._of_kind(described, "score")
+        data = self._read(request, run, [*inputs, *set_inputs, *relevance, *predictions, *curves, *scores])
         steps = sorted({d.step for tag in predictions for d in data.get(tag, [])})
         # The faithfulness subset may be scored at a few steps only (by default once, when fit ends).
         curve_steps = sorted({d.step for tag in curves for d in data.get(tag, [])})
@@ -145,29 +191,60 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
             for datum in data.get(tag, []):
                 values = np.abs(datum.numpy[np.isfinite(datum.numpy)])
                 ranges[d["method"]] = max(ranges.get(d["method"], 0.0), float(values.max()) if values.size else 0.0)
+        sets: dict[int, list[dict[str, Any]]] = {}
+        for tag, d in set_inputs.items():
+            if data.get(tag):
+                sets.setdefault(d["sample"], []).append(_input_payload(d, data[tag][-1].numpy))
         samples = []
         for tag, d in inputs.items():
             points = data.get(tag)
             if not points:
                 continue
-            value = points[-1].numpy
-            sample = {k: v for k, v in d.items() if k not in ("version", "kind")}
-            if d.get("modality") == "image":
-                pixels = np.ascontiguousarray(value, dtype=np.uint8)
-                sample["input"] = {"height": int(pixels.shape[0]), "width": int(pixels.shape[1]),
-                                   "rgb": base64.b64encode(pixels.tobytes()).decode("ascii")}
-            elif d.get("modality") == "text":
-                sample["input"] = {"tokens": [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
-                                              for t in value.reshape(-1).tolist()]}
-            else:
-                sample["input"] = {"values": _json_values(value.reshape(-1))}
+            sample = _input_payload(d, points[-1].numpy)
+            if d["sample"] in sets:
+                sample["sets"] = sorted(sets[d["sample"]], key=lambda s: (s.get("order", 0), s["set"]))
             samples.append(sample)
         samples.sort(key=lambda s: s.get("position", 0))
         methods = [m for _, m in sorted({(d.get("order", 0), d["method"]) for d in relevance.values()})]
         metrics = sorted({d["metric"] for d in curves.values()})
         payload = {"run": run, "steps": steps, "methods": methods, "metrics": metrics, "curve_steps": curve_steps,
-                   "samples": samples, "ranges": ranges}
+                   "samples": samples, "ranges": ranges, "summary": self._summary(scores, data, methods)}
         return http_util.Respond(request, payload, "application/json")
+
+    @staticmethod
+    def _summary(scores: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]],
+                 methods: list[str]) -> list[dict[str, Any]]:
+        """Per metric: its direction, the steps it was scored at, and per method its value, standard error and rank
+        at each of them; ``ranking`` is the methods best first at the last of those steps."""
+        by_metric: dict[str, dict[str, Any]] = {}
+        for tag, d in scores.items():
+            entry = by_metric.setdefault(d["metric"], {"higher_is_better": bool(d.get("higher_is_better", True)),
+                                                       "points": {}})
+            for datum in data.get(tag, []):
+                value, error = (float(v) for v in np.asarray(datum.numpy, dtype=np.float64).reshape(-1)[:2])
+                if math.isfinite(value):
+                    entry["points"].setdefault(datum.step, {})[d["method"]] = (value, error if math.isfinite(error) else None)
+        order = [*methods, "random"]
+        out = []
+        for metric in sorted(by_metric):
+            entry = by_metric[metric]
+            steps = sorted(entry["points"])
+            if not steps:
+                continue
+            present = _ranked({m: 0.0 for s in steps for m in entry["points"][s]}, True, order)
+            table: dict[str, dict[str, list[Any]]] = {m: {"values": [], "stderr": [], "ranks": []} for m in present}
+            ranking: list[str] = []
+            for step in steps:
+                at = entry["points"][step]
+                ranking = _ranked({m: v for m, (v, _) in at.items()}, entry["higher_is_better"], order)
+                for method in present:
+                    value, error = at.get(method, (None, None))
+                    table[method]["values"].append(value)
+                    table[method]["stderr"].append(error)
+                    table[method]["ranks"].append(ranking.index(method) + 1 if method in at else None)
+            out.append({"metric": metric, "higher_is_better": entry["higher_is_better"], "steps": steps,
+                        "ranking": ranking, "methods": table})
+        return out
 
     @wrappers.Request.application
     def _serve_step(self, request: wrappers.Request) -> wrappers.Response:
@@ -176,7 +253,8 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
             step = int(request.args.get("step", ""))
         except ValueError:
             raise errors.InvalidArgumentError("the 'step' query parameter must be an integer") from None
-        wanted = {tag: d for tag, d in described.items() if d["kind"] in ("prediction", "relevance", "curve")}
+        wanted = {tag: d for tag, d in described.items() if d["kind"] in ("prediction", "relevance", "curve", "set_relevance",
+                                                                        "row_labels")}
         data = self._read(request, run, wanted)
         at_step = {tag: next((p.numpy for p in data.get(tag, []) if p.step == step), None) for tag in wanted}
         if all(v is None for v in at_step.values()):
@@ -195,9 +273,26 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
             if d["kind"] == "prediction":
                 pred, target, prob = _json_values(value.reshape(-1))
                 sample["prediction"] = {"pred": pred, "target": target, "probability": prob}
+                continue
+            if d["kind"] == "row_labels":
+                sample["row_labels"] = [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
+                                        for t in value.reshape(-1).tolist()]
+                continue
+            entry = {"space": d["space"], "shape": list(value.shape), "values": _json_values(value.reshape(-1))}
+            reason = _zero_reason(d["method"], value)
+            if reason is not None:
+                entry["all_zero"] = reason
+            elif d["space"] == "rows":
+                # Rows of a decoder that are zero everywhere (e.g. one position's Grad-CAM) say why, too.
+                zero = [t for t, row in enumerate(value) if _zero_reason(d["method"], row) is not None]
+                if zero:
+                    entry["zero_rows"], entry["zero_reason"] = zero, ALL_ZERO.get(d["method"], ALL_ZERO_DEFAULT)
+            if d["kind"] == "relevance":
+                sample["relevance"][d["method"]] = entry
+            elif d["space"] == "rows":
+                sample.setdefault("rows", {}).setdefault(d["set"], {})[d["method"]] = entry
             else:
-                sample["relevance"][d["method"]] = {"space": d["space"], "shape": list(value.shape),
-                                                    "values": _json_values(value.reshape(-1))}
+                sample.setdefault("sets", {}).setdefault(d["set"], {})[d["method"]] = entry
         return http_util.Respond(request, {"run": run, "step": step, "samples": samples, "curves": curves},
                                  "application/json")
 

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from lightning_gae._structures import map_tensors
 from lightning_gae.explain import Explanation
+from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.tensorboard import metadata
 from lightning_gae.views import Scale, SetInput, StepViews, bounded, markdown_cell
@@ -98,6 +99,28 @@ def faithfulness_table(scalars: Mapping[str, float]) -> str | None:
     lines += ["| " + " | ".join([markdown_cell(method), *(cell(metric, method) for metric in metrics)]) + " |"
               for method in methods]
     return "\n".join(lines)
+
+
+def higher_is_better(metric: str) -> bool:
+    """Which way ``metric``'s methods rank: a perturbation metric's own ``higher_is_better``; every ground-truth
+    score the callback logs (segmentation, rationale agreement, alignment accuracy) is better higher."""
+    found = PERTURBATION_METRICS.get(metric)
+    return True if found is None else bool(found.higher_is_better)
+
+
+def _score_values(scalars: Mapping[str, float] | None) -> list[Summary.Value]:
+    """The dashboard's ``score`` tensors of a step: each faithfulness ``<metric>/<method>`` with its standard error."""
+    values = []
+    for tag, value in (scalars or {}).items():
+        parts = tag.split("/")
+        if len(parts) != 2 or parts[0] in RELEVANCE_SCALARS:
+            continue
+        error = (scalars or {}).get(f"{tag}/stderr", float("nan"))
+        metric, method = parts
+        values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/score/{metric}/{method}", np.array([value, error]),
+                                      metadata.encode("score", metric=metric, method=method,
+                                                      higher_is_better=higher_is_better(metric))))
+    return values
 
 
 def _image_value(tag: str, picture: np.ndarray) -> Summary.Value:
@@ -231,7 +254,7 @@ class TensorBoardViews(StepViews):
         """The faithfulness of a step that draws nothing (the subset scored when fit ends): its curves for the
         GAE tab, the Text tab's ``gae_faithfulness`` table and the Custom Scalars layout of its metrics; the
         loggers write the scalars themselves."""
-        values = self._curve_values(curves) + self._table_values(scalars)
+        values = self._curve_values(curves) + self._table_values(scalars) + _score_values(scalars)
         for writer in writers:
             layout = self._layout(writer, scalars)
             if layout:
@@ -271,7 +294,7 @@ class TensorBoardViews(StepViews):
 
         ``inputs_values`` (the tracked samples' inputs) go to each writer once, the first time it is written to.
         """
-        values = values + self._curve_values(curves) + self._table_values(scalars)
+        values = values + self._curve_values(curves) + self._table_values(scalars) + _score_values(scalars)
         for writer in writers:
             key = _writer_key(writer)
             layout = self._layout(writer, scalars)
@@ -291,6 +314,12 @@ class TensorBoardViews(StepViews):
                     explanations: Mapping[str, Explanation], rows: Mapping[str, Mapping[str, Tensor]] | None,
                     labels: Tensor | None, class_names: Sequence[str] | None) -> tuple[list[Summary.Value], list[Summary.Value]]:
         """Pictures and text of every token set written; the dashboard's tensors and the inputs' tensors returned."""
+        first = next(iter(explanations.values()))
+        query_modality = sets[first.query_set].modality if first.query_set in sets else None
+        if (class_names is None and rows is not None and isinstance(query_modality, TextTokens)
+                and first.logits is not None):
+            # A decoder's classes are its vocabulary: name them by their tokens, not their ids.
+            class_names = query_modality.token_strings(list(range(first.logits.shape[-1])))
         drawn = self._set_drawing(sets, sample_indices, explanations, rows, labels, class_names)
         sets, raw, predictions, query_set = drawn["sets"], drawn["raw"], drawn["predictions"], drawn["query_set"]
         values: list[Summary.Value] = []
@@ -306,9 +335,13 @@ class TensorBoardViews(StepViews):
             if need_inputs:
                 query = sets[query_set]
                 inputs_values.append(self._input_value(query.modality, query.shown, query.inputs, k, index, label, class_names))
-                for x, s in sets.items():
+                for order, (x, s) in enumerate(sets.items()):
                     inputs_values.append(self._input_value(s.modality, s.shown, s.inputs, k, index, label, class_names,
-                                                           token_set=x))
+                                                           token_set=x, order=order, query=x == query_set))
+            if drawn["outputs"] is not None:
+                predicted = np.array([t.encode("utf-8") for t in drawn["outputs"][k]], dtype=object)
+                values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/row_labels/{name}", predicted,
+                                              metadata.encode("row_labels", sample=index, set=query_set)))
             values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/prediction/{name}", predictions[k],
                                           metadata.encode("prediction", sample=index)))
             for order, (method, by_set) in enumerate(raw.items()):
@@ -331,12 +364,14 @@ class TensorBoardViews(StepViews):
     # --- the dashboard's input summary ----------------------------------------------------------
 
     def _input_value(self, modality: Modality, shown: Tensor, inputs: Any, k: int, index: int, label: int | list[int] | None,
-                     class_names: Sequence[str] | None, token_set: str | None = None) -> Summary.Value:
-        """The ``input`` summary of sample ``k``, or with ``token_set`` that set's ``set_input`` summary."""
+                     class_names: Sequence[str] | None, token_set: str | None = None, order: int = 0,
+                     query: bool = False) -> Summary.Value:
+        """The ``input`` summary of sample ``k``, or with ``token_set`` that set's ``set_input`` summary (``order``:
+        its place among the sets; ``query``: whether it is the query set)."""
         fields: dict[str, Any] = {"sample": index, "position": k, "label": label,
                                   "class_names": None if class_names is None else [str(c) for c in class_names]}
         if token_set is not None:
-            fields["set"] = token_set
+            fields.update(set=token_set, order=order, query=query)
         if isinstance(modality, ImageTokens):
             pixels = (modality.display_image(shown[k]).numpy() * 255.0 + 0.5).astype(np.uint8)
             rows, cols = shown.shape[-2] // modality.patch_size, shown.shape[-1] // modality.patch_size

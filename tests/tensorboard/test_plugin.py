@@ -120,6 +120,96 @@ def test_a_real_tensorboard_serves_the_relevance_explain_gives(run, served):
 
 
 @pytest.mark.slow
+def test_the_summary_ranks_the_methods_on_the_scalars_the_callback_logged(run, served, read_events):
+    acc, name = read_events(run["logdir"]), run["logdir"].name
+    info = get_json(f"{served}/data/plugin/gae/run?run={name}")
+    summary = {entry["metric"]: entry for entry in info["summary"]}
+    # Faithfulness only: the relevance statistics (concentration, stability) rank nothing.
+    assert set(summary) == {"negative_perturbation_auc", "positive_perturbation_auc"}
+    assert summary["positive_perturbation_auc"]["higher_is_better"] is False
+    assert summary["negative_perturbation_auc"]["higher_is_better"] is True
+    for metric, entry in summary.items():
+        assert entry["steps"] == [3, 7]
+        assert set(entry["methods"]) == {*METHODS, "random"}
+        for method, served_values in entry["methods"].items():
+            logged = acc.Scalars(f"{metric}/{method}")
+            errors = acc.Scalars(f"{metric}/{method}/stderr")
+            assert [e.step for e in logged] == entry["steps"]
+            np.testing.assert_allclose(served_values["values"], [e.value for e in logged], rtol=1e-6)
+            np.testing.assert_allclose(served_values["stderr"], [e.value for e in errors], rtol=1e-6)
+        for j, step in enumerate(entry["steps"]):
+            at = {m: v["values"][j] for m, v in entry["methods"].items()}
+            best_first = sorted(at, key=at.get, reverse=entry["higher_is_better"])
+            assert [m for m in best_first] == sorted(at, key=lambda m: entry["methods"][m]["ranks"][j])
+        last = {m: v["values"][-1] for m, v in entry["methods"].items()}
+        assert entry["ranking"] == sorted(last, key=last.get, reverse=entry["higher_is_better"])
+
+
+def _heatmap_colours(page, table):
+    """Per heatmap canvas of the tab, how many of its pixels have a colour that is not in ``table``."""
+    return page.evaluate(f"""(() => {{
+        const bar = new Set({json.dumps(table)}.map((c) => c.join(",")));
+        return [...{DASHBOARD}.querySelectorAll('canvas.gae-heatmap')].map((canvas) => {{
+            const data = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+            let off = 0;
+            for (let i = 0; i < data.length; i += 4) if (!bar.has(`${{data[i]}},${{data[i + 1]}},${{data[i + 2]}}`)) off++;
+            return off;
+        }});
+    }})()""")
+
+
+def _bar_labels(page, sample):
+    """The colour bar's end labels under each method's heatmap of ``sample``."""
+    return page.evaluate(f"""Object.fromEntries([...{DASHBOARD}.querySelectorAll('canvas.gae-heatmap[data-sample="{sample}"]')]
+        .map((c) => [c.dataset.method, [...c.parentElement.querySelectorAll('.gae-bar span')].map((s) => s.textContent)]))""")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_chromium_shows_the_summary_first_and_one_colour_scale_read_off_the_bar(run, served):
+    name = run["logdir"].name
+    info = get_json(f"{served}/data/plugin/gae/run?run={name}")
+    step = get_json(f"{served}/data/plugin/gae/step?run={name}&step=7")
+    inferno = get_json(f"{served}/data/plugin/gae/colormaps")["sequential"]["inferno"]
+    with Chromium(find_chromium(), width=1200, height=900) as browser:
+        page = browser.open(f"{served}/#gae")
+        page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard[data-rendered-step]')")
+        # The summary, then the curves, then the samples, in the page's order; the summary is in the first screen.
+        order = page.evaluate(f"""(() => {{
+            const d = {DASHBOARD};
+            const [summary, curves, samples] = ['#gae-summary', '.gae-curves', '#gae-samples'].map((s) => d.querySelector(s));
+            const after = (a, b) => Boolean(a.compareDocumentPosition(b) & Node.DOCUMENT_POSITION_FOLLOWING);
+            return [after(summary, curves), after(curves, samples), summary.getBoundingClientRect().top];
+        }})()""")
+        assert order[:2] == [True, True] and order[2] < 900
+        for entry in info["summary"]:
+            rows = page.evaluate(f"""[...{DASHBOARD}.querySelectorAll('table.gae-ranking[data-metric="{entry['metric']}"] tr[data-method]')]
+                .map((tr) => [...tr.children].map((td) => td.textContent))""")
+            assert [r[1] for r in rows] == entry["ranking"]
+            assert [r[0] for r in rows] == [str(i + 1) for i in range(len(rows))]
+            best = entry["methods"][entry["ranking"][0]]
+            value, error = (float(v) for v in rows[0][2].split(" ± "))
+            assert value == pytest.approx(best["values"][-1], rel=5e-3) and error == pytest.approx(best["stderr"][-1], rel=5e-3)
+            assert [r[3:] for r in rows] == [[f"#{k}" for k in entry["methods"][m]["ranks"]] for m in entry["ranking"]]
+
+        # One colour scale per sample, shared by the methods: its top is the largest patch value of either map.
+        first = str(info["samples"][0]["sample"])
+        bars = _bar_labels(page, first)
+        assert set(bars) == set(METHODS) and len({tuple(b) for b in bars.values()}) == 1
+        patches = [v for m in METHODS for v in step["samples"][first]["relevance"][m]["values"][1:]]
+        assert float(bars["gae"][-1]) == pytest.approx(max(abs(v) for v in patches), rel=5e-3)
+        # Every heatmap pixel is a colour of the bar (no blend with the input at the default opacity).
+        assert _heatmap_colours(page, inferno) == [0] * (3 * len(METHODS))
+
+        page.evaluate(f"(() => {{ const s = {DASHBOARD}.querySelector('#gae-scale'); s.value = 'map'; "
+                      "s.dispatchEvent(new Event('change')); })()")
+        page.wait_for(f"[...{DASHBOARD}.querySelectorAll('.gae-section')].some((s) => s.textContent.includes('own maximum'))")
+        per_map = _bar_labels(page, first)
+        assert per_map["gae"] != per_map["rollout"], "each map scaled by itself: two different tops"
+        assert page.script_errors() == []
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
 def test_chromium_shows_the_gae_tab_and_the_step_slider_replays_training(run, served):
     heatmap = f"{DASHBOARD}.querySelector('canvas.gae-heatmap[data-method=gae]')"
@@ -228,7 +318,7 @@ def test_the_dashboard_tensors_name_the_plugin(run, read_plugin_events):
     ours = [t for t in acc.Tags()["tensors"] if t.startswith("gae_dashboard/")]
     assert ours and all(acc.SummaryMetadata(t).plugin_data.plugin_name == "gae" for t in ours)
     described = [json.loads(acc.SummaryMetadata(t).plugin_data.content) for t in ours]
-    assert {d["kind"] for d in described} == {"input", "prediction", "relevance", "curve"}
+    assert {d["kind"] for d in described} == {"input", "prediction", "relevance", "curve", "score"}
 
 
 def test_token_relevance_that_does_not_fit_the_patch_grid_is_an_error():
@@ -276,3 +366,39 @@ def test_multi_hot_labels_are_named_in_the_titles_and_the_dashboard(tmp_path, re
     views = TensorBoardViews()
     assert "labels 1 (b), 3 (d)" in views._header(5, [1, 3], np.array([1.0, 1.0, 0.9]), ["a", "b", "c", "d"])
     assert "labels none" in views._header(6, [], np.array([0.0, 0.0, 0.9]), ["a", "b", "c", "d"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_a_map_that_is_zero_everywhere_says_why_instead_of_a_black_panel(tmp_path, make_trainer):
+    from lightning_gae.tensorboard.plugin import ALL_ZERO
+
+    seed_everything(0)
+    model = small_vit()
+    # A classifier head frozen at zero: every logit is 0 whatever the input, so no gradient reaches the attention and
+    # Attention Grad-CAM's (mean gradient x attention)+ is zero everywhere; raw attention is not.
+    head = model.model.head
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    head.requires_grad_(False)
+    callback = GAECallback(num_samples=2, methods=("raw_attention", "attn_gradcam"), metrics=(), random_baseline=False)
+    trainer = make_trainer(tmp_path, [callback], name="zero", max_epochs=1)
+    trainer.fit(model, DigitsDataModule(batch_size=32))
+    logdir = Path(trainer.logger.log_dir)
+    with tensorboard_server(logdir.parent) as base:
+        info = get_json(f"{base}/data/plugin/gae/run?run={logdir.name}")
+        at = get_json(f"{base}/data/plugin/gae/step?run={logdir.name}&step={info['steps'][-1]}")
+        for index in callback.sample_indices:
+            relevance = at["samples"][str(index)]["relevance"]
+            assert not any(relevance["attn_gradcam"]["values"])
+            assert relevance["attn_gradcam"]["all_zero"] == ALL_ZERO["attn_gradcam"]
+            assert "all_zero" not in relevance["raw_attention"]
+        with Chromium(find_chromium(), width=1200, height=900) as browser:
+            page = browser.open(f"{base}/#gae")
+            page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard[data-rendered-step]')")
+            boxes = page.evaluate(f"[...{DASHBOARD}.querySelectorAll('.gae-empty[data-method=attn_gradcam]')]"
+                                  ".map((box) => box.textContent)")
+            assert boxes == [ALL_ZERO["attn_gradcam"]] * 2
+            assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap[data-method=attn_gradcam]').length") == 0
+            assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap[data-method=raw_attention]').length") == 2
+            assert page.script_errors() == []

@@ -1,7 +1,9 @@
 // The GAE dashboard: a plain ES module (no build step) that TensorBoard imports into the "GAE"
 // tab's iframe and calls render() on. It reads the plugin's JSON routes, which resolve against
-// the iframe's <base href="plugin/gae/">, and draws tracked samples x methods at the chosen step,
-// with hover read-out of every patch, pixel, token or feature, and the faithfulness curves.
+// the iframe's <base href="plugin/gae/">, and draws first the summary (the methods ranked on each
+// faithfulness metric with their standard errors, how that ranking moved over training, the curves),
+// then the tracked samples x methods at the chosen step (every token set of a model with several),
+// with hover read-out of every patch, pixel, token or feature.
 
 const PANEL_PX = 224;
 const SVG = "http://www.w3.org/2000/svg";
@@ -12,8 +14,8 @@ const state = {
   info: null, // the /run answer: steps, methods, metrics, samples, ranges
   stepIndex: 0,
   colormap: "auto",
-  opacity: 0.7,
-  scale: "map",
+  opacity: 1, // 1: every pixel's colour is the colour bar's; lower lets the greyscale input show through
+  scale: "shared", // one colour scale for every method of a sample, so brightness compares across methods
   colormaps: null,
   steps: new Map(), // "run\u0000step" -> the /step answer
   ui: {},
@@ -49,7 +51,9 @@ function format(value) {
   if (value === null || value === undefined || Number.isNaN(value)) return "–";
   if (value === 0) return "0";
   const magnitude = Math.abs(value);
-  return magnitude >= 0.001 && magnitude < 10000 ? value.toPrecision(3).replace(/\.?0+$/, "") : value.toExponential(2);
+  if (magnitude < 0.001 || magnitude >= 10000) return value.toExponential(2);
+  const text = value.toPrecision(3);
+  return text.includes(".") ? text.replace(/\.?0+$/, "") : text; // "0.330" -> "0.33", but "100" stays
 }
 
 const STYLE = `
@@ -79,6 +83,31 @@ const STYLE = `
   table.gae-features td, table.gae-features th { padding: 3px 10px; text-align: right; font-weight: normal; }
   table.gae-features th { color: #424242; font-size: 12px; }
   table.gae-features td:first-child { text-align: left; }
+  .gae-summary { display: flex; flex-wrap: wrap; gap: 14px 28px; align-items: flex-start; }
+  table.gae-ranking { border-collapse: collapse; }
+  table.gae-ranking caption { text-align: left; font-weight: 500; padding-bottom: 4px; }
+  table.gae-ranking caption .gae-direction { font-weight: normal; color: #616161; }
+  table.gae-ranking td, table.gae-ranking th { padding: 2px 8px; border-bottom: 1px solid #eeeeee; text-align: right;
+                                              font-variant-numeric: tabular-nums; white-space: nowrap; }
+  table.gae-ranking th { font-weight: normal; color: #616161; font-size: 12px; }
+  table.gae-ranking td.gae-method, table.gae-ranking th.gae-method { text-align: left; }
+  table.gae-ranking tr.gae-random td { color: #757575; font-style: italic; }
+  table.gae-ranking td.gae-rank-moved { color: #1565c0; }
+  .gae-empty { display: flex; align-items: center; justify-content: center; text-align: center; background: #f5f5f5;
+               color: #616161; border: 1px dashed #bdbdbd; font-size: 12px; padding: 8px; box-sizing: border-box; }
+  .gae-empty-text { color: #616161; font-style: italic; font-size: 12px; }
+  .gae-set { margin: 8px 0 4px; }
+  .gae-set-title { font-size: 12px; font-weight: 500; color: #424242; margin-bottom: 4px; }
+  .gae-set-tokens { font-family: "Roboto Mono", Menlo, monospace; font-size: 12px; color: #424242; }
+  .gae-matrix-methods { display: flex; flex-wrap: wrap; gap: 14px 40px; align-items: flex-start; }
+  .gae-matrices { display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }
+  table.gae-matrix { border-collapse: collapse; }
+  table.gae-matrix td.gae-cell { width: 16px; height: 16px; padding: 0; border: 1px solid #fff; cursor: crosshair; }
+  table.gae-matrix th { font-weight: normal; font-family: "Roboto Mono", Menlo, monospace; font-size: 11px; color: #424242; }
+  table.gae-matrix th.gae-col { writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; padding: 2px 0; }
+  table.gae-matrix th.gae-row { text-align: right; padding-right: 4px; white-space: nowrap; }
+  table.gae-matrix th.gae-zero-row { color: #b71c1c; cursor: help; }
+  table.gae-matrix caption { font-size: 12px; color: #424242; text-align: left; padding-bottom: 3px; }
   .gae-curves { display: flex; flex-wrap: wrap; gap: 24px; }
   .gae-curve text { font-size: 11px; fill: #424242; }
   #gae-tooltip { position: fixed; pointer-events: none; background: rgba(33, 33, 33, 0.92); color: #fff; padding: 4px 7px;
@@ -97,14 +126,44 @@ function signedValues(values) {
   return values.some((v) => v !== null && v < 0);
 }
 
-// The colour range of a map: [0, max] for non-negative values, [-m, m] around 0 for signed ones;
-// "map" scales each map by itself, "run" by the method's largest magnitude over every step.
+// The colour range of some values: [0, max] for non-negative values, [-m, m] around 0 for signed ones;
+// "run" takes the method's largest magnitude over every step instead of these values' own.
 function rangeOf(values, method) {
-  const finite = values.filter((v) => v !== null && Number.isFinite(v));
-  const signed = finite.some((v) => v < 0);
-  let top = state.scale === "run" ? state.info.ranges[method] || 0 : Math.max(0, ...finite.map(Math.abs));
+  let top = 0;
+  let signed = false;
+  for (const v of values) {
+    if (v === null || !Number.isFinite(v)) continue;
+    if (v < 0) signed = true;
+    if (Math.abs(v) > top) top = Math.abs(v);
+  }
+  if (state.scale === "run") top = state.info.ranges[method] || 0;
   if (!(top > 0)) top = 1;
   return {vmin: signed ? -top : 0, vmax: top, signed};
+}
+
+// The colour range of each method's map of one sample. "shared" (the default): one range over every
+// method's map in the same units (a group: one token set, token relevance or an input-space map), so
+// the same colour is the same relevance in every map of the sample; "map": each map its own maximum;
+// "run": each method its largest magnitude over all steps. All-zero maps do not set a shared range.
+function rangesOf(entries) {
+  const out = {};
+  const pooled = {};
+  if (state.scale === "shared") {
+    for (const e of entries) {
+      if (e.allZero) continue;
+      (pooled[e.group] = pooled[e.group] || []).push(e.values);
+    }
+  }
+  for (const e of entries) {
+    const values = pooled[e.group] ? pooled[e.group].flat() : e.values;
+    out[e.method] = rangeOf(values, e.method);
+  }
+  return out;
+}
+
+function scaleNote() {
+  return {shared: "one colour scale per sample, shared by every method", map: "each map scaled to its own maximum",
+          run: "each method scaled to its maximum over all steps"}[state.scale];
 }
 
 function colourOf(value, range, table) {
@@ -187,7 +246,14 @@ function imageGrid(sample, relevance) {
   return {rows, cols, values: relevance.values, unit: "pixel"};
 }
 
-function imageSample(sample, at) {
+function emptyPanel(reason, width, height, method) {
+  return el("div", {class: "gae-empty", style: `width:${width}px;height:${height}px`, "data-method": method,
+                    title: reason, text: reason});
+}
+
+// `by` is method -> relevance (the /step answer's relevance of one sample, or of one of its token sets);
+// `set` names the token set, so that its maps share a range with each other and no other set's.
+function imageSample(sample, by, set = "") {
   const pixels = inputCanvas(sample);
   const [w, h] = panelSize(pixels);
   const panels = el("div", {class: "gae-panels"});
@@ -195,21 +261,30 @@ function imageSample(sample, at) {
   const ictx = input.getContext("2d");
   ictx.imageSmoothingEnabled = false;
   ictx.drawImage(pixels.colour, 0, 0, w, h);
-  panels.append(el("div", {class: "gae-panel"}, el("div", {class: "gae-panel-title", text: "input"}), input));
-  for (const method of state.info.methods) {
-    const relevance = at.relevance[method];
-    if (!relevance) continue;
-    const grid = imageGrid(sample, relevance);
-    const range = rangeOf(grid.values, method);
+  panels.append(el("div", {class: "gae-panel"}, el("div", {class: "gae-panel-title", text: set ? `input · ${set}` : "input"}), input));
+  const methods = state.info.methods.filter((m) => by[m]);
+  const grids = Object.fromEntries(methods.map((m) => [m, imageGrid(sample, by[m])]));
+  const ranges = rangesOf(methods.map((m) => ({method: m, values: grids[m].values, allZero: Boolean(by[m].all_zero),
+                                               group: `${set}/${by[m].space}`})));
+  for (const method of methods) {
+    const relevance = by[method];
+    const title = el("div", {class: "gae-panel-title", text: set ? `${method} · ${set}` : method});
+    if (relevance.all_zero) {
+      panels.append(el("div", {class: "gae-panel"}, title, emptyPanel(relevance.all_zero, w, h + 22, method)));
+      continue;
+    }
+    const grid = grids[method];
+    const range = ranges[method];
     const table = colormapTable(state.colormap, range.signed);
     const heat = new ImageData(grid.cols, grid.rows);
     grid.values.forEach((v, i) => heat.data.set([...colourOf(v, range, table), 255], 4 * i));
     const cells = el("canvas", {width: String(grid.cols), height: String(grid.rows)});
     cells.getContext("2d").putImageData(heat, 0, 0);
     const canvas = el("canvas", {width: String(w), height: String(h), class: "gae-heatmap", "data-method": method,
-                                 "data-sample": String(sample.sample)});
+                                 "data-sample": String(sample.sample), "data-set": set});
     const ctx = canvas.getContext("2d");
     ctx.imageSmoothingEnabled = false;
+    // The heatmap in the colour bar's colours; below full opacity the greyscale input shows through.
     ctx.drawImage(pixels.grey, 0, 0, w, h);
     ctx.globalAlpha = state.opacity;
     ctx.drawImage(cells, 0, 0, w, h);
@@ -219,22 +294,29 @@ function imageSample(sample, at) {
       showTip(event, `${method} · ${grid.unit} (${row}, ${col}): ${format(grid.values[row * grid.cols + col])}`);
     });
     canvas.addEventListener("mouseleave", hideTip);
-    panels.append(el("div", {class: "gae-panel"}, el("div", {class: "gae-panel-title", text: method}), canvas,
-                     colourBar(range, table, w)));
+    panels.append(el("div", {class: "gae-panel"}, title, canvas, colourBar(range, table, w)));
   }
   return panels;
 }
 
-function textSample(sample, at) {
+function textSample(sample, by, set = "") {
   const block = el("div");
   const tokens = sample.input.tokens;
-  for (const method of state.info.methods) {
-    const relevance = at.relevance[method];
-    if (!relevance) continue;
-    const scored = relevance.values.filter((_, i) => sample.valid[i] && !sample.muted[i]);
-    const range = rangeOf(scored, method);
+  const methods = state.info.methods.filter((m) => by[m]);
+  const scored = (m) => by[m].values.filter((_, i) => sample.valid[i] && !sample.muted[i]);
+  const ranges = rangesOf(methods.map((m) => ({method: m, values: scored(m), allZero: Boolean(by[m].all_zero), group: set})));
+  for (const method of methods) {
+    const relevance = by[method];
+    const name = el("div", {class: "gae-text-method"}, el("div", {text: method}));
+    if (relevance.all_zero) {
+      block.append(el("div", {class: "gae-text-row", "data-method": method}, name,
+                      el("div", {class: "gae-empty-text", text: relevance.all_zero})));
+      continue;
+    }
+    const range = ranges[method];
     const table = colormapTable(state.colormap, range.signed);
-    const row = el("div", {class: "gae-tokens"});
+    name.append(colourBar(range, table, 140));
+    const row = el("div", {class: "gae-tokens", "data-method": method, "data-set": set});
     tokens.forEach((token, i) => {
       if (!sample.valid[i]) return;
       const value = relevance.values[i];
@@ -249,39 +331,143 @@ function textSample(sample, at) {
       span.addEventListener("mouseleave", hideTip);
       row.append(span);
     });
-    block.append(el("div", {class: "gae-text-row"},
-                    el("div", {class: "gae-text-method"}, el("div", {text: method}), colourBar(range, table, 140)), row));
+    block.append(el("div", {class: "gae-text-row"}, name, row));
   }
   return block;
 }
 
-function tabularSample(sample, at) {
-  const methods = state.info.methods.filter((m) => at.relevance[m]);
+function tabularSample(sample, by, set = "") {
+  const methods = state.info.methods.filter((m) => by[m]);
+  const count = sample.feature_names.length;
+  const valuesOf = (relevance) => (relevance.space === "tokens"
+    ? relevance.values.slice(sample.prefix_tokens, sample.prefix_tokens + count) : relevance.values);
+  const ranges = rangesOf(methods.map((m) => ({method: m, values: valuesOf(by[m]), allZero: Boolean(by[m].all_zero),
+                                               group: `${set}/${by[m].space}`})));
   const header = el("tr", {}, el("th", {text: "feature"}), ...methods.map((m) => el("th", {text: m})));
   const columns = methods.map((method) => {
-    const relevance = at.relevance[method];
-    const count = sample.feature_names.length;
-    const values = relevance.space === "tokens" ? relevance.values.slice(sample.prefix_tokens, sample.prefix_tokens + count)
-      : relevance.values;
-    const range = rangeOf(values, method);
-    return {method, values, range, table: colormapTable(state.colormap, range.signed)};
+    const range = ranges[method];
+    return {method, values: valuesOf(by[method]), range, table: colormapTable(state.colormap, range.signed),
+            empty: by[method].all_zero};
   });
   const rows = sample.feature_names.map((name, f) => {
     const label = `${name} = ${format(sample.input.values[f])}`;
     const tr = el("tr", {}, el("td", {text: label}));
     for (const column of columns) {
-      const rgb = colourOf(column.values[f], column.range, column.table);
       const td = el("td", {text: format(column.values[f])});
-      td.style.background = css(rgb);
-      td.style.color = inkFor(rgb);
+      if (!column.empty) {
+        const rgb = colourOf(column.values[f], column.range, column.table);
+        td.style.background = css(rgb);
+        td.style.color = inkFor(rgb);
+      }
       td.addEventListener("mousemove", (event) => showTip(event, `${column.method} · ${name}: ${format(column.values[f])}`));
       td.addEventListener("mouseleave", hideTip);
       tr.append(td);
     }
     return tr;
   });
-  const bars = el("tr", {}, el("td"), ...columns.map((c) => el("td", {}, colourBar(c.range, c.table, 110))));
+  const bars = el("tr", {}, el("td"), ...columns.map((c) => el("td", {}, c.empty
+    ? el("div", {class: "gae-empty-text", style: "width:110px;white-space:normal", text: c.empty})
+    : colourBar(c.range, c.table, 110))));
   return el("table", {class: "gae-features"}, header, ...rows, bars);
+}
+
+function modalitySample(sample, by, set = "") {
+  return sample.modality === "image" ? imageSample(sample, by, set)
+    : sample.modality === "text" ? textSample(sample, by, set) : tabularSample(sample, by, set);
+}
+
+// --- models with several token sets -------------------------------------------------------------
+
+function setTokens(tokenSet) {
+  if (tokenSet.modality !== "text") return null;
+  return tokenSet.input.tokens.filter((_, i) => tokenSet.valid[i]);
+}
+
+// A decoder's rows: per method, one target x set matrix per token set (row t: the relevance of the
+// explanation of the token predicted at target position t, over the set's tokens).
+function rowMatrices(sample, at) {
+  const query = sample.sets.find((x) => x.query) || sample.sets[sample.sets.length - 1];
+  const positions = query.input.tokens.map((_, t) => t).filter((t) => query.modality !== "text" || query.valid[t]);
+  const labels = at.row_labels || query.input.tokens;
+  const block = el("div", {class: "gae-matrix-methods"});
+  const byMethod = state.info.methods.map((method) => [method, sample.sets.filter((x) => at.rows[x.set] && at.rows[x.set][method])
+    .map((tokenSet) => {
+      const relevance = at.rows[tokenSet.set][method];
+      const [, n] = relevance.shape;
+      const columns = [...Array(n).keys()].filter((c) => tokenSet.modality !== "text" || tokenSet.valid[c]);
+      const names = tokenSet.modality === "text" ? tokenSet.input.tokens : columns.map(String);
+      const values = positions.flatMap((t) => columns.map((c) => relevance.values[t * n + c]));
+      return {key: `${method}/${tokenSet.set}`, tokenSet, relevance, n, columns, names, values};
+    })]);
+  // Shared: one range per token set over every method's matrix.
+  const ranges = rangesOf(byMethod.flatMap(([, matrices]) => matrices.map((m) => (
+    {method: m.key, values: m.values, allZero: Boolean(m.relevance.all_zero), group: m.tokenSet.set}))));
+  for (const [method, matrices] of byMethod) {
+    const line = el("div", {class: "gae-matrices"});
+    for (const m of matrices) {
+      const caption = el("caption", {text: `${method} · ${m.tokenSet.set} (rows: target positions)`});
+      if (m.relevance.all_zero) {
+        line.append(el("div", {}, el("div", {class: "gae-panel-title", text: caption.textContent}),
+                       emptyPanel(m.relevance.all_zero, 220, 120, method)));
+        continue;
+      }
+      const range = state.scale === "run" ? rangeOf(m.values, method) : ranges[m.key];
+      const table = colormapTable(state.colormap, range.signed);
+      const head = el("tr", {}, el("th"), ...m.columns.map((c) => el("th", {class: "gae-col", text: m.names[c]})));
+      const body = positions.map((t) => {
+        const zero = (m.relevance.zero_rows || []).includes(t);
+        const label = el("th", {class: zero ? "gae-row gae-zero-row" : "gae-row", text: `${t}: ${labels[t]}${zero ? " ∅" : ""}`});
+        if (zero) {
+          label.addEventListener("mousemove", (event) => showTip(event, `${method} · row ${t}: ${m.relevance.zero_reason}`));
+          label.addEventListener("mouseleave", hideTip);
+        }
+        const tr = el("tr", {}, label);
+        for (const c of m.columns) {
+          const value = m.relevance.values[t * m.n + c];
+          const td = el("td", {class: "gae-cell"});
+          td.style.background = css(colourOf(value, range, table));
+          td.addEventListener("mousemove", (event) => showTip(event,
+            `${method} · row ${t} (predicts ${labels[t]}) · ${m.tokenSet.set} ${m.names[c]}: ${format(value)}`));
+          td.addEventListener("mouseleave", hideTip);
+          tr.append(td);
+        }
+        return tr;
+      });
+      line.append(el("div", {}, el("table", {class: "gae-matrix", "data-method": method, "data-set": m.tokenSet.set},
+                                    caption, head, ...body), colourBar(range, table, 160)));
+    }
+    block.append(line);
+  }
+  if (byMethod.some(([, matrices]) => matrices.some((m) => (m.relevance.zero_rows || []).length))) {
+    return el("div", {}, block, el("div", {class: "gae-hint", text: "∅: the row is zero everywhere (hover its label for why)"}));
+  }
+  return block;
+}
+
+// Every token set of the sample: its tokens (or picture) and each method's relevance over it.
+function setsSample(sample, at) {
+  const block = el("div");
+  const inputs = el("div", {class: "gae-set"});
+  for (const tokenSet of sample.sets) {
+    const tokens = setTokens(tokenSet);
+    if (tokens) {
+      inputs.append(el("div", {class: "gae-set-tokens", "data-set": tokenSet.set},
+                       el("b", {text: `${tokenSet.set}${tokenSet.query ? " (query)" : ""}: `}), tokens.join(" ")));
+    }
+  }
+  block.append(inputs);
+  if (at.rows && Object.keys(at.rows).length) {
+    block.append(rowMatrices(sample, at));
+    return block;
+  }
+  for (const tokenSet of sample.sets) {
+    const by = (at.sets || {})[tokenSet.set];
+    if (!by) continue;
+    block.append(el("div", {class: "gae-set", "data-set": tokenSet.set},
+                    el("div", {class: "gae-set-title", text: `token set "${tokenSet.set}"${tokenSet.query ? " (query)" : ""}`}),
+                    modalitySample(tokenSet, by, tokenSet.set)));
+  }
+  return block;
 }
 
 function className(sample, value) {
@@ -292,7 +478,9 @@ function className(sample, value) {
   return `${value}${name}`;
 }
 
-function sampleTitle(sample, prediction) {
+function sampleTitle(sample, at) {
+  const prediction = at.prediction;
+  if (at.rows && Object.keys(at.rows).length) return `val #${sample.sample} · row t explains the token predicted at target position t`;
   const parts = [`val #${sample.sample}`];
   if (sample.label !== null && sample.label !== undefined) parts.push(`label ${className(sample, sample.label)}`);
   if (prediction) {
@@ -301,6 +489,53 @@ function sampleTitle(sample, prediction) {
     if (prediction.target !== null && prediction.target !== prediction.pred) parts.push(`explains ${className(sample, prediction.target)}${p}`);
   }
   return parts.join(" · ");
+}
+
+// --- the summary: methods ranked per metric, and how the ranking moved --------------------------
+
+function plusMinus(value, error) {
+  if (value === null || value === undefined) return "–";
+  return error === null || error === undefined ? format(value) : `${format(value)} ± ${format(error)}`;
+}
+
+// One table per metric: the methods best first at the last step it was scored, value ± standard error,
+// then the method's rank at every step where the metric was scored (a rank that changed is blue).
+function rankingTable(entry) {
+  const last = entry.steps.length - 1;
+  const arrow = entry.higher_is_better ? "↑ higher is better" : "↓ lower is better";
+  const caption = el("caption", {}, entry.metric, el("span", {class: "gae-direction", text: ` (${arrow})`}));
+  const history = entry.steps.length > 1;
+  const head = el("tr", {}, el("th", {text: "rank"}), el("th", {class: "gae-method", text: "method"}),
+                  el("th", {text: `at step ${entry.steps[last]} (± s.e.)`}),
+                  ...(history ? entry.steps.map((s) => el("th", {text: `step ${s}`})) : []));
+  const rows = entry.ranking.map((method, i) => {
+    const m = entry.methods[method];
+    const tr = el("tr", {"data-method": method, class: method === "random" ? "gae-random" : ""},
+                  el("td", {text: String(i + 1)}), el("td", {class: "gae-method", text: method}),
+                  el("td", {text: plusMinus(m.values[last], m.stderr[last])}));
+    if (history) {
+      m.ranks.forEach((rank, j) => {
+        const moved = j > 0 && rank !== null && m.ranks[j - 1] !== null && rank !== m.ranks[j - 1];
+        const td = el("td", {text: rank === null ? "–" : `#${rank}`, class: moved ? "gae-rank-moved" : ""});
+        td.addEventListener("mousemove", (event) => showTip(event,
+          `${method} · ${entry.metric} at step ${entry.steps[j]}: ${plusMinus(m.values[j], m.stderr[j])}`));
+        td.addEventListener("mouseleave", hideTip);
+        tr.append(td);
+      });
+    }
+    return tr;
+  });
+  return el("table", {class: "gae-ranking", "data-metric": entry.metric}, caption, head, ...rows);
+}
+
+function summarySection(info) {
+  const summary = info.summary || [];
+  if (!summary.length) return [];
+  const steps = [...new Set(summary.flatMap((e) => e.steps))].sort((a, b) => a - b);
+  const when = steps.length > 1 ? `scored at ${steps.length} steps (${steps.join(", ")})`
+    : `scored once, at step ${steps[0]} (GAECallback's metric_every_n_explanations scores it during training too)`;
+  return [el("div", {class: "gae-section", text: `Summary: the methods ranked on each metric, ${when}`}),
+          el("div", {class: "gae-summary", id: "gae-summary"}, ...summary.map(rankingTable))];
 }
 
 // --- faithfulness curves ------------------------------------------------------------------------
@@ -370,24 +605,25 @@ async function draw() {
   state.ui.stepLabel.textContent = `step ${step} (${state.stepIndex + 1} of ${info.steps.length})`;
   const data = await stepData(step);
   if (info !== state.info || step !== info.steps[state.stepIndex]) return; // a newer choice was made meanwhile
-  const grid = el("div");
+  const grid = el("div", {id: "gae-samples"});
   for (const sample of info.samples) {
     const at = data.samples[String(sample.sample)];
     if (!at) continue;
-    const body = sample.modality === "image" ? imageSample(sample, at)
-      : sample.modality === "text" ? textSample(sample, at) : tabularSample(sample, at);
-    grid.append(el("div", {class: "gae-sample"}, el("div", {class: "gae-sample-title", text: sampleTitle(sample, at.prediction)}), body));
+    const body = sample.sets ? setsSample(sample, at) : modalitySample(sample, at.relevance);
+    grid.append(el("div", {class: "gae-sample", "data-sample": String(sample.sample)},
+                   el("div", {class: "gae-sample-title", text: sampleTitle(sample, at)}), body));
   }
+  const sections = summarySection(info);
   const curves = el("div", {class: "gae-curves"});
   for (const metric of Object.keys(data.curves).sort()) curves.append(curveChart(metric, data.curves[metric]));
-  const sections = [el("div", {class: "gae-section", text: `Tracked samples at step ${step}`}), grid];
   if (curves.childElementCount) {
-    sections.push(el("div", {class: "gae-section", text: "Faithfulness curves (score vs fraction of the input removed, most relevant first for positive perturbation)"}), curves);
+    sections.push(el("div", {class: "gae-section", text: `Faithfulness curves at step ${step} (score vs fraction of the input removed, most relevant first for positive perturbation)`}), curves);
   } else if ((info.curve_steps || []).length) {
     // GAECallback scores its faithfulness subset at some steps only (by default once, when fit ends).
     const at = info.curve_steps.join(", ");
-    sections.push(el("div", {class: "gae-section", text: `Faithfulness curves: none at this step; scored at step ${at} (GAECallback's metric_every_n_explanations sets when)`}));
+    sections.push(el("div", {class: "gae-hint", text: `Faithfulness curves: none at step ${step}; scored at step ${at} (move the step slider there)`}));
   }
+  sections.push(el("div", {class: "gae-section", text: `Tracked samples at step ${step} (${scaleNote()})`}), grid);
   state.ui.main.replaceChildren(...sections);
   state.ui.root.dataset.renderedStep = String(step);
 }
@@ -424,8 +660,11 @@ function controls() {
     ...Object.keys(state.colormaps.sequential).map((n) => el("option", {value: n, text: n})),
     ...Object.keys(state.colormaps.diverging).map((n) => el("option", {value: n, text: `${n} (diverging)`})));
   const opacity = el("input", {type: "range", id: "gae-opacity", min: "0", max: "1", step: "0.05", value: String(state.opacity),
+                               title: "1: every colour is the colour bar's; lower shows the greyscale input through the heatmap " +
+                                      "(the colours then leave the bar)",
                                oninput: (e) => { state.opacity = Number(e.target.value); redraw(); }});
   const scale = el("select", {id: "gae-scale", onchange: (e) => { state.scale = e.target.value; redraw(); }},
+    el("option", {value: "shared", text: "shared by the methods of a sample"}),
     el("option", {value: "map", text: "each map by its own maximum"}),
     el("option", {value: "run", text: "each method by its maximum over all steps"}));
   Object.assign(state.ui, {runSelect, slider, stepLabel});
@@ -433,7 +672,7 @@ function controls() {
     el("label", {}, "run", runSelect),
     el("label", {}, "step", slider, stepLabel),
     el("label", {}, "colormap", cmapSelect),
-    el("label", {}, "opacity", opacity),
+    el("label", {}, "heatmap opacity", opacity),
     el("label", {}, "colour scale", scale));
 }
 
