@@ -31,8 +31,23 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
 
+    from lightning_gae.callbacks import GAECallback
+
     class GAECLI(LightningCLI):
+        def before_fit(self) -> None:
+            # The callbacks' summaries are printed when fit has returned, under the progress bar's last lines
+            # (a rich progress bar keeps drawing until the trainer's teardown, after the callbacks' on_fit_end).
+            self._summaries = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback) and cb.print_summary]
+            for callback in self._summaries:
+                callback.print_summary = False
+
         def after_fit(self) -> None:
+            for callback in self._summaries:
+                callback.print_summary = True
+                if callback.summary is not None:
+                    print(callback.summary)
+            if self._summaries or not self.trainer.is_global_zero:
+                return  # the callback's summary ends with the same command
             # Where to look: TensorBoard finds every run and version below the save_dir.
             roots = {getattr(lg, "save_dir", None) for lg in self.trainer.loggers}
             for root in sorted(r for r in roots if r):
