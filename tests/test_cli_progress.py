@@ -45,6 +45,7 @@ def test_compare_draws_a_bar_per_method_on_stderr(checkpoint, tmp_path):
     assert "| gae |" in done.stdout and (tmp_path / "out" / "comparison.json").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_compare_with_one_line_and_exit_code_130(checkpoint, tmp_path):
     output = tmp_path / "out"
     done = interrupt_python(compare_args(checkpoint, output, "--num_samples", "64", "--batch_size", "4",
@@ -56,3 +57,23 @@ def test_ctrl_c_stops_compare_with_one_line_and_exit_code_130(checkpoint, tmp_pa
     assert last == (f"lightning-gae compare: interrupted; 1 of 2 methods scored (gae); nothing was written to {output} "
                     "(the files are written once every method is scored)")
     assert list(output.iterdir()) == []
+
+
+@pytest.mark.slow  # each case runs in processes of its own
+def test_bench_draws_a_bar_per_case_and_ctrl_c_stops_it_with_one_line(tmp_path):
+    output = tmp_path / "bench.json"
+    done = interrupt_python(["-m", "lightning_gae.cli", "bench", "--quick", "--cases", "vit", "bert", "--output", output],
+                            cwd=ROOT, when="[2/2] bert batch=2 tokens=33:")
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr
+    drawn = [part.strip() for part in done.stderr.replace("\n", "\r").split("\r")]
+    # The first case's bar counts its calls (7 methods: a warm-up and one repeat each) with the time left...
+    first = [bar for bar in drawn if bar.startswith("[1/2] vit batch=2 tokens=17:")]
+    assert first[0].startswith("[1/2] vit batch=2 tokens=17:   0%|") and " 0/14 [" in first[0]
+    assert any(" 13/14 [" in bar and ("call/s]" in bar or "s/call]" in bar) for bar in first), first
+    # ...then its line of results; the second case was stopped.
+    assert any(line.startswith("[1/2] vit batch=2 tokens=17 in ") for line in done.stderr.splitlines())
+    assert done.stderr.rstrip().splitlines()[-1] == (
+        "lightning-gae bench: interrupted in [2/2] bert batch=2 tokens=33; 1 of 2 cases measured before it (their lines "
+        "are above); nothing was written and no table printed (they wait for every case)")
+    assert not output.exists() and done.stdout == ""
