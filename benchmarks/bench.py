@@ -46,6 +46,7 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,7 +62,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["MODEL_METHODS", "FIT_METHODS", "FLOW_METHODS", "LRP_BENCH_METHODS", "LLAMA_METHODS", "Case", "full_cases", "quick_cases", "run", "ratio_report", "main"]
+__all__ = ["MODEL_METHODS", "FIT_METHODS", "FLOW_METHODS", "LRP_BENCH_METHODS", "LLAMA_METHODS", "Case", "Interrupted",
+           "full_cases", "quick_cases", "run", "ratio_report", "main"]
 
 MODEL_METHODS: tuple[str, ...] = (
     "forward_backward", "gae", "gae_matrix", "per_sample_loop", "rollout", "saliency", "integrated_gradients",
@@ -177,20 +179,23 @@ def _status_kib(key: str) -> int:
 
 
 def _measure(calls: dict[str, Callable[[], object]], memory: _PeakMemory, repeats: int,
-             budget: float) -> dict[str, tuple[float, float]]:
+             budget: float, tick: Callable[[], object] = lambda: None) -> dict[str, tuple[float, float]]:
     """Method -> ``(median seconds, peak MiB)`` after one warm-up call of each.
 
     The repeats go round the methods in turn (not all repeats of one method, then the next), so a
     burst of load from elsewhere on the machine is shared among the methods rather than landing on
-    one. A method leaves the rounds once its timed calls have taken ``budget`` seconds.
+    one. A method leaves the rounds once its timed calls have taken ``budget`` seconds. ``tick()``
+    follows each of the ``len(calls) * (1 + repeats)`` calls, made or left out, outside the timing.
     """
     for fn in calls.values():
         fn()
+        tick()
     seconds: dict[str, list[float]] = {m: [] for m in calls}
     peaks: dict[str, list[float]] = {m: [] for m in calls}
     for _ in range(repeats):
         for method, fn in calls.items():
             if seconds[method] and sum(seconds[method]) > budget:
+                tick()
                 continue
             memory.reset()
             start = time.perf_counter()
@@ -199,6 +204,7 @@ def _measure(calls: dict[str, Callable[[], object]], memory: _PeakMemory, repeat
                 torch.cuda.synchronize(memory.device)
             seconds[method].append(time.perf_counter() - start)
             peaks[method].append(memory.peak_mb())
+            tick()
     # A call that allocates nothing new still touches some pages; never report a non-positive peak.
     return {m: (statistics.median(seconds[m]), max(max(peaks[m]), 1 / 1024)) for m in calls}
 
@@ -352,7 +358,8 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
     }
 
 
-def _run_model_case(case: Case, methods: Sequence[str], repeats: int, budget: float, device: torch.device) -> list[dict]:
+def _run_model_case(case: Case, methods: Sequence[str], repeats: int, budget: float, device: torch.device,
+                    tick: Callable[[], object]) -> list[dict]:
     torch.manual_seed(0)
     subject = {"bert": _bert, "llama": _llama}.get(case.name, _vit)(case, device)
     with torch.no_grad():
@@ -360,7 +367,7 @@ def _run_model_case(case: Case, methods: Sequence[str], repeats: int, budget: fl
         logits = _logits(subject.model, subject.inputs)
         target = (logits[:, -1] if logits.dim() == 3 else logits).argmax(dim=-1)
     runs = _model_methods(subject, target)
-    measured = _measure({m: runs[m] for m in methods}, _PeakMemory(device), repeats, budget)
+    measured = _measure({m: runs[m] for m in methods}, _PeakMemory(device), repeats, budget, tick)
     return [_row(case, m, *measured[m]) for m in methods]
 
 
@@ -371,7 +378,9 @@ def _fit(config: str, with_callback: bool, save_dir: str, max_epochs: int | None
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
 
-    args = ["--config", config, f"--trainer.logger.init_args.save_dir={save_dir}"]
+    # No progress bar: the fits of a case share the case's own bar (and are measured as they were before the configs
+    # turned Lightning's bar on).
+    args = ["--config", config, f"--trainer.logger.init_args.save_dir={save_dir}", "--trainer.enable_progress_bar=false"]
     if not with_callback:
         args.append("--trainer.callbacks=[]")
     if max_epochs is not None:
@@ -384,7 +393,7 @@ def _fit(config: str, with_callback: bool, save_dir: str, max_epochs: int | None
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
 
 
-def _run_main_job(case: Case, methods: Sequence[str], repeats: int) -> list[dict]:
+def _run_main_job(case: Case, methods: Sequence[str], repeats: int, tick: Callable[[], object]) -> list[dict]:
     config, max_epochs = case.size["config"], case.size["max_epochs"]
     memory = _PeakMemory(torch.device("cpu"))
     seconds: dict[str, list[float]] = {m: [] for m in methods}
@@ -392,6 +401,7 @@ def _run_main_job(case: Case, methods: Sequence[str], repeats: int) -> list[dict
     with tempfile.TemporaryDirectory(prefix="lightning-gae-bench-") as save_dir:
         # Warm-up: imports, the dataset, TensorBoard, matplotlib, one round of the callback.
         _fit(config, True, save_dir, 3)
+        tick()
         for repeat in range(repeats):
             # Alternating the order spreads a drifting machine load over both variants.
             for method in methods if repeat % 2 == 0 else methods[::-1]:
@@ -400,6 +410,7 @@ def _run_main_job(case: Case, methods: Sequence[str], repeats: int) -> list[dict
                 _fit(config, method == "fit_with_callback", save_dir, max_epochs)
                 seconds[method].append(time.perf_counter() - start)
                 peaks[method].append(memory.peak_mb())
+                tick()
     return [_row(case, m, statistics.median(seconds[m]), max(peaks[m])) for m in methods]
 
 
@@ -409,17 +420,32 @@ def _row(case: Case, method: str, seconds: float, peak_mb: float) -> dict:
 
 
 def _worker(spec_path: str, result_path: str) -> None:
-    """Entry point of the per-case process: read the case, measure it, write the rows."""
+    """Entry point of the per-case process: read the case, measure it with a bar on stderr, write the rows."""
+    from tqdm import tqdm
+
     spec = json.loads(Path(spec_path).read_text())
     case = Case(**spec["case"])
-    if case.name == "main_job":
-        rows = _run_main_job(case, spec["methods"], spec["repeats"])
-    else:
-        rows = _run_model_case(case, spec["methods"], spec["repeats"], spec["budget"], torch.device(spec["device"]))
+    methods, repeats = spec["methods"], spec["repeats"]
+    # The main job warms up with one fit; the model cases with one call of each method.
+    calls = 1 + len(methods) * repeats if case.name == "main_job" else len(methods) * (1 + repeats)
+    with tqdm(total=calls, desc=spec["label"], unit="call", file=sys.stderr, dynamic_ncols=True, leave=False) as bar:
+        tick = lambda: bar.update(1)  # noqa: E731
+        if case.name == "main_job":
+            rows = _run_main_job(case, methods, repeats, tick)
+        else:
+            rows = _run_model_case(case, methods, repeats, spec["budget"], torch.device(spec["device"]), tick)
     Path(result_path).write_text(json.dumps(rows))
 
 
 # --- running and reporting ------------------------------------------------------------------------
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`run`: ``rows`` of the cases measured before it, ``label`` of the case it stopped."""
+
+    def __init__(self, rows: list[dict], label: str) -> None:
+        super().__init__(label)
+        self.rows, self.label = rows, label
 
 
 def run(cases: Sequence[Case], repeats: int = 5, budget: float = 60.0, device: str = "cpu",
@@ -431,10 +457,11 @@ def run(cases: Sequence[Case], repeats: int = 5, budget: float = 60.0, device: s
         repeats: timed calls per method after the warm-up (fits per variant for ``main_job``).
         budget: a method stops repeating once its timed calls have taken this many seconds.
         device: ``"cpu"`` or a CUDA device for the model cases (the main job runs as configured).
-        log: receives one progress line per case.
+        log: receives one line per case measured (each case's process draws its own bar on stderr meanwhile).
 
     Raises:
         RuntimeError: a case's process failed (its traceback is on stderr).
+        Interrupted: Ctrl-C; it holds the rows of the cases measured before.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1; got {repeats}")
@@ -444,19 +471,25 @@ def run(cases: Sequence[Case], repeats: int = 5, budget: float = 60.0, device: s
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="lightning-gae-bench-") as tmp:
         for i, case in enumerate(cases):
+            label = f"[{i + 1}/{len(cases)}] {case.name} batch={case.batch} tokens={case.tokens}"
             spec, result = Path(tmp) / f"case{i}.json", Path(tmp) / f"result{i}.json"
             spec.write_text(json.dumps({"case": asdict(case), "methods": list(case.methods), "repeats": repeats,
-                                        "budget": budget, "device": device}))
+                                        "budget": budget, "device": device, "label": label}))
             began = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "benchmarks.bench", str(spec), str(result)], env=env,
-                                  stdout=subprocess.DEVNULL, check=False)
+            try:
+                done = subprocess.run([sys.executable, "-m", "benchmarks.bench", str(spec), str(result)], env=env,
+                                      stdout=subprocess.DEVNULL, check=False)
+            except KeyboardInterrupt:
+                raise Interrupted(rows, label) from None
+            if done.returncode in (130, -signal.SIGINT):
+                raise Interrupted(rows, label)
             if done.returncode != 0:
                 raise RuntimeError(f"bench case {case.name} batch={case.batch} tokens={case.tokens} failed "
                                    f"(exit code {done.returncode}); its traceback is above")
             found = json.loads(result.read_text())
             rows.extend(found)
             summary = ", ".join(f"{r['method']} {r['seconds']:.3g}s {r['peak_memory_mb']:.0f}MB" for r in found)
-            log(f"[{time.perf_counter() - began:.0f}s] {case.name} batch={case.batch} tokens={case.tokens}: {summary}")
+            log(f"{label} in {time.perf_counter() - began:.0f}s: {summary}")
     return rows
 
 
@@ -585,11 +618,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--config {args.config} does not exist; give the main job's LightningCLI YAML")
     cases = [c for c in (quick_cases if args.quick else full_cases)(args.config) if c.name in args.cases]
     repeats = args.repeats or (1 if args.quick else 3)
-    rows = run(cases, repeats=repeats, budget=args.budget, device=args.device)
+    try:
+        rows = run(cases, repeats=repeats, budget=args.budget, device=args.device)
+    except Interrupted as stop:
+        measured = len({(r["case"], r["batch"], r["tokens"]) for r in stop.rows})
+        print(f"lightning-gae bench: interrupted in {stop.label}; {measured} of {len(cases)} cases measured before it "
+              f"(their lines are above); nothing was written and no table printed (they wait for every case)",
+              file=sys.stderr)
+        raise SystemExit(130) from None
     if args.output:
         Path(args.output).write_text(json.dumps({"results": rows}, indent=2) + "\n")
     print(ratio_report(rows))
 
 
 if __name__ == "__main__":
-    _worker(sys.argv[1], sys.argv[2])
+    try:
+        _worker(sys.argv[1], sys.argv[2])
+    except KeyboardInterrupt:
+        # Ctrl-C reaches every process of the terminal's group: the parent says what was measured.
+        sys.exit(130)

@@ -47,6 +47,7 @@ __all__ = [
     "AttentionRecorder",
     "explicit_scaled_dot_product_attention",
     "explicit_multi_head_attention_forward",
+    "holds_compiled_module",
 ]
 
 logger = logging.getLogger("lightning_gae")
@@ -425,6 +426,15 @@ def _listing(paths: Sequence[str], limit: int = 3) -> str:
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
+def holds_compiled_module(model: nn.Module) -> bool:
+    """Whether ``model`` is or holds a ``torch.compile(module)`` wrapper (``OptimizedModule``)."""
+    if "torch._dynamo" not in sys.modules:
+        return False
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return any(isinstance(m, OptimizedModule) for m in model.modules())
+
+
 class AttentionRecorder:
     """Context manager that records every attention probability tensor of ``model``'s forward.
 
@@ -608,7 +618,9 @@ class AttentionRecorder:
             if "torch._dynamo" in sys.modules:
                 # A torch.compile'd submodule runs eagerly: Dynamo would trace the global hooks and the mode.
                 stack.enter_context(torch.compiler.set_stance("force_eager"))
-                # Its wrapper then warns that global hooks also fire for it; they only push its path.
+            if holds_compiled_module(self.model):
+                # Its wrapper then warns that global hooks also fire for it; they only push its path. Only then:
+                # changing the warning filters makes Python show again every warning it had shown once.
                 stack.enter_context(warnings.catch_warnings())
                 warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
             for name, module in self._targets:

@@ -9,6 +9,7 @@ times and sizes explanations against a training step, Captum and the reference c
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import warnings
@@ -31,8 +32,23 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
 
+    from lightning_gae.callbacks import GAECallback
+
     class GAECLI(LightningCLI):
+        def before_fit(self) -> None:
+            # The callbacks' summaries are printed when fit has returned, under the progress bar's last lines
+            # (a rich progress bar keeps drawing until the trainer's teardown, after the callbacks' on_fit_end).
+            self._summaries = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback) and cb.print_summary]
+            for callback in self._summaries:
+                callback.print_summary = False
+
         def after_fit(self) -> None:
+            for callback in self._summaries:
+                callback.print_summary = True
+                if callback.summary is not None:
+                    print(callback.summary)
+            if self._summaries or not self.trainer.is_global_zero:
+                return  # the callback's summary ends with the same command
             # Where to look: TensorBoard finds every run and version below the save_dir.
             roots = {getattr(lg, "save_dir", None) for lg in self.trainer.loggers}
             for root in sorted(r for r in roots if r):
@@ -81,18 +97,26 @@ def _configured(config: str) -> tuple[Any, Any, Any]:
 
     from lightning_gae.callbacks import GAECallback
 
-    with warnings.catch_warnings():
-        # The arguments are compare's own, not the fit's: LightningCLI warns when args= and sys.argv both exist.
-        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        cli = LightningCLI(
-            LightningModule,
-            LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            save_config_callback=None,
-            run=False,
-            args=["--config", config],
-        )
+    # The Trainer is built only to read its callbacks: its set-up messages (seed, devices, tips) would say it runs.
+    quiet = {logging.getLogger(name): logging.getLogger(name).level for name in ("lightning.pytorch", "lightning.fabric")}
+    for logger in quiet:
+        logger.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            # The arguments are compare's own, not the fit's: LightningCLI warns when args= and sys.argv both exist.
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+            cli = LightningCLI(
+                LightningModule,
+                LightningDataModule,
+                subclass_mode_model=True,
+                subclass_mode_data=True,
+                save_config_callback=None,
+                run=False,
+                args=["--config", config],
+            )
+    finally:
+        for logger, level in quiet.items():
+            logger.setLevel(level)
     callback = next((cb for cb in cli.trainer.callbacks if isinstance(cb, GAECallback)), None)
     return cli.model, cli.datamodule, callback
 
@@ -153,7 +177,9 @@ def compare_main(argv: Sequence[str]) -> None:
     error (:func:`lightning_gae.compare.compare`), under ``--protocol`` against the batches'
     labels. Batches with ground truth (``masks``, ``rationales``, or ``z`` of ``(x, y, z)``) are
     scored against it too. The modality is the config's ``GAECallback``'s, else inferred for
-    ViT-style images.
+    ViT-style images. While it runs, stderr shows a bar per method (samples scored, rate, time left);
+    Ctrl-C stops it with one line saying which methods were scored and that nothing was written
+    (the files are written once every method is scored), exit code 130.
 
     Args:
         argv: the arguments after ``compare`` (``--help`` lists them).
@@ -168,16 +194,57 @@ def compare_main(argv: Sequence[str]) -> None:
             --ckpt_path runs/vit_digits/version_0/checkpoints/last.ckpt --output runs/compare
         # -> runs/compare/comparison.md, comparison.json, comparison.png
     """
-    import torch
-
-    from lightning_gae.compare import comparison_grid, compare, infer_modality, token_set_inputs
-    from lightning_gae.explain import explain, map_tensors
-
     parser = _compare_parser()
     args = parser.parse_args(list(argv))
     for name in ("num_samples", "batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1; got {getattr(args, name)}")
+    bars = _MethodBars(args.methods)
+    try:
+        _compare(args, bars)
+    except KeyboardInterrupt:
+        bars.close()
+        done = f"{len(bars.finished)} of {len(args.methods)} methods scored ({', '.join(bars.finished) or 'none'})"
+        written = (f"writing to {args.output} was under way, its files may be incomplete" if bars.writing else
+                   f"nothing was written to {args.output} (the files are written once every method is scored)")
+        print(f"lightning-gae compare: interrupted; {done}; {written}", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+class _MethodBars:
+    """``compare``'s progress (:data:`lightning_gae.compare.Progress`) as one tqdm bar per method on stderr: samples
+    scored, their rate and the time left; remembers which methods finished."""
+
+    def __init__(self, methods: Sequence[str]) -> None:
+        self.methods = list(methods)
+        self.finished: list[str] = []
+        self.writing = False
+        self._bar: Any = None
+
+    def __call__(self, method: str, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        if done == 0:
+            self.close()
+            where = f"[{self.methods.index(method) + 1}/{len(self.methods)}]"
+            self._bar = tqdm(total=total, desc=f"{method} {where}", unit="sample", file=sys.stderr, dynamic_ncols=True)
+        self._bar.update(done - self._bar.n)
+        if done == total:
+            self.finished.append(method)
+            self.close()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
+    import torch
+
+    from lightning_gae.compare import comparison_grid, compare, infer_modality, token_set_inputs
+    from lightning_gae.explain import explain, map_tensors
+
     model, datamodule, callback = _configured(args.config)
     checkpoint = torch.load(args.ckpt_path, map_location="cpu", weights_only=True)
     model.load_state_dict(checkpoint["state_dict"])
@@ -200,20 +267,22 @@ def compare_main(argv: Sequence[str]) -> None:
         target = explained if explained is not None else (labels if args.protocol == "target" else None)
         result = compare(model, inputs, target, methods=args.methods, metrics=args.metrics or (), modality=given,
                          batch_size=args.batch_size, seed=args.seed, protocol=args.protocol, ground_truth=keyed or None,
-                         streams=streams, set_inputs=set_inputs)
+                         streams=streams, set_inputs=set_inputs, progress=bars)
         layout = token_set_inputs(inputs, {x: r.shape[1] for x, r in probe.relevance.items()}, given, set_inputs)
         sequence = (explained is None and probe.logits is not None and probe.logits.dim() == 3
                     and probe.logits.shape[1] == probe.tokens.shape[1])
         picture = _set_comparison_picture(model, inputs, args.methods, layout, explained, streams, sequence)
+        bars.writing = True
         _write_comparison(output, args, result, labels, picture)
         return
     modality = given if given is not None else infer_modality(model, inputs)
 
     result = compare(model, inputs, labels, methods=args.methods, metrics=args.metrics or COMPARE_METRICS,
                      modality=modality, batch_size=args.batch_size, seed=args.seed, protocol=args.protocol,
-                     ground_truth=truth)
+                     ground_truth=truth, progress=bars)
     first = map_tensors(inputs, lambda t: t[:_GRID_SAMPLES])
     picture = comparison_grid(model, first, methods=args.methods, modality=modality, seed=args.seed)
+    bars.writing = True
     _write_comparison(output, args, result, labels, picture)
 
 

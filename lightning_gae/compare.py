@@ -65,6 +65,8 @@ one max flow per token and sample, are asked for by name)."""
 
 Target = ClassTarget
 SetTarget = Union[Target, Callable[[Any], Tensor]]
+Progress = Callable[[str, int, int], None]
+"""``progress(method, samples_done, total)``: see :func:`compare`."""
 
 
 @dataclass
@@ -154,6 +156,7 @@ def compare(
     ground_truth: Tensor | Mapping[str, Tensor] | None = None,
     streams: Streams | None = None,
     set_inputs: Mapping[str, int | str] | None = None,
+    progress: Progress | None = None,
 ) -> Comparison:
     r"""Score every attribution method with every perturbation metric on the same samples and targets.
 
@@ -213,6 +216,8 @@ def compare(
         streams: declares the token sets (:class:`~lightning_gae.Streams`) where no preset or inference does.
         set_inputs: set -> the input its tokens come from (see :func:`token_set_inputs`); needed
             when two sets' inputs look alike (equal lengths).
+        progress: called as ``progress(method, samples_done, total)`` when a method starts (0 done) and after
+            each of its batches is scored (``lightning-gae compare`` draws a bar per method with it).
 
     Returns:
         A :class:`Comparison`; ``to_markdown()`` and ``to_dict()`` give the table.
@@ -249,7 +254,7 @@ def compare(
         probe = None
     if isinstance(modality, Mapping) or (probe is not None and len(probe.relevance) > 1):
         return _compare_sets(model, inputs, target, methods, metrics, modality, batch_size, seed, protocol, ground_truth,
-                             streams, set_inputs, probe, total)
+                             streams, set_inputs, probe, total, progress or _silent)
     unknown = [m for m in metrics if m not in PERTURBATION_METRICS]
     if unknown or not metrics:
         raise ValueError(f"metrics={list(metrics)}: choose from {list(PERTURBATION_METRICS)}")
@@ -273,10 +278,12 @@ def compare(
         raise ValueError(f"ground_truth has {ground_truth.shape[0]} samples for {total} inputs; give one per sample")
     truth = truth_score(modality) if ground_truth is not None else None
 
+    progress = progress or _silent
     results: dict[str, dict[str, float]] = {}
     errors: dict[str, dict[str, float]] = {}
     directions: dict[str, bool] = {}
     for method in methods:
+        progress(method, 0, total)
         scorers = {name: perturbation_metric(name, model, modality, max_batch=max_batch, sync_on_compute=False,
                                              protocol=protocol) for name in metrics}
         truth_metric = None if truth is None else truth.metric(modality)
@@ -295,16 +302,21 @@ def compare(
             if truth_metric is not None:
                 known = ground_truth[start:stop].to(attributions.device)
                 scores.add_updates(truth.name, method, truth_metric, truth.update_args(modality, chunk, attributions, known))
+            progress(method, stop, total)
         results.setdefault(method, {})
         _tabulate(scores, results, errors, directions)
         results[method]["seconds_per_sample"] = seconds / total
     return Comparison(methods=results, num_samples=total, higher_is_better=directions, protocol=protocol, stderr=errors)
 
 
+def _silent(method: str, done: int, total: int) -> None:
+    """No progress to show."""
+
+
 def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Sequence[str], metrics: Sequence[str],
                   modality: Mapping[str, Modality] | None, batch_size: int, seed: int, protocol: str,
                   ground_truth: Tensor | Mapping[str, Tensor] | None, streams: Streams | None,
-                  set_inputs: Mapping[str, int | str] | None, probe: Any, total: int) -> Comparison:
+                  set_inputs: Mapping[str, int | str] | None, probe: Any, total: int, progress: Progress) -> Comparison:
     """:func:`compare` for a model with several token sets: each set's relevance, scored against its own ground truth."""
     sizes = {x: r.shape[1] for x, r in probe.relevance.items()}
     if metrics:
@@ -368,6 +380,7 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
     directions: dict[str, bool] = {}
     relevance: dict[str, dict[str, Tensor]] = {}
     for method in (m for m in methods if m not in skipped):
+        progress(method, 0, total)
         explained = "raw_attention" if method == "random" else method
         metrics_now = {key: build() for key, (_, build, _) in scorers.items()}
         scores = SampleScores()
@@ -395,6 +408,7 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
                 parts.setdefault(x, []).append(r)
             for key, (name, _, args) in scorers.items():
                 scores.add_updates(name, method, metrics_now[key], args(chunk, by_set, truths[key][start:stop].cpu()))
+            progress(method, stop, total)
         relevance[method] = {x: torch.cat(found) for x, found in parts.items()}
         results.setdefault(method, {})
         _tabulate(scores, results, errors, directions)

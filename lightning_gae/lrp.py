@@ -52,7 +52,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode, resolve_name
 
-from lightning_gae.capture import explicit_multi_head_attention_forward, explicit_scaled_dot_product_attention
+from lightning_gae.capture import (
+    explicit_multi_head_attention_forward,
+    explicit_scaled_dot_product_attention,
+    holds_compiled_module,
+)
 
 __all__ = ["LRPCapture", "LRPForward", "UnsupportedOperation", "input_embedding", "relevance_forward", "token_relevance",
            "word_embedding"]
@@ -474,6 +478,7 @@ class LRPCapture:
             if "torch._dynamo" in sys.modules:
                 # A torch.compile'd submodule runs eagerly, as under the capture: Dynamo would trace the mode.
                 stack.enter_context(torch.compiler.set_stance("force_eager"))
+            if holds_compiled_module(self.model):
                 stack.enter_context(warnings.catch_warnings())
                 warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
             if self.embedding is not None:

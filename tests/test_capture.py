@@ -210,3 +210,31 @@ def test_nothing_is_left_installed_when_the_forward_raises(attention_modules):
             model(torch.rand(2, 3, 8, 8))  # wrong channel count
     assert _nothing_installed()
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+
+def shown_once(call) -> bool:
+    """Whether a warning shown once before ``call()`` stays silent after it (Python shows a warning once per place
+    by default, unless the warning filters change in between, which makes it show every such warning again)."""
+    import warnings
+
+    def warn() -> None:
+        warnings.warn("deprecated once", FutureWarning, stacklevel=1)
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.resetwarnings()
+        warnings.simplefilter("default")
+        warn()
+        call()
+        warn()
+    return [str(w.message) for w in shown if "deprecated once" in str(w.message)] == ["deprecated once"]
+
+
+def test_explaining_does_not_show_a_warning_twice():
+    """A capture that changed the warning filters for every model made Lightning's deprecation warning print twice
+    in each fit; only a model holding a torch.compile wrapper needs them changed."""
+    import torch._dynamo  # noqa: F401 - the capture's compiled-model path is taken whenever Dynamo is loaded
+
+    from lightning_gae import explain
+
+    assert shown_once(lambda: explain(TinyViT().eval(), torch.rand(2, 1, 8, 8)))

@@ -58,6 +58,44 @@ def test_cli_imports_the_configs_modules_from_the_working_directory(tmp_path, ru
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+@pytest.mark.slow
+def test_the_main_job_ends_with_its_summary_under_the_progress_bar(tmp_path, run_python, read_events):
+    """What a user sees: the fit through the command line, the summary last, its numbers the logged ones."""
+    from tests.callbacks.test_report import HEADER, assert_printed_as_logged, section, value_and_error
+
+    runs = tmp_path / "runs"
+    done = run_python(["-m", "lightning_gae.cli", "fit", "--config", CONFIG, "--trainer.max_epochs=3",
+                       "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2",
+                       "--trainer.callbacks.init_args.metric_samples=32", f"--trainer.logger.init_args.save_dir={runs}"],
+                      cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert out.count(HEADER) == 1 and out.count("tensorboard --logdir") == 1
+    assert out.rstrip().endswith(f"tensorboard --logdir {runs}")
+    # Lightning's bar is on (rich draws it on stdout, tqdm on stderr): it ends before the summary starts.
+    bar = out.rfind("Epoch 2/2") if "Epoch 2/2" in out else None
+    assert bar is None or bar < out.index(HEADER)
+    assert bar is not None or "Epoch 2" in done.stderr
+    (log_dir,) = runs.glob("vit_digits/version_*")
+    assert f"event files: {log_dir}\n" in out
+    # No warning is shown twice (the capture once made Python repeat them).
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert not {line for line in lines if lines.count(line) > 1}, done.stderr[-3000:]
+
+    logged = {tag: values[-1] for tag, values in read_events(log_dir).scalar_values().items()}
+    metrics = dict(section(out, "metrics (trainer.callback_metrics)")[1:])
+    assert {"val_acc", "val_loss"} <= set(metrics)
+    for name in ("val_acc", "val_loss"):
+        assert_printed_as_logged(metrics[name], logged[name], 4)
+    header, *rows = section(out, "faithfulness (32 validation samples, the final weights at step ")
+    assert [row[0] for row in rows] == ["gae", "rollout", "raw_attention", "random"]
+    for method, *cells in rows:
+        for metric, cell in zip((h.split()[0] for h in header[1:]), cells):
+            value, error = value_and_error(cell)
+            assert_printed_as_logged(str(value), logged[f"{metric}/{method}"], 4)
+            assert_printed_as_logged(str(error), logged[f"{metric}/{method}/stderr"], 2)
+
+
 # --- compare on the main job's checkpoint -----------------------------------------------------------------
 # Slow: the checkpoint is a fit through LightningCLI (most of the time of the fast part otherwise).
 

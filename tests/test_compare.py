@@ -365,6 +365,19 @@ def test_compare_text_in_batches_fixes_the_targets_once(bert, text):
         assert whole.methods[method]["comprehensiveness"] == pytest.approx(split.methods[method]["comprehensiveness"], abs=1e-5)
 
 
+def test_compare_reports_each_methods_progress_in_samples(vit, images, seq2seq):
+    calls = []
+    compare(vit, images, methods=("gae", "random"), metrics=("deletion_auc",), batch_size=2,
+            progress=lambda *call: calls.append(call))
+    assert calls == [("gae", 0, 3), ("gae", 2, 3), ("gae", 3, 3), ("random", 0, 3), ("random", 2, 3), ("random", 3, 3)]
+    model, data, modality = seq2seq
+    calls.clear()
+    compare(model, (data["src"], data["tgt_in"]), methods=("gae",), metrics=(), modality=modality, batch_size=4,
+            set_inputs={"encoder": 0, "decoder": 1}, ground_truth={"alignment": data["alignment"]},
+            progress=lambda *call: calls.append(call))
+    assert calls == [("gae", 0, 6), ("gae", 4, 6), ("gae", 6, 6)]
+
+
 def test_compare_errors_name_the_argument(vit, images, token_model):
     with pytest.raises(ValueError, match="methods="):
         compare(vit, images, methods=("gae", "lime"))

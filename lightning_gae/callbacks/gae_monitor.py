@@ -30,6 +30,7 @@ from lightning_gae.callbacks._samples import (
     private_reader,
     read_samples,
 )
+from lightning_gae.callbacks._report import fit_report
 from lightning_gae.callbacks._scoring import (
     Curves,
     ScoredBatch,
@@ -41,7 +42,7 @@ from lightning_gae.explain import LRP_METHODS, METHODS, Explanation, explain_met
 from lightning_gae.metrics import PERTURBATION_METRICS, random_attribution
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens
 from lightning_gae.streams import Streams
-from lightning_gae.tensorboard.summary import Scale, SetInput, TensorBoardViews
+from lightning_gae.tensorboard.summary import Scale, SetInput, TensorBoardViews, faithfulness_rows
 from lightning_gae.token_sets import (
     is_sequence_output,
     last_positions,
@@ -178,6 +179,10 @@ class GAECallback(Callback):
             each set's modality fits; when two fit alike (equal lengths) the run stops and asks for this.
         streams: passed to :func:`~lightning_gae.explain`: declares the token sets where no preset or
             inference finds them (e.g. which set a co-attention model's prediction is read from).
+        print_summary: when ``fit`` ends, print (rank zero, once) ``trainer.callback_metrics``, each method's
+            faithfulness ± standard error as last logged (the Text tab's ``gae_faithfulness`` table, or why
+            nothing was scored), the loggers' event-file folders and the ``tensorboard --logdir`` command.
+            The text is kept in ``callback.summary`` either way.
 
     Models with several token sets (``explain(...).relevance`` holds more than one) are drawn per
     set in ``gae_heatmaps/val_<i>``: the inputs, then a line per method with every set's relevance
@@ -247,6 +252,7 @@ class GAECallback(Callback):
         metric_every_n_explanations: int | None = None,
         set_inputs: Mapping[str, int | str] | None = None,
         streams: Streams | None = None,
+        print_summary: bool = True,
     ) -> None:
         self.num_samples = num_samples
         self.every_n_epochs = every_n_epochs
@@ -276,6 +282,9 @@ class GAECallback(Callback):
         self.metric_every_n_explanations = metric_every_n_explanations
         self.set_inputs = None if set_inputs is None else dict(set_inputs)
         self.streams = streams
+        self.print_summary = print_summary
+        # The text printed when the last fit ended (rank zero), for whoever prints it later (the CLI does).
+        self.summary: str | None = None
 
         # Per run (fit or validate): read when it starts, freed in teardown.
         self._inputs: Any = None
@@ -302,6 +311,10 @@ class GAECallback(Callback):
         # Per explanation step: the perturbation metrics' curves, for the dashboard.
         self._curves: Curves = {}
         self._warned: set[str] = set()
+        # What the summary printed when fit ends shows: the last faithfulness scalars logged and what they were
+        # scored on, or why none were.
+        self._reported: tuple[str, dict[str, float]] | None = None
+        self._not_scored: str | None = None
 
     @property
     @override
@@ -381,6 +394,8 @@ class GAECallback(Callback):
             )
         if self._views is None:
             self._views = self._new_views()
+        if stage == "fit":
+            self.summary = None
         if not trainer.loggers:
             rank_zero_warn(
                 "GAECallback: the Trainer has no logger, so nothing will be shown. Add one, e.g. "
@@ -399,6 +414,7 @@ class GAECallback(Callback):
         self._metric_objects = {}
         self._last_explained = self._last_scored = None
         self._explanation_count = 0
+        self._reported = self._not_scored = None
 
     # --- reading the samples and checking them, before the loops -----------------------------------
 
@@ -623,9 +639,7 @@ class GAECallback(Callback):
         # The faithfulness subset on the final weights, unless the last explanation step scored these weights.
         if self._scored is None or self._sets is not None or not trainer.is_global_zero:
             return
-        if not self.metrics and self._scored.truth is None:
-            return
-        if _only_dummy_loggers(trainer):
+        if (not self.metrics and self._scored.truth is None) or _only_dummy_loggers(trainer):
             return
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         if self._last_explained == ("fit", trainer.global_step):
@@ -642,10 +656,44 @@ class GAECallback(Callback):
                 for logger in trainer.loggers:
                     logger.log_metrics(scalars, step=step)
                 self._views.write_scores(_writers(trainer), step, scalars, self._curves)
+                self._remember(scalars, f"{len(self._scored)} validation samples, the final weights at step {step}")
             except Exception as err:  # noqa: BLE001 - nor may scoring take the end of training down
                 reason = f"{type(err).__name__}: {err}"
+                self._not_scored = f"scoring failed when fit ended: {reason}"
                 self._warn_once(reason, f"GAECallback: scoring the faithfulness subset when fit ended (step {step}) "
                                         f"failed and was skipped ({reason})")
+
+    @override
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        metrics = {name: float(value) for name, value in trainer.callback_metrics.items()
+                   if isinstance(value, Tensor) and value.numel() == 1}
+        scored_on, scores = self._reported if self._reported is not None else ("", None)
+        # The loggers that write TensorBoard event files (fast_dev_run's no-op loggers answer every attribute).
+        logs = [(str(lg.log_dir), str(lg.save_dir)) for lg in trainer.loggers
+                if not isinstance(lg, DummyLogger) and hasattr(lg.experiment, "add_image")
+                and getattr(lg, "log_dir", None) and lg.save_dir]
+        self.summary = fit_report(metrics, scores, scored_on, self._why_not_scored(trainer), logs, self._why_no_logs(trainer))
+        if self.print_summary:
+            print(self.summary)
+
+    def _why_not_scored(self, trainer: Trainer) -> str:
+        if self._not_scored is not None:
+            return self._not_scored
+        if _only_dummy_loggers(trainer):
+            return "fast_dev_run replaces the loggers with no-op ones, so the callback explains nothing"
+        if not self.metrics and self._truth is None and not self._keyed:
+            return "metrics=() and the validation batches carry no ground truth"
+        return "no explanation step scored the samples and none was due when training ended"
+
+    @staticmethod
+    def _why_no_logs(trainer: Trainer) -> str:
+        if not trainer.loggers:
+            return "the Trainer has no logger"
+        if _only_dummy_loggers(trainer):
+            return "fast_dev_run writes no logs"
+        return "no logger writes TensorBoard event files; add lightning.pytorch.loggers.TensorBoardLogger"
 
     def _explain(self, pl_module: LightningModule, inputs: Any,
                  labels: Tensor | None = None) -> tuple[dict[str, Explanation], dict[str, Tensor]]:
@@ -770,10 +818,12 @@ class GAECallback(Callback):
         scored: dict[str, Tensor] = {**{m: e.tokens for m, e in explanations.items()}, **maps}
         if self.random_baseline:
             scored["random"] = random_attribution(first.tokens, self.seed)
+        scored_on = f"{len(self._scored) if self._scored is not None else 0} validation samples at step {step}"
         if self._scored is None or views is not None:
             # Models with several token sets score no perturbation metric; their ground truth is per set.
             # metric_samples=0: the displayed samples are scored, at every step (they are few).
             batches: Iterable[ScoredBatch] = [(inputs, scored, first.target, self._labels, self._truth)]
+            scored_on = f"the {len(self.sample_indices)} tracked validation samples at step {step}"
         elif score:
             batches = self._scored_batches(trainer, pl_module)
             self._last_scored = (trainer.state.fn.value, step)
@@ -785,7 +835,13 @@ class GAECallback(Callback):
                                              self._metric_objects))
         scalars = self._finite(scalars, step)
         self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
+        self._remember(scalars, scored_on)
         self._previous = {m: e.tokens.detach().cpu() for m, e in explanations.items()}
+
+    def _remember(self, scalars: dict[str, float], scored_on: str) -> None:
+        """Keep the faithfulness scalars just logged (if the step scored any) for the summary printed when fit ends."""
+        if faithfulness_rows(scalars) is not None:
+            self._reported, self._not_scored = (scored_on, dict(scalars)), None
 
     def _finite(self, scalars: dict[str, float], step: int) -> dict[str, float]:
         """``scalars`` without the values that are not finite, which are named in a warning (once)."""

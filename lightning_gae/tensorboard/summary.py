@@ -41,8 +41,8 @@ from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextT
 from lightning_gae.tensorboard import metadata
 from lightning_gae.views import Scale, SetInput, StepViews, bounded, markdown_cell
 
-__all__ = ["RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout", "faithfulness_table", "sample_tag",
-           "scalar_tag"]
+__all__ = ["RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout", "faithfulness_rows",
+           "faithfulness_table", "sample_tag", "scalar_tag"]
 
 Curves = Mapping[str, Mapping[str, tuple[Sequence[float], Tensor]]]
 
@@ -72,12 +72,11 @@ def custom_scalars_layout(metrics: Iterable[str]) -> dict[str, dict[str, list[An
     return {title: content for title, content in charts.items() if content}
 
 
-def faithfulness_table(scalars: Mapping[str, float]) -> str | None:
-    """The faithfulness scalars of a step as one markdown table: a row per method, a column per metric,
-    ``value ± standard error``; None when the step has none.
+def faithfulness_rows(scalars: Mapping[str, float]) -> tuple[list[str], list[list[str]]] | None:
+    """The faithfulness scalars of a step as ``(metrics, rows)``: a row ``[method, cell per metric]`` per method,
+    each cell ``value ± standard error`` (blank where the method has no value); None when the step has none.
 
-    Written to the Text tab (``gae_faithfulness``) next to the Custom Scalars charts, which cannot tell
-    methods apart when a metric was scored at one step only (by default the callback scores once).
+    The Text tab's table (:func:`faithfulness_table`) and the lines GAECallback prints when a fit ends are this.
     """
     values: dict[str, dict[str, float]] = {}
     for tag, value in scalars.items():
@@ -95,9 +94,22 @@ def faithfulness_table(scalars: Mapping[str, float]) -> str | None:
         error = scalars.get(f"{metric}/{method}/stderr")
         return f"{values[metric][method]:.4g}" + ("" if error is None else f" ± {error:.2g}")
 
+    return metrics, [[method, *(cell(metric, method) for metric in metrics)] for method in methods]
+
+
+def faithfulness_table(scalars: Mapping[str, float]) -> str | None:
+    """The faithfulness scalars of a step as one markdown table: a row per method, a column per metric,
+    ``value ± standard error``; None when the step has none (:func:`faithfulness_rows`).
+
+    Written to the Text tab (``gae_faithfulness``) next to the Custom Scalars charts, which cannot tell
+    methods apart when a metric was scored at one step only (by default the callback scores once).
+    """
+    found = faithfulness_rows(scalars)
+    if found is None:
+        return None
+    metrics, rows = found
     lines = ["| method | " + " | ".join(metrics) + " |", "| --- |" + " ---: |" * len(metrics)]
-    lines += ["| " + " | ".join([markdown_cell(method), *(cell(metric, method) for metric in metrics)]) + " |"
-              for method in methods]
+    lines += ["| " + " | ".join([markdown_cell(method), *cells]) + " |" for method, *cells in rows]
     return "\n".join(lines)
 
 

@@ -38,16 +38,20 @@ DDP_SCRIPT = """
                       enable_checkpointing=False)
     trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
     with open(f"{root}/rank_{trainer.global_rank}.json", "w") as f:
-        json.dump({"samples": callback.sample_indices, "finished": trainer.state.finished}, f)
+        json.dump({"samples": callback.sample_indices, "finished": trainer.state.finished,
+                   "summary": callback.summary}, f)
 """
 
 
 @pytest.mark.slow
 def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path, run_script, make_trainer, read_events):
     # Its own session: on a hang, the rank the launcher started is killed along with rank 0.
-    run_script(DDP_SCRIPT)
+    done = run_script(DDP_SCRIPT)
     ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
     assert all(r["finished"] for r in ranks)
+    # The summary is rank zero's, printed once.
+    assert done.stdout.count("GAECallback: the fit ended") == 1 and ranks[0]["summary"] in done.stdout
+    assert ranks[1]["summary"] is None
 
     # Every event file under the run, whichever rank might have written it: one image per tag and step.
     event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}

@@ -14,7 +14,7 @@ from recipes.tensorboard_screenshots import free_port, get_json, tensorboard_ser
 
 ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["ROOT", "free_port", "get_json", "python_env", "run_python", "run_script", "tensorboard_server"]
+__all__ = ["ROOT", "free_port", "get_json", "interrupt_python", "python_env", "run_python", "run_script", "tensorboard_server"]
 
 
 def python_env() -> dict[str, str]:
@@ -34,6 +34,37 @@ def run_python(args: Sequence[str], cwd: str | Path, timeout: float = 240,
         proc.communicate()
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def interrupt_python(args: Sequence[str], cwd: str | Path, when: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``python *args`` in its own process group, given Ctrl-C (SIGINT to the whole group, as a terminal sends it) as
+    soon as ``when`` appears on its stderr; fails if it ends before that. Returns what it printed and its exit code."""
+    import threading
+    import time
+
+    proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=cwd, env=python_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    out: list[str] = []
+    err: list[str] = []
+    readers = [threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True),
+               threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)]
+    for reader in readers:
+        reader.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while when not in "".join(err):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"{when!r} never appeared on stderr:\n{''.join(err)[-3000:]}")
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for reader in readers:
+        reader.join(timeout=10)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(out), "".join(err))
 
 
 def run_script(directory: Path, source: str, timeout: float = 240) -> subprocess.CompletedProcess:

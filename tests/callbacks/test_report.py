@@ -1,0 +1,107 @@
+"""What GAECallback prints when a fit ends: the run's metrics, each method's faithfulness ± standard error, where the
+event files are; the numbers are the ones logged (read back with TensorBoard's reader)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from lightning.pytorch import seed_everything
+
+from lightning_gae.callbacks import GAECallback
+from recipes.digits import DigitsDataModule
+from tests.helpers.models import small_vit
+
+HEADER = "GAECallback: the fit ended"
+
+
+def section(text: str, start: str) -> list[list[str]]:
+    """The rows of the aligned table under the line starting with ``start`` (its header row first), split into cells."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(start))
+    rows = []
+    for line in lines[first + 1:]:
+        if not line.startswith("  "):
+            break
+        rows.append(re.split(r"\s{2,}", line.strip()))
+    return rows
+
+
+def value_and_error(cell: str) -> tuple[float, float | None]:
+    value, _, error = cell.partition(" ± ")
+    return float(value), float(error) if error else None
+
+
+def assert_printed_as_logged(printed: str, logged: float, digits: int) -> None:
+    """``printed`` is ``logged`` to the ``digits`` significant digits it is printed with (the event file keeps float32)."""
+    assert math.isclose(float(printed), logged, rel_tol=10 ** (1 - digits), abs_tol=1e-9), (printed, logged)
+
+
+def test_fit_prints_the_metrics_and_faithfulness_it_logged_and_where(tmp_path, make_trainer, read_events, capsys):
+    seed_everything(0)
+    callback = GAECallback(num_samples=2, methods=("gae", "rollout"), metric_samples=32)
+    trainer = make_trainer(tmp_path, [callback], limit_train_batches=3)
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    out = capsys.readouterr().out
+    assert out.count(HEADER) == 1 and out.rstrip().endswith(f"tensorboard --logdir {tmp_path}")
+    assert f"event files: {trainer.logger.log_dir}\n" in out
+    assert callback.summary is not None and callback.summary in out
+    logged = {tag: values[-1] for tag, values in read_events(trainer.logger.log_dir).scalar_values().items()}
+
+    header, *rows = section(out, "metrics (trainer.callback_metrics)")
+    assert header == ["name", "value"]
+    metrics = dict(rows)
+    assert set(metrics) == set(trainer.callback_metrics) == {"train_loss", "val_acc", "val_loss"}
+    for name in ("val_acc", "val_loss"):
+        assert_printed_as_logged(metrics[name], logged[name], 4)
+    assert_printed_as_logged(metrics["train_loss"], float(trainer.callback_metrics["train_loss"]), 4)
+
+    assert "faithfulness (32 validation samples, the final weights at step 5;" in out
+    header, *rows = section(out, "faithfulness (")
+    assert header == ["method", "negative_perturbation_auc ↑", "positive_perturbation_auc ↓"]
+    assert [row[0] for row in rows] == ["gae", "rollout", "random"]
+    for method, *cells in rows:
+        for metric, cell in zip(("negative_perturbation_auc", "positive_perturbation_auc"), cells):
+            value, error = value_and_error(cell)
+            assert_printed_as_logged(str(value), logged[f"{metric}/{method}"], 4)
+            assert_printed_as_logged(str(error), logged[f"{metric}/{method}/stderr"], 2)
+
+
+def test_the_summary_says_why_nothing_was_scored_or_written(tmp_path, make_trainer, capsys):
+    seed_everything(0)
+    trainer = make_trainer(tmp_path, [GAECallback(num_samples=2)], fast_dev_run=True)
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    out = capsys.readouterr().out
+    assert out.count(HEADER) == 1
+    assert "faithfulness: not scored (fast_dev_run replaces the loggers with no-op ones" in out
+    assert "event files: none (fast_dev_run writes no logs)" in out and "tensorboard --logdir" not in out
+
+    trainer = make_trainer(tmp_path, [GAECallback(num_samples=2, metrics=())], max_epochs=1)
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    out = capsys.readouterr().out
+    assert "faithfulness: not scored (metrics=() and the validation batches carry no ground truth)" in out
+    assert f"event files: {trainer.logger.log_dir}\n" in out
+
+
+def test_print_summary_false_prints_nothing_and_keeps_the_text(tmp_path, make_trainer, capsys):
+    seed_everything(0)
+    callback = GAECallback(num_samples=2, metric_samples=8, print_summary=False)
+    trainer = make_trainer(tmp_path, [callback], max_epochs=1)
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    assert HEADER not in capsys.readouterr().out
+    assert callback.summary.strip().startswith(HEADER) and "faithfulness (8 validation samples" in callback.summary
+
+
+def test_scores_of_the_last_explanation_step_are_the_ones_printed(tmp_path, make_trainer, read_events, capsys):
+    """metric_samples=0 scores the tracked samples at every explanation step: the summary shows the last step's."""
+    seed_everything(0)
+    callback = GAECallback(num_samples=3, methods=("gae",), metric_samples=0, metrics=("deletion_auc",))
+    trainer = make_trainer(tmp_path, [callback])
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    out = capsys.readouterr().out
+    events = read_events(trainer.logger.log_dir).scalar_events("deletion_auc/")
+    last_step, last = events["deletion_auc/gae"][-1]
+    assert len(events["deletion_auc/gae"]) == 2
+    assert f"faithfulness (the 3 tracked validation samples at step {last_step};" in out
+    rows = dict((row[0], row[1]) for row in section(out, "faithfulness (")[1:])
+    assert_printed_as_logged(str(value_and_error(rows["gae"])[0]), last, 4)
