@@ -157,8 +157,23 @@ _DUNDER = {
 _ACTIVATION_MODULES_EXCLUDED = (nn.Softmax, nn.Softmin, nn.LogSoftmax, nn.Softmax2d, nn.MultiheadAttention, nn.GLU)
 
 
+def _resolved(func: Callable) -> str | None:
+    """``torch.overrides.resolve_name``, once per function: it resets Python's warning filters on every call
+    (so once-shown warnings would show again) and it runs for every operation of an LRP forward."""
+    try:
+        return _RESOLVED[func]
+    except KeyError:
+        name = _RESOLVED[func] = resolve_name(func)
+        return name
+    except TypeError:  # an unhashable callable
+        return resolve_name(func)
+
+
+_RESOLVED: dict[Callable, str | None] = {}
+
+
 def _op_name(func: Callable) -> str:
-    full = resolve_name(func) or getattr(func, "__name__", None) or repr(func)
+    full = _resolved(func) or getattr(func, "__name__", None) or repr(func)
     parts = full.split(".")
     name = parts[-2] if parts[-1] == "__get__" and len(parts) > 1 else parts[-1]
     name = _DUNDER.get(name, name)
@@ -168,7 +183,7 @@ def _op_name(func: Callable) -> str:
 
 
 def _full_name(func: Callable) -> str:
-    return resolve_name(func) or getattr(func, "__qualname__", None) or repr(func)
+    return _resolved(func) or getattr(func, "__qualname__", None) or repr(func)
 
 
 def _flat_tensors(args: Sequence[Any], kwargs: dict) -> list[Tensor]:

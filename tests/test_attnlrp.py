@@ -494,3 +494,20 @@ def test_pixels_without_a_patch_embedding_ask_for_embedding_layer():
         lg.explain(model, torch.randn(2, 1, 4, 4), method="attnlrp")
     exp = lg.explain(model, torch.randn(2, 1, 4, 4), method="attnlrp", embedding_layer="stem")
     assert exp.tokens.shape == (2, 4)
+
+
+def test_explaining_again_does_not_show_a_warning_twice():
+    # torch.overrides.resolve_name resets Python's warning filters on each call; the LRP mode asks it once per function.
+    import warnings
+
+    model = _recipe_vit()
+    pixels = torch.randn(2, 1, 8, 8)
+    lg.explain(model, pixels, method="attnlrp")
+    lg.explain(model, pixels, method="transformer_attribution")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            warnings.warn("shown once at this place", UserWarning)
+            lg.explain(model, pixels, method="attnlrp")
+            lg.explain(model, pixels, method="transformer_attribution")
+    assert sum("shown once" in str(w.message) for w in caught) == 1
