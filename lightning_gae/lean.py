@@ -35,6 +35,9 @@ class LeanCall:
 
     index: int
     attended: Tensor | None = None  # [B, Nk] bool: keys some query may attend to (None: all)
+    # [Nq] int: 1 + the last key any sample or head lets each query see (None: all). A causal mask's
+    # chunk of queries then skips the keys after its last query, whose probabilities are exactly 0.
+    key_limits: Tensor | None = None
 
 
 @dataclass
@@ -114,39 +117,44 @@ class _LeanAttention(torch.autograd.Function):
         # temporaries per chunk cost more in page faults than the arithmetic on a CPU.
         buffers = state.buffers(b * h * chunk * n_k, dtype, q.device)
         kt, vt = kf.transpose(1, 2), vf.transpose(1, 2)
+        limits = ctx.call.key_limits
         for start in range(0, n_q, chunk):
             sl = slice(start, min(start + chunk, n_q))
             rows = sl.stop - sl.start
-            probs, grads, spare = (buf[: b * h * rows * n_k].view(b * h, rows, n_k) for buf in buffers)
+            # Keys past every query's last visible one get probability 0 and contribute nothing: left out.
+            nk = n_k if limits is None else max(1, int(limits[sl].max()))
+            probs, grads, spare = (buf[: b * h * rows * nk].view(b * h, rows, nk) for buf in buffers)
             qc, doc = qf[:, sl], do[:, sl]
-            torch.bmm(qc, kt, out=spare)  # the scores
+            torch.bmm(qc, kt[:, :, :nk], out=spare)  # the scores
             bc = _rows(bias, sl, n_q)
             if bc is not None:
-                spare.view(b, h, rows, n_k).add_(bc.to(dtype))
+                spare.view(b, h, rows, nk).add_(bc[..., :nk].to(dtype))
             torch.ops.aten._softmax.out(spare, -1, False, out=probs)
             if bc is not None:
                 # A row whose keys are all masked (-inf) gets probability 0 (softmax gives NaN there).
                 probs.masked_fill_(torch.isneginf(spare.amax(dim=-1, keepdim=True)), 0.0)
-            torch.bmm(doc, vt, out=grads)  # ∇A for these queries
-            dvt.baddbmm_(doc.transpose(1, 2), probs)
+            torch.bmm(doc, vt[:, :, :nk], out=grads)  # ∇A for these queries
+            dvt[:, :, :nk].baddbmm_(doc.transpose(1, 2), probs)
             if wanted:
                 # Eq. 5 for these queries: E_h[(∇A ⊙ A)⁺]
-                a = torch.mul(grads, probs, out=spare).clamp_(min=0).view(b, h, rows, n_k).mean(dim=1)
+                a = torch.mul(grads, probs, out=spare).clamp_(min=0).view(b, h, rows, nk).mean(dim=1)
                 a = a.to(torch.float32)
             # dS = A ⊙ (∇A − rowsum(∇A ⊙ A)): softmax's own backward kernel, one pass.
             dscores = torch.ops.aten._softmax_backward_data.out(grads, probs, -1, dtype, grad_input=spare)
-            dq[:, sl] = torch.bmm(dscores, kf)
-            dkt.baddbmm_(qc.transpose(1, 2), dscores)
+            dq[:, sl] = torch.bmm(dscores, kf[:, :nk])
+            dkt[:, :, :nk].baddbmm_(qc.transpose(1, 2), dscores)
             if dbias is not None:
-                ds4 = dscores.view(b, h, rows, n_k)
+                ds4 = dscores.view(b, h, rows, nk)
                 if bias.shape[-2] == n_q:
-                    dbias[..., sl, :] += _reduce_to(ds4, bias[..., sl, :].shape)
+                    dbias[..., sl, :nk] += _reduce_to(ds4, bias[..., sl, :nk].shape)
                 else:
-                    dbias += _reduce_to(ds4, bias.shape)
+                    dbias[..., :nk] += _reduce_to(ds4, bias[..., :nk].shape)
             if update is not None:
-                update += torch.bmm(row[:, sl].unsqueeze(1), a).squeeze(1)
+                update[:, :nk] += torch.bmm(row[:, sl].unsqueeze(1), a).squeeze(1)
             elif abar is not None:
-                abar[:, sl] = a
+                abar[:, sl, :nk] = a
+                if nk < n_k:
+                    abar[:, sl, nk:] = 0.0
         if update is not None:
             state.row = row + update
         elif abar is not None:
@@ -202,4 +210,8 @@ def lean_attention(
             open_ = (bias > torch.finfo(bias.dtype).min / 2).expand(*bias.shape[:-2], n_q, n_k)
             seen = open_.reshape(-1, *open_.shape[-3:]).any(dim=(-3, -2)) if open_.dim() >= 3 else open_.any(dim=-2)[None]
             call.attended = seen.expand(query.shape[0], n_k) if seen.shape[0] == 1 else seen
+            if not bias.requires_grad:  # a learned bias (T5's) keeps every key: its gradient is wanted everywhere
+                per_query = open_.reshape(-1, n_q, n_k).any(dim=0)
+                last = (per_query * torch.arange(1, n_k + 1, device=per_query.device)).amax(dim=-1)
+                call.key_limits = last.cpu() if bool((last < n_k).any()) else None
     return _LeanAttention.apply(query, key, value, bias, token, scale, state, call)
