@@ -114,9 +114,12 @@ class RecallLM(pl.LightningModule):
     """``LlamaForCausalLM`` from a small config, trained on the answer tokens; ``val_answer_acc`` is the share
     of prompts whose every answer token (and ``<eos>``) is the argmax under teacher forcing."""
 
-    def __init__(self, hidden_size: int = 64, num_hidden_layers: int = 2, num_attention_heads: int = 4,
-                 num_key_value_heads: int = 2, intermediate_size: int = 128, max_position_embeddings: int = 64,
-                 attn_implementation: str = "sdpa", lr: float = 3e-3, weight_decay: float = 0.01) -> None:
+    # Measured on 2 CPU cores, 20,000 training prompts, batch 64, the one-cycle schedule of recipes.common: width 128
+    # at lr 1e-3 over 12 epochs finds the lookup suddenly in epoch 3 (val answer accuracy 0.15 -> 0.82 -> 1.0, 38 s);
+    # the same over 5 epochs stays at 0.14, and width 64 at lr 3e-3 at 0.21 after 10 epochs. Train it for 12.
+    def __init__(self, hidden_size: int = 128, num_hidden_layers: int = 2, num_attention_heads: int = 4,
+                 num_key_value_heads: int = 2, intermediate_size: int = 256, max_position_embeddings: int = 64,
+                 attn_implementation: str = "sdpa", lr: float = 1e-3, weight_decay: float = 0.01) -> None:
         super().__init__()
         self.save_hyperparameters()
         from transformers import LlamaConfig, LlamaForCausalLM
