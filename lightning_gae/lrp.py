@@ -416,6 +416,7 @@ class LRPCapture:
         self.embeddings: list[Tensor] = []
         self.attention: list[str] = []
         self.num_tokens: int | None = None
+        self.from_ids = False  # the embedding read token ids: its tokens are the explained ones (no prefix)
 
     @property
     def current_path(self) -> str:
@@ -473,6 +474,7 @@ class LRPCapture:
             raise ValueError(f"the word embedding ({type(module).__name__}) returned {type(output).__name__}, not a float tensor")
         leaf = output.detach().requires_grad_(True)
         self.embeddings.append(leaf)
+        self.from_ids = bool(args) and isinstance(args[0], Tensor) and not args[0].is_floating_point()
         return leaf
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -583,7 +585,8 @@ def relevance_forward(model: nn.Module, args: tuple, kwargs: dict, embedding_lay
     if embeddings.dim() not in (3, 4):
         raise ValueError(f"the embedding ({type(module).__name__}) returned shape {list(embeddings.shape)}; method='attnlrp' "
                          "needs one vector per token, [B, N, D], or a convolution's patch grid [B, D, h, w]")
-    return LRPForward(output, embeddings, list(capture.attention), capture.num_tokens)
+    # A word embedding's tokens are the explained ones; a patch embedding's are the last of what attention sees.
+    return LRPForward(output, embeddings, list(capture.attention), None if capture.from_ids else capture.num_tokens)
 
 
 def token_relevance(run: LRPForward, score: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:

@@ -511,3 +511,32 @@ def test_explaining_again_does_not_show_a_warning_twice():
             lg.explain(model, pixels, method="attnlrp")
             lg.explain(model, pixels, method="transformer_attribution")
     assert sum("shown once" in str(w.message) for w in caught) == 1
+
+
+def test_token_ids_beside_pixels_are_explained_over_the_text_tokens():
+    # Pixels attend first (17 tokens), then the 5 text tokens: the word embedding's own tokens are the explained ones.
+    class TwoTowers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.words = nn.Embedding(20, 8)
+            self.patch_embed = nn.Conv2d(1, 8, 2, stride=2)
+            self.image_attn = nn.MultiheadAttention(8, 2, batch_first=True)
+            self.text_attn = nn.MultiheadAttention(8, 2, batch_first=True)
+            self.head = nn.Linear(16, 3)
+
+        def get_input_embeddings(self):
+            return self.words
+
+        def forward(self, input_ids, pixel_values):
+            img = self.patch_embed(pixel_values).flatten(2).transpose(1, 2)
+            img = torch.cat([img.mean(1, keepdim=True), img], dim=1)
+            img = self.image_attn(img, img, img)[0]
+            txt = self.words(input_ids)
+            txt = self.text_attn(txt, txt, txt)[0]
+            return self.head(torch.cat([img[:, 0], txt[:, 0]], dim=-1))
+
+    torch.manual_seed(0)
+    model = TwoTowers().eval()
+    inputs = {"input_ids": torch.randint(0, 20, (2, 5)), "pixel_values": torch.randn(2, 1, 8, 8)}
+    exp = lg.explain(model, inputs, method="attnlrp")
+    assert exp.tokens.shape == (2, 5) and exp.tokens.abs().sum() > 0
