@@ -514,7 +514,7 @@ def test_explaining_again_does_not_show_a_warning_twice():
 
 
 def test_token_ids_beside_pixels_are_explained_over_the_text_tokens():
-    # Pixels attend first (17 tokens), then the 5 text tokens: the word embedding's own tokens are the explained ones.
+    # The text's first attention reads the 17 image tokens as keys: the word embedding's own 5 tokens are still the explained ones.
     class TwoTowers(nn.Module):
         def __init__(self):
             super().__init__()
@@ -532,6 +532,7 @@ def test_token_ids_beside_pixels_are_explained_over_the_text_tokens():
             img = torch.cat([img.mean(1, keepdim=True), img], dim=1)
             img = self.image_attn(img, img, img)[0]
             txt = self.words(input_ids)
+            txt = txt + self.image_attn(txt, img, img)[0]  # text queries over image keys
             txt = self.text_attn(txt, txt, txt)[0]
             return self.head(torch.cat([img[:, 0], txt[:, 0]], dim=-1))
 
