@@ -491,6 +491,7 @@ class LRPCapture:
 
     def __enter__(self) -> LRPCapture:
         self.embeddings, self.attention, self._stack, self._units, self.num_tokens = [], [], [], 0, None
+        self.from_ids = False
         with ExitStack() as stack:
             if "torch._dynamo" in sys.modules:
                 # A torch.compile'd submodule runs eagerly, as under the capture: Dynamo would trace the mode.

@@ -466,7 +466,7 @@ class GAECallback(Callback):
                            f"{broken[:5]}{' ...' if len(broken) > 5 else ''}); they are neither tracked nor scored")
             if not len(usable):
                 raise ValueError(f"GAECallback: every one of {scanned} holds NaN or inf input values; nothing can be explained")
-        if self.sample_indices is not None and not bool(finite[[i for i in self.sample_indices if 0 <= i < total]].all()):
+        if self.sample_indices is not None:  # given ones with NaN or inf go; out-of-range ones are refused below
             self.sample_indices = [i for i in self.sample_indices if not 0 <= i < total or bool(finite[i])]
         if self.sample_indices is None:
             if self.num_samples > len(usable):
