@@ -33,6 +33,7 @@ from lightning_gae.metrics.functional.perturbation import Protocol, check_protoc
 from lightning_gae.modalities import ImageTokens, Modality
 from lightning_gae.streams import Streams
 from lightning_gae.token_sets import (
+    RECALL,
     SET_TRUTH,
     TruthScore,
     infer_modality,
@@ -157,6 +158,8 @@ def compare(
     streams: Streams | None = None,
     set_inputs: Mapping[str, int | str] | None = None,
     progress: Progress | None = None,
+    query: Any = None,
+    recall: bool = False,
 ) -> Comparison:
     r"""Score every attribution method with every perturbation metric on the same samples and targets.
 
@@ -218,6 +221,12 @@ def compare(
             when two sets' inputs look alike (equal lengths).
         progress: called as ``progress(method, samples_done, total)`` when a method starts (0 done) and after
             each of its batches is scored (``lightning-gae compare`` draws a bar per method with it).
+        query: the readout row of the attention methods (``query=`` of :func:`~lightning_gae.explain`); None: their
+            default. ``"last"`` for the answer rows of a causal LM (:func:`lightning_gae.answers.answer_rows`, read
+            through :class:`~lightning_gae.answers.NextTokenLogits`).
+        recall: also score text ``ground_truth`` with :class:`~lightning_gae.metrics.RationaleRecall`
+            (``recall_{top1,hit_at_k,mass}``: does the most relevant token, or one of the top k, lie in it, and how
+            much of the positive relevance).
 
     Returns:
         A :class:`Comparison`; ``to_markdown()`` and ``to_dict()`` give the table.
@@ -277,6 +286,8 @@ def compare(
     if ground_truth is not None and ground_truth.shape[0] != total:
         raise ValueError(f"ground_truth has {ground_truth.shape[0]} samples for {total} inputs; give one per sample")
     truth = truth_score(modality) if ground_truth is not None else None
+    if recall and (ground_truth is None or not isinstance(modality, RECALL.modality)):
+        raise ValueError("compare(recall=True) scores text rationales: pass ground_truth=[N, T] and a TextTokens modality")
 
     progress = progress or _silent
     results: dict[str, dict[str, float]] = {}
@@ -287,6 +298,8 @@ def compare(
         scorers = {name: perturbation_metric(name, model, modality, max_batch=max_batch, sync_on_compute=False,
                                              protocol=protocol) for name in metrics}
         truth_metric = None if truth is None else truth.metric(modality)
+        recall_metric = RECALL.metric(modality) if recall else None
+        options = {} if query is None or method in CAPTUM_METHODS else {"query": query}
         scores = SampleScores()
         seconds = 0.0
         for index, start in enumerate(starts):
@@ -294,7 +307,7 @@ def compare(
             chunk = take(inputs, start, stop, total)
             began = time.perf_counter()
             attributions = attribute(method, model, chunk, explained[start:stop], embedding_layer=embedding_layer,
-                                     seed=seed + index)
+                                     seed=seed + index, **options)
             seconds += time.perf_counter() - began
             for name, metric in scorers.items():
                 scores.add_perturbation(name, method, metric, chunk, attributions,
@@ -302,6 +315,8 @@ def compare(
             if truth_metric is not None:
                 known = ground_truth[start:stop].to(attributions.device)
                 scores.add_updates(truth.name, method, truth_metric, truth.update_args(modality, chunk, attributions, known))
+            if recall_metric is not None:
+                scores.add_updates(RECALL.name, method, recall_metric, RECALL.update_args(modality, chunk, attributions, known))
             progress(method, stop, total)
         results.setdefault(method, {})
         _tabulate(scores, results, errors, directions)
@@ -425,6 +440,7 @@ def comparison_grid(
     modality: Modality | None = None,
     embedding_layer: str | nn.Module | None = None,
     seed: int = 0,
+    query: Any = None,
 ) -> np.ndarray:
     """A samples x (input | each method) picture of the attributions, drawn by the modality.
 
@@ -436,6 +452,7 @@ def comparison_grid(
         modality: draws each sample; None infers ``ImageTokens`` for ViT-style square images.
         embedding_layer: see :func:`attribute`.
         seed: seed of ``"random"`` and GradientSHAP (``compare``'s first batch uses the same).
+        query: the attention methods' readout row, as in :func:`compare`.
 
     Returns:
         uint8 ``[h, w, 3]`` (:func:`lightning_gae.visualize.grid`), rows titled with the explained class.
@@ -453,7 +470,8 @@ def comparison_grid(
     classes = predict(model, inputs) if target is None else class_index(target, display.shape[0], display.device)
     columns = []
     for method in methods:
-        attributions = attribute(method, model, inputs, classes, embedding_layer=embedding_layer, seed=seed)
+        options = {} if query is None or method in CAPTUM_METHODS else {"query": query}
+        attributions = attribute(method, model, inputs, classes, embedding_layer=embedding_layer, seed=seed, **options)
         # Pixels for images; one value per token or feature otherwise.
         if isinstance(modality, ImageTokens):
             columns.append(modality.pixel_map(attributions, display))

@@ -20,11 +20,12 @@ from torchmetrics import Metric
 
 from lightning_gae._structures import display_input, take
 from lightning_gae.explain import Explanation, explain
-from lightning_gae.metrics import RationaleAgreement, RelevanceSegmentation
+from lightning_gae.metrics import RationaleAgreement, RationaleRecall, RelevanceSegmentation
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 
 __all__ = [
     "GROUND_TRUTH",
+    "RECALL",
     "SET_TRUTH",
     "TruthScore",
     "infer_modality",
@@ -70,6 +71,11 @@ GROUND_TRUTH: tuple[TruthScore, ...] = (
 (:class:`~lightning_gae.metrics.RelevanceSegmentation`); rationale tokens ``[B, T]`` -> ``rationale_{token_f1,auprc}``
 over the removable tokens and informative features ``[B, F]`` -> ``feature_recovery_{token_f1,auprc}``
 (:class:`~lightning_gae.metrics.RationaleAgreement`)."""
+
+RECALL = TruthScore("recall", TextTokens, 2, lambda m: RationaleRecall(sync_on_compute=False),
+                    lambda m, inputs, a, truth: (m.unit_scores(a, inputs), truth, m.removable(inputs)))
+"""Text ground truth scored as ``recall_{top1,hit_at_k,mass}`` (:class:`~lightning_gae.metrics.RationaleRecall`):
+what a causal LM's answer rows are asked (does the relevance find the tokens the answer comes from)."""
 
 SET_TRUTH: dict[str, type[Modality] | None] = {"alignment": None, "masks": ImageTokens, "segmentation": ImageTokens,
                                                "rationales": TextTokens}

@@ -21,9 +21,10 @@ from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from lightning_gae.modalities import TextTokens
 from recipes.common import TensorDictDataset, adamw_one_cycle
 
-__all__ = ["VOCAB", "RecallDataModule", "RecallLM", "make_recall"]
+__all__ = ["VOCAB", "RecallDataModule", "RecallLM", "RecallTokens", "make_recall"]
 
 SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", ";")
 PAD_ID, BOS_ID, EOS_ID, SEP_ID = range(4)
@@ -86,8 +87,18 @@ def make_recall(num_samples: int, min_pairs: int = 3, max_pairs: int = 8, max_va
     return {"input_ids": ids, "attention_mask": (ids != PAD_ID).long(), "labels": labels, "rationales": rationales}
 
 
+class RecallTokens(TextTokens):
+    """The recall words as :class:`~lightning_gae.modalities.TextTokens`: the vocabulary's strings, the specials
+    (padding, ``<bos>``, ``<eos>``, ``;``) grey, padding id 0."""
+
+    def __init__(self, cmap: str = "Reds") -> None:
+        super().__init__(vocab=VOCAB, special_ids=range(len(SPECIALS)), pad_id=PAD_ID, cmap=cmap)
+
+
 class RecallDataModule(pl.LightningDataModule):
     """Generated recall prompts: ``num_train`` and ``num_val`` samples, seeded."""
+
+    class_names = VOCAB
 
     def __init__(self, num_train: int = 20000, num_val: int = 512, min_pairs: int = 3, max_pairs: int = 8,
                  max_value_words: int = 2, batch_size: int = 64, seed: int = 0) -> None:

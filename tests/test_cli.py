@@ -18,7 +18,7 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 # Generated data sets cut down, so that a fast_dev_run does not spend its time generating them.
 SMALL_DATA = ["--data.init_args.num_train=128", "--data.init_args.num_val=64"]
 SMALL = {"text_rationales", "text_rationales_bert", "tabular", "vit_shapes", "hf_vit", "seq2seq", "dual_encoder",
-         "coattention"}
+         "coattention", "causal_lm_recall"}
 
 
 # --- every config, every subcommand ------------------------------------------------------------------
@@ -192,6 +192,7 @@ def _small_config(config, root):
 
 
 SMALL_MODELS = {
+    "causal_lm_recall": {"hidden_size": 32, "intermediate_size": 64},
     "seq2seq": {"d_model": 32, "nhead": 2, "num_encoder_layers": 1, "num_decoder_layers": 1, "dim_feedforward": 32},
     "dual_encoder": {"hidden_size": 32, "intermediate_size": 32, "num_layers": 1, "num_heads": 2, "projection_dim": 16},
 }
@@ -225,3 +226,40 @@ def test_the_cli_compares_a_recipes_token_sets(config, columns, tmp_path, monkey
     picture = matplotlib.image.imread(tmp_path / "out" / "comparison.png")
     # The first 4 samples one under another, each at least a 256 px panel for GAE (and the inputs, for CLIP).
     assert picture.shape[0] >= 4 * 256
+
+
+def test_the_cli_compares_a_causal_lms_answer_tokens(tmp_path, monkeypatch):
+    import torch
+
+    from lightning_gae.answers import explain_answers
+    from recipes.causal_lm_recall import SPECIALS, RecallDataModule, RecallLM
+
+    monkeypatch.chdir(tmp_path)
+    small = _small_config("causal_lm_recall", tmp_path)
+    checkpoint = _fit(small, tmp_path)
+    main(["compare", "--config", str(small), "--ckpt_path", str(checkpoint), "--output", "out", "--num_samples", "6",
+          "--methods", "gae", "random", "input_x_gradient"])
+    report = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    # One scored sample per answer token of the first 6 validation prompts.
+    data = RecallDataModule(num_train=64, num_val=32)
+    data.setup("validate")
+    batch = {k: torch.stack([data.val_set[i][k] for i in range(6)]) for k in ("input_ids", "attention_mask", "labels",
+                                                                            "rationales")}
+    assert report["num_samples"] == int((batch["labels"][:, 1:] != -100).sum())
+    for method in ("gae", "random", "input_x_gradient"):
+        assert {"recall_top1", "recall_hit_at_k", "recall_mass", "rationale_token_f1", "positive_perturbation_auc",
+                "negative_perturbation_auc"} <= set(report["methods"][method])
+    # GAE's recall@1 from the checkpoint's explanations, one answer token at a time, read before the readout token.
+    model = RecallLM(**{k: v for k, v in yaml.safe_load(small.read_text())["model"]["init_args"].items()})
+    model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"])
+    model.eval()
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    out = explain_answers(model, inputs, batch["labels"], method="gae", target="pred")
+    hits = []
+    for b in range(6):
+        for j in range(int(out.valid[b].sum())):
+            readout = int(out.positions[b, j])
+            keep = [t for t in range(readout) if int(batch["input_ids"][b, t]) >= len(SPECIALS)]
+            best = max(keep, key=lambda t: float(out.relevance[b, j, t]))
+            hits.append(float(batch["rationales"][b, best] == 1))
+    assert report["methods"]["gae"]["recall_top1"] == pytest.approx(sum(hits) / len(hits), abs=1e-6)

@@ -21,7 +21,7 @@ from lightning_gae.metrics._stderr import SampleScores
 from lightning_gae.metrics.functional import explanation_stability
 from lightning_gae.modalities import Modality, TextTokens
 from lightning_gae.tensorboard.summary import scalar_tag
-from lightning_gae.token_sets import SET_TRUTH, scored_truth, truth_score
+from lightning_gae.token_sets import SET_TRUTH, TruthScore, scored_truth, truth_score
 
 __all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "relevance_scalars", "set_truth_scalars"]
 
@@ -59,13 +59,15 @@ def relevance_scalars(method: str, tokens: Tensor, previous: Tensor | None, top_
 
 
 def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explains_prediction: bool, modality: Modality,
-                 module: LightningModule, cache: dict[str, Metric], max_batch: int) -> tuple[dict[str, float], Curves]:
+                 module: LightningModule, cache: dict[str, Metric], max_batch: int,
+                 extra_truth: Sequence[TruthScore] = ()) -> tuple[dict[str, float], Curves]:
     """Each metric and method over every batch, with its standard error (``<tag>/stderr``), and the metrics' curves.
 
     ``explains_prediction``: the attributions explain each sample's prediction (``target="pred"``); with class
     labels they are then scored by the papers' *predicted* protocol (Chefer et al., CVPR 2021, Table 1: the 0% step
     is the accuracy), otherwise by the *target* protocol on the explained class. A batch's ground truth is scored by
-    the modality's entry of :data:`~lightning_gae.token_sets.GROUND_TRUTH` when its dims fit.
+    the modality's entry of :data:`~lightning_gae.token_sets.GROUND_TRUTH` when its dims fit, and by each of
+    ``extra_truth`` (e.g. the recall of a causal LM's answer rows).
     """
     scores = SampleScores()
     for inputs, scored, target, labels, truth in batches:
@@ -82,13 +84,14 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
                 scores.add_perturbation(name, method, metric, inputs, attributions, reference)
         if truth is None:
             continue
-        entry = scored_truth(modality, truth)
-        if entry is None:
-            continue
+        entries = [scored_truth(modality, truth), *extra_truth]
         truth = truth.to(module.device)
-        metric = cached_metric(cache, entry.name, module, lambda: entry.metric(modality))
-        for method, attributions in scored.items():
-            scores.add_updates(entry.name, method, metric, entry.update_args(modality, inputs, attributions, truth))
+        for entry in entries:
+            if entry is None:
+                continue
+            metric = cached_metric(cache, entry.name, module, lambda: entry.metric(modality))
+            for method, attributions in scored.items():
+                scores.add_updates(entry.name, method, metric, entry.update_args(modality, inputs, attributions, truth))
     out: dict[str, float] = {}
     for method, columns in scores.columns().items():
         for column, score in columns.items():

@@ -30,6 +30,8 @@ from lightning_gae.callbacks._samples import (
     private_reader,
     read_samples,
 )
+from lightning_gae.answers import NextTokenLogits
+from lightning_gae.callbacks._answers import answer_samples, has_answer_labels, holds_causal_lm, keep_readout
 from lightning_gae.callbacks._report import fit_report
 from lightning_gae.callbacks._scoring import (
     Curves,
@@ -40,10 +42,11 @@ from lightning_gae.callbacks._scoring import (
 )
 from lightning_gae.explain import LRP_METHODS, METHODS, Explanation, explain_methods
 from lightning_gae.metrics import PERTURBATION_METRICS, random_attribution
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.streams import Streams
 from lightning_gae.tensorboard.summary import Scale, SetInput, TensorBoardViews, faithfulness_rows
 from lightning_gae.token_sets import (
+    RECALL,
     is_sequence_output,
     last_positions,
     scored_truth,
@@ -183,6 +186,15 @@ class GAECallback(Callback):
             faithfulness ± standard error as last logged (the Text tab's ``gae_faithfulness`` table, or why
             nothing was scored), the loggers' event-file folders and the ``tensorboard --logdir`` command.
             The text is kept in ``callback.summary`` either way.
+        answer_tokens: explain a causal language model's answer tokens (None: when the module holds a Hugging Face
+            causal LM and the validation batches carry ``input_ids`` and ``labels [B, T]`` with -100 where nothing
+            is learnt). Each tracked and scored sequence becomes one sample per answer token (the labels that are
+            not -100): its relevance over the prompt and the answer before it, read at the position that predicts
+            it, shown as ``val_<i>/answer_<n>`` with the answer token as its label. The perturbation metrics remove
+            prompt tokens and read that position's next-token logit (``target="pred"``: whether the prediction
+            survives); batches with ``rationales`` (the tokens the answer must come from) also log
+            ``recall_{top1,hit_at_k,mass}/<method>`` (:class:`~lightning_gae.metrics.RationaleRecall`). The
+            readout token itself is neither removed nor scored. ``modality`` must be a ``TextTokens`` (default: ids).
 
     Models with several token sets (``explain(...).relevance`` holds more than one) are drawn per
     set in ``gae_heatmaps/val_<i>``: the inputs, then a line per method with every set's relevance
@@ -253,6 +265,7 @@ class GAECallback(Callback):
         set_inputs: Mapping[str, int | str] | None = None,
         streams: Streams | None = None,
         print_summary: bool = True,
+        answer_tokens: bool | None = None,
     ) -> None:
         self.num_samples = num_samples
         self.every_n_epochs = every_n_epochs
@@ -283,6 +296,7 @@ class GAECallback(Callback):
         self.set_inputs = None if set_inputs is None else dict(set_inputs)
         self.streams = streams
         self.print_summary = print_summary
+        self.answer_tokens = answer_tokens
         # The text printed when the last fit ended (rank zero), for whoever prints it later (the CLI does).
         self.summary: str | None = None
 
@@ -299,6 +313,9 @@ class GAECallback(Callback):
         self._keyed: dict[str, Tensor] = {}
         self._last: Tensor | None = None
         self._metric_objects: dict[str, Metric] = {}
+        # A causal LM's answer tokens (answer_tokens): the rows' names and the model read at each row's readout.
+        self._row_names: list[str] | None = None
+        self._readout: NextTokenLogits | None = None
         self._last_explained: tuple[str, int] | None = None
         # The faithfulness subset's schedule: explanation steps of this fit so far, and the last (stage, step) scored.
         self._explanation_count = 0
@@ -410,6 +427,7 @@ class GAECallback(Callback):
         # The metric objects hold the module; the next fit or validate reads its own samples.
         self._inputs = self._labels = self._truth = self._modality = self._sets = self._last = None
         self._scored = None
+        self._row_names = self._readout = None
         self._keyed = {}
         self._metric_objects = {}
         self._last_explained = self._last_scored = None
@@ -483,13 +501,40 @@ class GAECallback(Callback):
         if bad:
             raise ValueError(f"GAECallback(sample_indices=...): {bad} are outside {scanned}")
         tracked = read.subset(self.sample_indices)
-        self._inputs, self._labels, self._truth, self._keyed = tracked.inputs, tracked.labels, tracked.truth, tracked.keyed
+        scored_indices = None
         if self.metric_samples:
             # Another seed than the displayed choice: the subset is a sample of the validation set, not of the shown ones.
             scored = balanced_choice(pool_labels, len(usable), self.metric_samples, self.seed + 1)
-            self._scored = read.subset([int(usable[i]) for i in scored])
+            scored_indices = [int(usable[i]) for i in scored]
+            self._scored = read.subset(scored_indices)
+        if self._explains_answers(trainer, read):
+            # A causal LM: each tracked or scored sequence becomes one sample per answer token.
+            tracked, self._row_names = answer_samples(tracked, self.sample_indices)
+            if self._scored is not None:
+                self._scored, _ = answer_samples(self._scored, scored_indices)
+            self._readout = NextTokenLogits(trainer.lightning_module)
+        self._inputs, self._labels, self._truth, self._keyed = tracked.inputs, tracked.labels, tracked.truth, tracked.keyed
         if self.target == "label" and self._labels is None:
             raise ValueError("GAECallback(target='label'): the batches carry no labels; pass batch_labels=... or use target='pred'")
+
+    def _explains_answers(self, trainer: Trainer, read: Samples) -> bool:
+        """Whether the answer tokens of a causal LM are explained (``answer_tokens``; None: when the batches and
+        the module look like one)."""
+        if self.answer_tokens is False:
+            return False
+        labelled = has_answer_labels(read)
+        if self.answer_tokens is None:
+            return labelled and holds_causal_lm(trainer.lightning_module)
+        if not labelled:
+            raise ValueError("GAECallback(answer_tokens=True): the validation batches need keyword inputs with "
+                             "'input_ids' [B, T] and integer labels [B, T] (the same shape) holding -100 where nothing is "
+                             "learnt, as a Hugging Face causal LM takes them; pass batch_labels=... if they are elsewhere")
+        return True
+
+    @property
+    def _shown(self) -> list[Any]:
+        """What the views name each tracked sample by: its validation index, or ``"<index>/answer_<n>"``."""
+        return self._row_names if self._row_names is not None else list(self.sample_indices)
 
     def _prepare(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Read the samples and explain them once, so that what cannot work stops the run now, with its fix.
@@ -527,6 +572,10 @@ class GAECallback(Callback):
                                  f"the model attends over one set of {first.tokens.shape[1]} tokens: pass one modality")
             self._sets = None
             modality = self.modality
+            if modality is None and self._readout is not None:
+                modality = TextTokens()
+            if self._readout is not None:
+                modality = keep_readout(modality)
             if modality is None:
                 modality = ImageTokens.infer(display_input(inputs), first.tokens.shape[1])
             if modality is None:
@@ -548,7 +597,7 @@ class GAECallback(Callback):
                     modality.to_input(exp.tokens.detach().cpu(), shown)
                 # Every picture and tensor the first logged step will write, drawn once by views that write nowhere.
                 self._new_views().write([], 0, modality=modality, inputs=inputs, shown=shown,
-                                        sample_indices=self.sample_indices, explanations=explanations, maps=maps,
+                                        sample_indices=self._shown, explanations=explanations, maps=maps,
                                         labels=self._labels, class_names=class_names(trainer))
                 # What the metrics and the ground truth's metric ask of the modality before their forwards.
                 cpu_inputs = map_tensors(inputs, lambda t: t.cpu())
@@ -706,12 +755,14 @@ class GAECallback(Callback):
         else:
             target = None if self.target == "pred" else labels.to(pl_module.device)
         # One recorded forward for every method (GAE alone keeps its memory-lean path).
-        explanations = explain_methods(pl_module, inputs, self.methods, target=target, query=self.query,
+        query = "last" if self._readout is not None else self.query
+        explanations = explain_methods(pl_module, inputs, self.methods, target=target, query=query,
                                        attention_modules=self.attention_modules, streams=self.streams,
                                        embedding_layer=self.embedding_layer)
         first = next(iter(explanations.values()))
         # Every method explains the same classes: the first explanation's (the prediction or the label).
-        maps = {m: attribute(m, pl_module, inputs, first.target, embedding_layer=self.embedding_layer, seed=self.seed)
+        classifier = self._readout if self._readout is not None else pl_module
+        maps = {m: attribute(m, classifier, inputs, first.target, embedding_layer=self.embedding_layer, seed=self.seed)
                 for m in self.captum_baselines}
         return explanations, maps
 
@@ -871,8 +922,10 @@ class GAECallback(Callback):
 
     def _faithfulness(self, pl_module: LightningModule, batches: Iterable[ScoredBatch]) -> dict[str, float]:
         """Each metric and method over every batch with its standard error; keeps the curves for the GAE tab."""
-        scalars, self._curves = faithfulness(batches, self.metrics, self.target == "pred", self._modality, pl_module,
-                                             self._metric_objects, self.metric_max_batch)
+        # A causal LM's answer rows are scored through the logits at their readout, and their ground truth by recall too.
+        module, extra = (pl_module, ()) if self._readout is None else (self._readout, (RECALL,))
+        scalars, self._curves = faithfulness(batches, self.metrics, self.target == "pred", self._modality, module,
+                                             self._metric_objects, self.metric_max_batch, extra)
         return scalars
 
     def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation],
@@ -885,7 +938,7 @@ class GAECallback(Callback):
             shown = display_input(inputs) if views is None else views[next(iter(explanations.values())).query_set].shown
             self._views.write(
                 writers, step, modality=self._modality, inputs=inputs, shown=shown,
-                sample_indices=self.sample_indices, explanations=explanations, maps=maps, scalars=scalars,
+                sample_indices=self._shown, explanations=explanations, maps=maps, scalars=scalars,
                 curves=self._curves, labels=self._labels,
                 class_names=class_names(trainer), sets=views, rows=rows,
             )

@@ -12,7 +12,7 @@ from typing import Any
 
 from lightning_gae.metrics import functional
 from lightning_gae.metrics.alignment import AlignmentAccuracy
-from lightning_gae.metrics.segmentation import RationaleAgreement, RelevanceSegmentation
+from lightning_gae.metrics.segmentation import RationaleAgreement, RationaleRecall, RelevanceSegmentation
 from lightning_gae.metrics.stability import ExplanationStability
 from lightning_gae.metrics.functional import random_attribution
 from lightning_gae.metrics.perturbation import (
@@ -65,6 +65,7 @@ __all__ = [
     "InsertionAUC",
     "PerturbationAUC",
     "RationaleAgreement",
+    "RationaleRecall",
     "RelevanceSegmentation",
     "Sufficiency",
     "functional",

@@ -12,12 +12,14 @@ from lightning_gae.metrics._dict_metric import DictMetric
 from lightning_gae.metrics.functional.segmentation import (
     _rationale_agreement_compute,
     _rationale_agreement_update,
+    _rationale_recall_compute,
+    _rationale_recall_update,
     _relevance_segmentation_compute,
     _relevance_segmentation_update,
 )
 from lightning_gae.modalities import ImageTokens
 
-__all__ = ["RationaleAgreement", "RelevanceSegmentation"]
+__all__ = ["RationaleAgreement", "RationaleRecall", "RelevanceSegmentation"]
 
 
 class RelevanceSegmentation(DictMetric):
@@ -119,3 +121,46 @@ class RationaleAgreement(DictMetric):
 
     def compute(self) -> dict[str, Tensor]:
         return {k: v.float() for k, v in _rationale_agreement_compute(self.f1_sum, self.auprc_sum, self.count).items()}
+
+
+class RationaleRecall(DictMetric):
+    r"""Whether token relevance finds ground-truth tokens: the most relevant token, the top k, the relevance mass.
+
+    What a recall task asks of an explanation (is the queried pair of the prompt what the answer token's
+    relevance points at); the maths in :func:`~lightning_gae.metrics.functional.rationale_recall`.
+
+    Args:
+        k: how many top tokens ``hit_at_k`` looks at; None: as many as the sample's rationale has.
+
+    Update:
+        ``update(attributions, rationales, valid=None)`` as :class:`RationaleAgreement`.
+
+    Compute:
+        ``{"top1", "hit_at_k", "mass"}``, averaged over samples that have a rationale.
+    """
+
+    higher_is_better = True
+    plot_lower_bound = 0.0
+    plot_upper_bound = 1.0
+
+    def __init__(self, k: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if k is not None and k < 1:
+            raise ValueError(f"k must be >= 1 (or None for the rationale's length); got {k}")
+        self.k = k
+        for name in ("top1_sum", "hit_sum", "mass_sum"):
+            self.add_state(name, default=torch.tensor(0.0, dtype=torch.float32), dist_reduce_fx="sum")
+        self.add_state("count", default=torch.tensor(0), dist_reduce_fx="sum")
+
+    def update(self, attributions: Tensor, rationales: Tensor, valid: Tensor | None = None) -> None:
+        top1, hit, mass, count = _rationale_recall_update(attributions, rationales.to(attributions.device),
+                                                          None if valid is None else valid.to(attributions.device),
+                                                          self.k)
+        self.top1_sum += top1.to(self.top1_sum)
+        self.hit_sum += hit.to(self.hit_sum)
+        self.mass_sum += mass.to(self.mass_sum)
+        self.count += count
+
+    def compute(self) -> dict[str, Tensor]:
+        return {k: v.float() for k, v in
+                _rationale_recall_compute(self.top1_sum, self.hit_sum, self.mass_sum, self.count).items()}

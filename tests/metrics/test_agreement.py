@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lightning_gae import ImageTokens
-from lightning_gae.metrics import ExplanationStability, RationaleAgreement, RelevanceSegmentation, functional
+from lightning_gae.metrics import ExplanationStability, RationaleAgreement, RationaleRecall, RelevanceSegmentation, functional
 from tests.metrics.oracle import average_precision_oracle, segmentation_ap_oracle
 
 matplotlib.use("Agg")
@@ -103,3 +103,38 @@ def test_explanation_stability_by_hand():
     assert agreeing.spearman_count.item() == 1 and agreeing.count.item() == 3
     only_constant = functional.explanation_stability(torch.ones(2, 4), a)
     assert math.isnan(only_constant["spearman"].item())
+
+
+def _recall_oracle(scores, rationales, valid, k=None):
+    """rationale_recall one sample at a time in plain Python (lists, sorted())."""
+    tops, hits, masses = [], [], []
+    for s, r, v in zip(scores.tolist(), rationales.tolist(), valid.tolist()):
+        kept = [(value, bool(truth)) for value, truth, ok in zip(s, r, v) if ok]
+        if not any(truth for _, truth in kept):
+            continue
+        ranked = sorted(kept, key=lambda item: -item[0])
+        top = k if k is not None else sum(truth for _, truth in kept)
+        tops.append(float(ranked[0][1]))
+        hits.append(float(any(truth for _, truth in ranked[:top])))
+        positive = sum(max(value, 0.0) for value, _ in kept)
+        masses.append(sum(max(value, 0.0) for value, truth in kept if truth) / positive if positive > 0 else 0.0)
+    n = len(tops)
+    return {"top1": sum(tops) / n, "hit_at_k": sum(hits) / n, "mass": sum(masses) / n}
+
+
+@pytest.mark.parametrize("k", [None, 1, 3])
+def test_rationale_recall_equals_oracle_over_batches(k):
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(40, 12, generator=g)
+    rationales = (torch.rand(40, 12, generator=g) < 0.2).long()
+    valid = torch.rand(40, 12, generator=g) < 0.85
+    scores[3] = -scores[3].abs() - 0.1    # no positive relevance: mass 0
+    expected = _recall_oracle(scores, rationales, valid, k)
+    out = functional.rationale_recall(scores, rationales, valid, k)
+    assert {key: v.item() for key, v in out.items()} == pytest.approx(expected, abs=1e-6)
+    metric = RationaleRecall(k=k)
+    for part in range(0, 40, 16):
+        metric.update(scores[part:part + 16], rationales[part:part + 16], valid[part:part + 16])
+    assert {key: v.item() for key, v in metric.compute().items()} == pytest.approx(expected, abs=1e-6)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        RationaleRecall(k=0)

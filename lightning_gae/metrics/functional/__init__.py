@@ -16,7 +16,7 @@ from lightning_gae.metrics.functional.perturbation import (
     random_attribution,
     sufficiency,
 )
-from lightning_gae.metrics.functional.segmentation import rationale_agreement, relevance_segmentation
+from lightning_gae.metrics.functional.segmentation import rationale_agreement, rationale_recall, relevance_segmentation
 from lightning_gae.metrics.functional.stability import explanation_stability
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "perturbation_curve",
     "random_attribution",
     "rationale_agreement",
+    "rationale_recall",
     "relevance_segmentation",
     "sufficiency",
 ]

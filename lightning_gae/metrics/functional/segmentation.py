@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 from torchmetrics.functional.classification import binary_average_precision, binary_confusion_matrix
 
-__all__ = ["min_max", "rationale_agreement", "relevance_segmentation"]
+__all__ = ["min_max", "rationale_agreement", "rationale_recall", "relevance_segmentation"]
 
 
 def min_max(scores: Tensor) -> Tensor:
@@ -136,3 +136,64 @@ def rationale_agreement(
     (0.5, 0.8333)
     """
     return _rationale_agreement_compute(*_rationale_agreement_update(scores, rationales, valid, k))
+
+
+def _rationale_recall_update(
+    scores: Tensor, rationales: Tensor, valid: Tensor | None = None, k: int | None = None
+) -> tuple[Tensor, Tensor, Tensor, int]:
+    """``(top1_sum, hit_sum, mass_sum, count)`` over samples with at least one rationale token."""
+    if scores.dim() == 3:
+        scores = scores.sum(dim=-1)
+    if scores.shape != rationales.shape:
+        raise ValueError(f"token scores {tuple(scores.shape)} and rationales {tuple(rationales.shape)} must have the same shape")
+    valid = torch.ones_like(rationales, dtype=torch.bool) if valid is None else valid.to(rationales.device).bool()
+    truth = (rationales != 0) & valid
+    sums = torch.zeros(3, device=scores.device)
+    count = 0
+    for s, t, v in zip(scores.detach().float(), truth, valid):
+        s, t = s[v], t[v].to(s.device)
+        wanted = int(t.sum())
+        if wanted == 0:
+            continue
+        top = s.topk(min(k if k is not None else wanted, s.numel())).indices
+        positive = s.clamp(min=0)
+        total = positive.sum()
+        sums[0] += t[s.argmax()].float()
+        sums[1] += t[top].any().float()
+        sums[2] += positive[t].sum() / total if total > 0 else 0.0
+        count += 1
+    return sums[0], sums[1], sums[2], count
+
+
+def _rationale_recall_compute(top1_sum: Tensor, hit_sum: Tensor, mass_sum: Tensor, count: Tensor | int) -> dict[str, Tensor]:
+    return {"top1": top1_sum / count, "hit_at_k": hit_sum / count, "mass": mass_sum / count}
+
+
+def rationale_recall(
+    scores: Tensor, rationales: Tensor, valid: Tensor | None = None, k: int | None = None
+) -> dict[str, Tensor]:
+    r"""Whether token relevance finds the ground-truth tokens (e.g. the queried pair of a recall prompt).
+
+    Per sample, over its valid tokens: ``top1`` is 1 when the most relevant token is a rationale token;
+    ``hit_at_k`` is 1 when one of the :math:`k` most relevant tokens (default: as many as the rationale has)
+    is (the top-k share that is, the precision, is :func:`rationale_agreement`'s ``token_f1``); ``mass`` the share of the positive relevance :math:`\sum_{r \in R} \max(s_r, 0) /
+    \sum_n \max(s_n, 0)` that lies on them (0 when no token has positive relevance). Each is averaged over
+    the samples that have a rationale.
+
+    Args:
+        scores: token relevance ``[B, T]`` (or ``[B, T, D]``, summed over D).
+        rationales: ``[B, T]``, nonzero = rationale token.
+        valid: ``[B, T]`` bool, the tokens that count (e.g. not padding, not special); default all.
+        k: how many top tokens ``hit_at_k`` looks at; None: the rationale's length.
+
+    Returns:
+        ``{"top1", "hit_at_k", "mass"}``.
+
+    >>> import torch
+    >>> out = rationale_recall(torch.tensor([[0.1, 0.6, -0.2, 0.3]]), torch.tensor([[0, 1, 1, 0]]))
+    >>> [round(out[key].item(), 4) for key in ("top1", "hit_at_k", "mass")]   # top 2 = {1, 3}; 0.6 of 1.0 positive
+    [1.0, 1.0, 0.6]
+    >>> rationale_recall(torch.tensor([[0.1, 0.6, -0.2, 0.3]]), torch.tensor([[1, 0, 1, 0]]))["hit_at_k"].item()
+    0.0
+    """
+    return _rationale_recall_compute(*_rationale_recall_update(scores, rationales, valid, k))
