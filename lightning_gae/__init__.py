@@ -4,10 +4,12 @@ from lightning_gae.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.explain import LRP_METHODS, METHODS, Explanation, allow_slow_attention_flow, explain
 from lightning_gae.streams import Streams
 from lightning_gae.generation import GenerationExplanation, explain_generation
+from lightning_gae.answers import AnswerExplanation, NextTokenLogits, answer_rows, explain_answers
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae import metrics  # noqa: E402  (after explain/modalities, which it builds on)
 
 __all__ = [
+    "AnswerExplanation",
     "AttentionRecord",
     "AttentionRecorder",
     "Explanation",
@@ -16,11 +18,14 @@ __all__ = [
     "LRP_METHODS",
     "METHODS",
     "Modality",
+    "NextTokenLogits",
     "Streams",
     "TabularTokens",
     "TextTokens",
     "allow_slow_attention_flow",
+    "answer_rows",
     "explain",
+    "explain_answers",
     "explain_generation",
     "metrics",
 ]

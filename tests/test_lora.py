@@ -64,3 +64,46 @@ def test_the_adapters_change_the_explanation():
     assert not torch.allclose(tuned.tokens, base.tokens, atol=1e-3)
     # The model is left as found: adapters on, eval mode, no parameter gradient.
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_callback_on_a_lora_fine_tune_of_the_recall_model(tmp_path):
+    """GAECallback on the recall recipe's Llama with LoRA adapters (only they train): each answer token is logged,
+    equal to the merged model's explanation of it."""
+    from lightning.pytorch import seed_everything
+
+    from lightning_gae.callbacks import GAECallback
+    from lightning_gae.tensorboard import metadata
+    from recipes.causal_lm_recall import RecallDataModule, RecallLM, RecallTokens
+    from tests.helpers.events import read_events
+    from tests.helpers.trainer import make_trainer
+
+    class LoraRecall(RecallLM):
+        def __init__(self) -> None:
+            super().__init__(hidden_size=32, intermediate_size=64)
+            config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+            self.model = peft.get_peft_model(self.model, config)
+
+    seed_everything(0)
+    module = LoraRecall()
+    frozen = {n: p.detach().clone() for n, p in module.named_parameters() if "lora_" not in n}
+    callback = GAECallback(num_samples=2, methods=("gae", "attnlrp"), modality=RecallTokens(), metric_samples=0,
+                           metrics=(), print_summary=False)
+    data = RecallDataModule(num_train=48, num_val=16, batch_size=8)
+    make_trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=3, limit_val_batches=1).fit(module, data)
+    # Only the adapters trained (the base weights are the ones the merged model folds the adapters into).
+    assert all(torch.equal(p, frozen[n]) for n, p in module.named_parameters() if n in frozen)
+    assert any(not torch.all(p == 0) for n, p in module.named_parameters() if "lora_B" in n)
+
+    merged = copy.deepcopy(module.model).merge_and_unload().eval()
+    events = read_events(tmp_path / "tb" / "version_0")
+    prompts = callback.sample_indices
+    ids = torch.stack([data.val_set[i]["input_ids"] for i in prompts])
+    inputs = {"input_ids": ids, "attention_mask": torch.stack([data.val_set[i]["attention_mask"] for i in prompts])}
+    labels = torch.stack([data.val_set[i]["labels"] for i in prompts])
+    for method in ("gae", "attnlrp"):
+        expected = lg.explain_answers(merged, inputs, labels, method=method, target="pred")
+        for b, prompt in enumerate(prompts):
+            for j in range(int(expected.valid[b].sum())):
+                logged = events.tensor(f"{metadata.TAG_PREFIX}/relevance/{method}/val_{prompt}/answer_{j + 1}")
+                torch.testing.assert_close(torch.as_tensor(logged).float(), expected.relevance[b, j],
+                                           atol=1e-5 * float(expected.relevance[b].abs().max()), rtol=0)
