@@ -38,7 +38,7 @@ DDP_SCRIPT = """
     class FailsInValidate(RankOneFails):
         def on_validation_epoch_start(self):
             # After the callback's checks at validation start, before its explanation at the epoch's end.
-            self.failing = self.trainer.state.fn == "validate"
+            self.failing = "forward" if self.trainer.state.fn == "validate" else None
 
     root = sys.argv[1]
     seed_everything(0)
@@ -138,7 +138,7 @@ MODEL_PARALLEL_SCRIPT = """
     from tests.helpers.trainer import ScoredRows
 
     class ShardedViT(RankOneFails):
-        \"\"\"FSDP2 on every block and on the ViT; explaining fails on rank 1 at global step 2.\"\"\"
+        \"\"\"FSDP2 on every block and on the ViT; explaining fails on rank 1 at global steps 2 and 3.\"\"\"
 
         def configure_model(self):
             mesh = self.device_mesh["data_parallel"]
@@ -147,7 +147,8 @@ MODEL_PARALLEL_SCRIPT = """
             fully_shard(self.model, mesh=mesh)
 
         def on_train_batch_start(self, batch, batch_idx):
-            self.failing = self.global_step == 1  # the batch whose step makes global step 2
+            # In the forward at the explanation of global step 2, in the backward at that of step 3.
+            self.failing = {1: "forward", 2: "backward"}.get(self.global_step)
 
     def fit(root, callbacks):
         seed_everything(0)
@@ -162,7 +163,7 @@ MODEL_PARALLEL_SCRIPT = """
         return trainer, model, weights, {name: float(value) for name, value in trainer.callback_metrics.items()}
 
     root = sys.argv[1]
-    callback = GAECallback(num_samples=2, every_n_train_steps=2, methods=("gae", "rollout"), metric_samples=16,
+    callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "rollout"), metric_samples=16,
                            metric_max_batch=4)
     rows = ScoredRows()
     trainer, model, weights, metrics = fit(root, [rows, callback])
@@ -191,14 +192,17 @@ def test_fsdp2_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path
     assert ranks[0]["same_weights"]
     assert ranks[0]["samples"] == ranks[1]["samples"]
 
-    # Explained at global steps 2 and 4, logged at 1 and 3: the first failed on rank 1, and every rank skipped it.
+    # Explained at global steps 1 to 4, logged at 0 to 3: at 1 and 2 it failed on rank 1 (in a sharded unit's
+    # forward, then in the backward), and every rank skipped it.
     assert done.stderr.count("GAECallback: explanation at step 1 failed and was skipped (on rank 1: "
                              "RuntimeError: forced on rank 1)") == 1
+    assert done.stderr.count("GAECallback: explanation at step 2 failed and was skipped (on rank 1: "
+                             "RuntimeError: forced on rank 1, in the backward)") == 1
     event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
     assert len(event_dirs) == 1
     acc = read_events(next(iter(event_dirs)))
     for sample in ranks[0]["samples"]:
-        assert acc.image_steps(heatmap_tag(sample)) == [3]
+        assert acc.image_steps(heatmap_tag(sample)) == [0, 3]
     # Everything once, from rank zero: the pictures, the GAE tab's tensors, the Text tab's faithfulness table.
     assert _once_each(acc)
     assert [e.step for e in acc.Tensors("gae_faithfulness")] == [3]

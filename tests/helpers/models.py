@@ -325,23 +325,36 @@ def small_vit(**kwargs) -> ViTClassifier:
     return ViTClassifier(dim=32, depth=2, heads=2, **kwargs)
 
 
+class _FailsInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        raise RuntimeError("forced on rank 1, in the backward")
+
+
 class RankOneFails(ViTClassifier):
-    """The recipe ViT whose explanations raise on rank 1 while ``failing`` is set, and which keeps its training losses.
+    """The recipe ViT whose explanations raise on rank 1 while ``failing`` says where (``"forward"``: before its
+    layers run; ``"backward"``: in the first step of the backward), and which keeps its training losses.
 
     An explanation is the only forward in eval mode with gradients on (validation runs without them), so
     training and validation never fail. Subclasses set ``failing`` from a hook that runs before the explanation.
     """
 
-    failing = False
+    failing: str | None = None
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         self.losses: list[float] = []
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.failing and self.global_rank == 1 and not self.training and torch.is_grad_enabled():
+        fails = self.failing if self.global_rank == 1 and not self.training and torch.is_grad_enabled() else None
+        if fails == "forward":
             raise RuntimeError("forced on rank 1")
-        return super().forward(x)
+        logits = super().forward(x)
+        return _FailsInBackward.apply(logits) if fails == "backward" else logits
 
     def training_step(self, batch, batch_idx):
         loss = super().training_step(batch, batch_idx)
