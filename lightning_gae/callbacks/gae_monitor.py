@@ -118,6 +118,12 @@ class GAECallback(Callback):
     mode on copies of the samples with ``autograd.grad`` (no ``.grad`` is touched), and the
     global torch, numpy and Python RNGs are restored after every read and explanation.
 
+    On several processes rank zero reads the samples and sends them to the others, and alone draws and
+    logs. Under DDP it explains alone; under FSDP2 (``ModelParallelStrategy`` with ``fully_shard``) every
+    rank takes part in each explanation. The faithfulness subset is split across the ranks and its
+    per-sample states gathered, so its values and standard errors are one process's. An explanation that
+    fails on one rank is skipped by every rank (README, "Several processes: DDP and FSDP2").
+
     Whatever can be checked is checked when ``fit`` starts (for ``validate``: when validation
     starts), by reading the samples and explaining them once: collection, the model's forward on
     the batch's inputs, every method and Captum baseline, and the modality (inferred or given).

@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from lightning_gae.callbacks import GAECallback
+from lightning_gae.metrics import random_attribution
 from recipes.digits import DigitsDataModule
 from tests.helpers import processes
+from tests.helpers.private import _random_rows, _subset_part
 from tests.helpers.models import small_vit
 from tests.helpers.trainer import heatmap_tag
 
@@ -23,6 +25,25 @@ def test_the_callback_pickles():
     callback = GAECallback(num_samples=3, methods=("gae", "rollout"), dataloader_idx="val")
     copy = pickle.loads(pickle.dumps(callback))
     assert (copy.num_samples, copy.methods, copy.dataloader_idx) == (3, ("gae", "rollout"), "val")
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_the_ranks_parts_cover_the_subset_once_with_the_random_rows_of_one_process(world):
+    # One process draws the random baseline per batch of 4, seeded by the batch's start; 10 samples.
+    total, batch, seed = 10, 4, 7
+    like = torch.zeros(total, 5)
+    one = torch.cat([random_attribution(like[start:start + batch], seed + start) for start in range(0, total, batch)])
+    scored = []
+    for rank in range(world):
+        rows, positions = _subset_part(total, world, rank)
+        # As many rows on every rank (the same number of forwards); the padding repeats the last sample.
+        assert len(rows) == -(-total // world)
+        real = positions >= 0
+        assert rows == [p if p >= 0 else total - 1 for p in positions.tolist()]
+        scored += positions[real].tolist()
+        drawn = _random_rows(like[rows], rows, seed, batch, total)
+        assert torch.equal(drawn[real], one[positions[real]])
+    assert scored == list(range(total))
 
 
 DDP_SCRIPT = """
