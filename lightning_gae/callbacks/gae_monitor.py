@@ -876,7 +876,7 @@ class GAECallback(Callback):
         total = len(self._scored)
         rows, _ = subset_part(total, trainer.world_size, trainer.global_rank)
         with torch.inference_mode(False):  # validate()'s hooks: labels made in inference mode cannot be targets
-            part = self._scored.subset(rows)
+            part = self._scored.part(rows)
         for start in range(0, len(rows), self.metric_max_batch):
             stop = min(start + self.metric_max_batch, len(rows))
             inputs = take(part.inputs, start, stop, len(rows))
