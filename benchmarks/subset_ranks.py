@@ -4,9 +4,10 @@ Run from the root of a checkout::
 
     python -m benchmarks.subset_ranks --processes 2 --strategy fsdp2 --repeats 3
 
-The main job's ViT (``configs/vit_digits.yaml``: width 64, 4 blocks, 17 tokens) is trained for ten
-epochs on the digits once. Each run then loads those weights, fits one step at learning rate 0 (the
-weights stay as they are) and lets the callback score its subset on them when fit ends: 256 samples,
+The main job's ViT (``configs/vit_digits.yaml``: width 64, 4 blocks, 17 tokens; ``--dim`` and
+``--depth`` change its size) is trained for ten epochs on the digits once. Each run then loads those
+weights, fits one step at learning rate 0 (the weights stay as they are) and lets the callback score
+its subset on them when fit ends: 256 samples,
 the methods ``gae``, ``rollout`` and ``raw_attention`` and the random baseline, positive and negative
 perturbation AUC, 256 inputs per forward. What is measured is that scoring (``on_train_end``): the
 wall-clock seconds on rank zero, which waits for the gather of every rank's part, and the CPU seconds of
@@ -31,10 +32,9 @@ import time
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parent.parent
-_VIT = {"dim": 64, "depth": 4, "heads": 4}
 
 
-def _train(out: str) -> None:
+def _train(vit: dict, out: str) -> None:
     """The weights every run scores with: ten epochs on one process."""
     import torch
     from lightning.pytorch import Trainer, seed_everything
@@ -43,13 +43,13 @@ def _train(out: str) -> None:
     from recipes.vit import ViTClassifier
 
     seed_everything(0)
-    model = ViTClassifier(**_VIT)
+    model = ViTClassifier(**vit)
     Trainer(accelerator="cpu", devices=1, max_epochs=10, logger=False, enable_checkpointing=False,
             enable_progress_bar=False, enable_model_summary=False).fit(model, DigitsDataModule(batch_size=64))
     torch.save(model.state_dict(), out)
 
 
-def _score_once(processes: int, strategy: str, weights: str, out: str) -> None:
+def _score_once(processes: int, strategy: str, vit: dict, weights: str, out: str) -> None:
     """One fit of one step on ``processes`` processes; rank zero writes the scoring's seconds and scores to ``out``."""
     import torch
     from lightning.pytorch import Trainer, seed_everything
@@ -79,7 +79,7 @@ def _score_once(processes: int, strategy: str, weights: str, out: str) -> None:
 
     seed_everything(0)
     sharded = processes > 1 and strategy == "fsdp2"
-    model = (ShardedViT if sharded else ViTClassifier)(**_VIT, lr=0.0)
+    model = (ShardedViT if sharded else ViTClassifier)(**vit, lr=0.0)
     model.load_state_dict(torch.load(weights))
     chosen = ("auto" if processes == 1 else "ddp" if strategy == "ddp"
               else ModelParallelStrategy(data_parallel_size=processes, tensor_parallel_size=1))
@@ -105,10 +105,10 @@ def _child(*args: str) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def _run(processes: int, strategy: str, weights: str) -> dict:
+def _run(processes: int, strategy: str, vit: list[str], weights: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="lightning-gae-subset-") as tmp:
         out = os.path.join(tmp, "result.json")
-        _child("--child", str(processes), "--strategy", strategy, "--weights", weights, "--out", out)
+        _child("--child", str(processes), "--strategy", strategy, *vit, "--weights", weights, "--out", out)
         return json.loads(Path(out).read_text())
 
 
@@ -117,16 +117,20 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--strategy", choices=("ddp", "fsdp2"), default="fsdp2")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dim", type=int, default=64, help="the ViT's width (the main job's: 64)")
+    parser.add_argument("--depth", type=int, default=4, help="its blocks (the main job's: 4)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--train", help=argparse.SUPPRESS)
     parser.add_argument("--weights", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    vit = {"dim": args.dim, "depth": args.depth, "heads": 4}
+    sizes = ["--dim", str(args.dim), "--depth", str(args.depth)]
     if args.train is not None:
-        _train(args.train)
+        _train(vit, args.train)
         return
     if args.child is not None:
-        _score_once(args.child, args.strategy, args.weights, args.out)
+        _score_once(args.child, args.strategy, vit, args.weights, args.out)
         return
     wall: dict[int, list[float]] = {1: [], args.processes: []}
     cpu: dict[int, list[float]] = {1: [], args.processes: []}
@@ -134,10 +138,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lightning-gae-subset-") as tmp:
         weights = os.path.join(tmp, "vit.pt")
         print("training the ViT for 10 epochs (one process)...", flush=True)
-        _child("--train", weights)
+        _child("--train", weights, *sizes)
         for repeat in range(args.repeats):
             for processes in (1, args.processes) if repeat % 2 == 0 else (args.processes, 1):
-                last[processes] = _run(processes, args.strategy, weights)
+                last[processes] = _run(processes, args.strategy, sizes, weights)
                 wall[processes].append(last[processes]["seconds"])
                 cpu[processes].append(last[processes]["cpu_seconds"])
                 print(f"repeat {repeat + 1}/{args.repeats}: {processes} process(es), {args.strategy}: "
@@ -145,7 +149,7 @@ def main() -> None:
     n = args.processes
     one, many = statistics.median(wall[1]), statistics.median(wall[n])
     one_cpu, many_cpu = statistics.median(cpu[1]), statistics.median(cpu[n])
-    print(f"subset scoring (256 samples), medians: 1 process {one:.2f} s wall / {one_cpu:.2f} s CPU; {n} processes "
+    print(f"subset scoring (ViT width {args.dim}, {args.depth} blocks, 256 samples), medians: 1 process {one:.2f} s wall / {one_cpu:.2f} s CPU; {n} processes "
           f"({args.strategy}) {many:.2f} s wall / {many_cpu:.2f} s CPU on the busiest rank; ratios {many / one:.2f} "
           f"wall, {many_cpu / one_cpu:.2f} CPU; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     same = all(abs(last[1]["scores"][tag] - last[args.processes]["scores"][tag]) < 1e-6 for tag in last[1]["scores"])
