@@ -144,6 +144,8 @@ class Lockstep:
                              f"{torch.__version__} has none), which restores the sharded model's state after an "
                              "explanation fails halfway; upgrade torch or train with strategy='ddp'")
         self.roots = _roots(module, self.units)
+        # Whether a sharded unit's forward started in the block: FSDP2 has state to reset only then.
+        self._entered = False
 
     @property
     def sharded(self) -> bool:
@@ -171,6 +173,7 @@ class Lockstep:
         if not (self.distributed and every_rank):
             return work()
         token = _ACTIVE.set(self)
+        self._entered = False
         error: BaseException | None = None
         stopped = False
         try:
@@ -189,8 +192,9 @@ class Lockstep:
         # Every rank gets here after the same agreement: learn who failed, put FSDP back in order, raise.
         errors: list[BaseException | None] = [None] * dist.get_world_size()
         dist.all_gather_object(errors, _portable(error))
-        for root in self.roots:
-            root.reset_iter_state()
+        if self._entered:
+            for root in self.roots:
+                root.reset_iter_state()
         if error is not None:
             raise error
         rank = next((r for r, e in enumerate(errors) if e is not None), self.rank)
@@ -202,13 +206,17 @@ class Lockstep:
         handles = []
         for unit in self.units:
             # prepend: before FSDP's own hooks, which all-gather in the forward and register the backward's.
-            handles.append(unit.register_forward_pre_hook(lambda module, args: self.guard(), prepend=True))
+            handles.append(unit.register_forward_pre_hook(self._enter_unit, prepend=True))
             handles.append(unit.register_forward_hook(self._guard_backward, prepend=True))
         try:
             yield
         finally:
             for handle in handles:
                 handle.remove()
+
+    def _enter_unit(self, module: nn.Module, args: Any) -> None:
+        self.guard()
+        self._entered = True
 
     def _guard_backward(self, module: nn.Module, args: Any, output: Any) -> None:
         if not torch.is_grad_enabled():

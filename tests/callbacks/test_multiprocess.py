@@ -191,11 +191,23 @@ MODEL_PARALLEL_SCRIPT = """
     _, plain, plain_weights, plain_metrics = fit(root, [])
     if trainer.is_global_zero:
         torch.save(weights, f"{root}/weights.pt")
+
+    # The check when validation starts fails on rank 1 only (before FSDP2 ever ran a forward): every rank stops.
+    failing = ShardedViT(dim=32, depth=2, heads=2)
+    failing.failing = "forward"
+    check = Trainer(logger=False, callbacks=[GAECallback(num_samples=2, metric_samples=4)], accelerator="cpu", devices=2,
+                    strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), limit_val_batches=1,
+                    enable_progress_bar=False, enable_model_summary=False)
+    try:
+        check.validate(failing, DigitsDataModule(batch_size=32))
+        stopped = None
+    except Exception as err:
+        stopped = f"{type(err).__name__}: {err}"
     with open(f"{root}/rank_{trainer.global_rank}.json", "w") as f:
         json.dump({"finished": trainer.state.finished, "samples": callback.sample_indices, "rows": rows.rows,
                    "losses": [model.losses, plain.losses], "metrics": [metrics, plain_metrics],
                    "same_weights": weights.keys() == plain_weights.keys()
-                   and all(torch.equal(weights[k], plain_weights[k]) for k in weights)}, f)
+                   and all(torch.equal(weights[k], plain_weights[k]) for k in weights), "stopped": stopped}, f)
 """
 
 
@@ -243,6 +255,11 @@ def test_fsdp2_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path
             np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
     expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
     assert {tag: values[-1][1] for tag, values in scores.items()} == pytest.approx(expected, abs=1e-6)
+
+    # A check that cannot pass on rank 1 stops rank 1 with its error, and rank 0 with rank 1's.
+    cannot = ("ValueError: GAECallback: the tracked validation samples cannot be explained, so the run stops before "
+              "training (RuntimeError: forced on rank 1).")
+    assert ranks[1]["stopped"] == cannot and ranks[0]["stopped"] == f"RankFailed: on rank 1: {cannot}"
 
 
 DDP_SPAWN_SCRIPT = """
