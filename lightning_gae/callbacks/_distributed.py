@@ -99,12 +99,16 @@ def _roots(module: nn.Module, units: Sequence[nn.Module]) -> list[nn.Module]:
 
 
 class RankFailed(RuntimeError):
-    """What a rank raises when the block failed on another rank: that rank and its error."""
+    """What a rank raises when the block failed on another rank: that rank and its error (None for neither
+    when no rank failed but they did not run the same forwards and gathers)."""
 
-    def __init__(self, rank: int, error: BaseException | None) -> None:
+    def __init__(self, rank: int | None, error: BaseException | None) -> None:
         self.rank = rank
-        what = "the ranks ran different numbers of forward passes" if error is None else f"{type(error).__name__}: {error}"
-        super().__init__(f"on rank {rank}: {what}")
+        if rank is None or error is None:
+            message = "the ranks did not run the same forwards and gathers (one of them left the block early)"
+        else:
+            message = f"on rank {rank}: {type(error).__name__}: {error}"
+        super().__init__(message)
 
 
 class _Stopped(BaseException):
@@ -165,7 +169,7 @@ class Lockstep:
             raise _Stopped
 
     def run(self, work: Callable[[], T], every_rank: bool) -> T:
-        """``work()`` on this rank; with ``every_rank``, on every rank as one block (this one must be called on all).
+        """``work()`` on this rank; with ``every_rank``, on every rank as one block (every rank must call it then).
 
         Raises:
             Exception: ``work``'s own error on the rank it failed on; :class:`RankFailed` on the other ranks.
@@ -197,8 +201,8 @@ class Lockstep:
                 root.reset_iter_state()
         if error is not None:
             raise error
-        rank = next((r for r, e in enumerate(errors) if e is not None), self.rank)
-        raise RankFailed(rank, errors[rank])
+        rank = next((r for r, e in enumerate(errors) if e is not None), None)
+        raise RankFailed(rank, None if rank is None else errors[rank])
 
     @contextmanager
     def _guarded_units(self) -> Iterator[None]:
