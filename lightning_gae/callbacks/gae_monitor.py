@@ -119,8 +119,8 @@ class GAECallback(Callback):
     global torch, numpy and Python RNGs are restored after every read and explanation.
 
     On several processes rank zero reads the samples and sends them to the others, and alone draws and
-    logs. Under DDP it explains alone; under FSDP2 (``ModelParallelStrategy`` with ``fully_shard``) every
-    rank takes part in each explanation. The faithfulness subset is split across the ranks and its
+    logs. Under DDP it explains alone (the others join at the steps that score the subset); under FSDP2
+    (``ModelParallelStrategy`` with ``fully_shard``) every rank takes part in each explanation. The faithfulness subset is split across the ranks and its
     per-sample states gathered, so its values and standard errors are one process's. An explanation that
     fails on one rank is skipped by every rank (README, "Several processes: DDP and FSDP2").
 
