@@ -17,7 +17,7 @@ from lightning.pytorch import Trainer
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler, Subset
 
-from lightning_gae._structures import concat, display_input, map_tensors
+from lightning_gae._structures import concat, display_input, map_tensors, take
 
 __all__ = [
     "Samples",
@@ -133,6 +133,19 @@ class Samples:
 
     def __len__(self) -> int:
         return display_input(self.inputs).shape[0]
+
+    def part(self, rows: Sequence[int]) -> Samples:
+        """The samples at ``rows``: views of these when the rows are one contiguous run, else copies (``subset``)."""
+        start = rows[0] if len(rows) else 0
+        if list(rows) != list(range(start, start + len(rows))):
+            return self.subset(rows)
+        total, stop = len(self), start + len(rows)
+        return Samples(
+            inputs=take(self.inputs, start, stop, total),
+            labels=None if self.labels is None else self.labels[start:stop],
+            truth=None if self.truth is None else self.truth[start:stop],
+            keyed={k: v[start:stop] for k, v in self.keyed.items()},
+        )
 
     def subset(self, index: Sequence[int]) -> Samples:
         """The samples at ``index``, in that order."""

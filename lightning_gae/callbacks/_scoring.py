@@ -3,7 +3,8 @@
 The faithfulness scalars come from the same per-sample scoring as :func:`lightning_gae.compare.compare`
 (:class:`lightning_gae.metrics._stderr.SampleScores`) and the same ground truth -> metric table
 (:data:`lightning_gae.token_sets.GROUND_TRUTH`), so the callback and ``compare`` agree on the same samples.
-Only rank zero explains, so no metric here syncs across processes.
+No metric here syncs across processes itself: on several ranks, the faithfulness subset's per-sample states
+are gathered before the values are computed (``share``, :func:`lightning_gae.callbacks._distributed.gather_scores`).
 """
 
 from __future__ import annotations
@@ -60,14 +61,16 @@ def relevance_scalars(method: str, tokens: Tensor, previous: Tensor | None, top_
 
 def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explains_prediction: bool, modality: Modality,
                  module: LightningModule, cache: dict[str, Metric], max_batch: int,
-                 extra_truth: Sequence[TruthScore] = ()) -> tuple[dict[str, float], Curves]:
+                 extra_truth: Sequence[TruthScore] = (),
+                 share: Callable[[SampleScores], SampleScores] | None = None) -> tuple[dict[str, float], Curves]:
     """Each metric and method over every batch, with its standard error (``<tag>/stderr``), and the metrics' curves.
 
     ``explains_prediction``: the attributions explain each sample's prediction (``target="pred"``); with class
     labels they are then scored by the papers' *predicted* protocol (Chefer et al., CVPR 2021, Table 1: the 0% step
     is the accuracy), otherwise by the *target* protocol on the explained class. A batch's ground truth is scored by
     the modality's entry of :data:`~lightning_gae.token_sets.GROUND_TRUTH` when its dims fit, and by each of
-    ``extra_truth`` (e.g. the recall of a causal LM's answer rows).
+    ``extra_truth`` (e.g. the recall of a causal LM's answer rows). ``share`` turns the per-sample states of
+    ``batches`` into those of every sample scored (on several ranks: every rank's part).
     """
     scores = SampleScores()
     for inputs, scored, target, labels, truth in batches:
@@ -92,6 +95,8 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
             metric = cached_metric(cache, entry.name, module, lambda: entry.metric(modality))
             for method, attributions in scored.items():
                 scores.add_updates(entry.name, method, metric, entry.update_args(modality, inputs, attributions, truth))
+    if share is not None:
+        scores = share(scores)
     out: dict[str, float] = {}
     for method, columns in scores.columns().items():
         for column, score in columns.items():

@@ -9,7 +9,6 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers.logger import DummyLogger
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 from lightning.pytorch.utilities.seed import isolate_rng
 from torch import Tensor
@@ -18,6 +17,15 @@ from typing_extensions import override
 
 from lightning_gae._structures import display_input, map_tensors, take
 from lightning_gae.attribution import CAPTUM_METHODS, attribute
+from lightning_gae.callbacks._distributed import (
+    Lockstep,
+    RankFailed,
+    check_strategy,
+    from_rank_zero,
+    gather_scores,
+    random_rows,
+    subset_part,
+)
 from lightning_gae.callbacks._samples import (
     Samples,
     balanced_choice,
@@ -71,6 +79,10 @@ def _writers(trainer: Trainer) -> list[Any]:
     return [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
 
 
+# What rank zero reads from the validation set and every rank then tracks and scores.
+_SHARED = ("sample_indices", "_inputs", "_labels", "_truth", "_keyed", "_scored", "_row_names")
+
+
 class GAECallback(Callback):
     r"""Explains a fixed set of validation samples every N epochs/steps and logs to TensorBoard.
 
@@ -108,6 +120,12 @@ class GAECallback(Callback):
     Trainer's own loader, whose persistent workers would be reset). The explanations run in eval
     mode on copies of the samples with ``autograd.grad`` (no ``.grad`` is touched), and the
     global torch, numpy and Python RNGs are restored after every read and explanation.
+
+    On several processes rank zero reads the samples and sends them to the others, and alone draws and
+    logs. Under DDP it explains alone (the others join at the steps that score the subset); under FSDP2
+    (``ModelParallelStrategy`` with ``fully_shard``) every rank takes part in each explanation. The faithfulness subset is split across the ranks and its
+    per-sample states gathered, so its values and standard errors are one process's. An explanation that
+    fails on one rank is skipped by every rank (README, "Several processes: DDP and FSDP2").
 
     Whatever can be checked is checked when ``fit`` starts (for ``validate``: when validation
     starts), by reading the samples and explaining them once: collection, the model's forward on
@@ -215,9 +233,9 @@ class GAECallback(Callback):
         ValueError: in ``setup``: an unknown method, metric or Captum baseline, a bad schedule,
             target, ``dataloader_idx``, ``heatmap_scale`` or ``evolution_length``, a ``TabularTokens``
             without ``means`` while perturbation ``metrics`` are on (a removed feature needs a value),
-            or a strategy that shards the model (FSDP, DeepSpeed stage 3, ``ModelParallelStrategy``):
-            explanations run on rank zero only, so a sharded forward would wait forever for the other
-            ranks.
+            or a strategy it cannot explain under (``FSDPStrategy``, DeepSpeed stage 3,
+            ``ModelParallelStrategy`` with tensor parallelism; FSDP2 and DDP are supported, see the README's
+            section on multi-process training).
             When ``fit`` starts (``validate``: when validation starts): no validation dataloader,
             no ``dataloader_idx`` among them, a ``sample_indices`` outside the samples read,
             ``target="label"`` without labels, a model that cannot be explained on the samples
@@ -399,16 +417,7 @@ class GAECallback(Callback):
         if isinstance(index, bool) or not isinstance(index, (int, str)) or (isinstance(index, int) and index < 0):
             raise ValueError(f"GAECallback(dataloader_idx={index!r}): use a position 0, 1, ... or the key of a "
                              "mapping of validation dataloaders")
-        strategy = trainer.strategy
-        if isinstance(strategy, (FSDPStrategy, ModelParallelStrategy)) or (
-            isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3
-        ):
-            raise ValueError(
-                f"GAECallback cannot run with {type(strategy).__name__}: it shards the model's parameters across "
-                "processes, but explanations run on rank zero only, so that rank's forward would wait forever for "
-                "the other ranks' shards. Train with a strategy that keeps the whole model on every process "
-                "(e.g. strategy='ddp'), or explain a saved checkpoint after training with lightning_gae.explain()."
-            )
+        check_strategy(trainer.strategy)
         if self._views is None:
             self._views = self._new_views()
         if stage == "fit":
@@ -512,7 +521,6 @@ class GAECallback(Callback):
             tracked, self._row_names = answer_samples(tracked, self.sample_indices)
             if self._scored is not None:
                 self._scored, _ = answer_samples(self._scored, scored_indices)
-            self._readout = NextTokenLogits(trainer.lightning_module)
         self._inputs, self._labels, self._truth, self._keyed = tracked.inputs, tracked.labels, tracked.truth, tracked.keyed
         if self.target == "label" and self._labels is None:
             raise ValueError("GAECallback(target='label'): the batches carry no labels; pass batch_labels=... or use target='pred'")
@@ -546,7 +554,9 @@ class GAECallback(Callback):
                 # validate() runs its hooks in inference mode, and a tensor made there can never take part
                 # in autograd: the labels, the explained class of target="label", would fail every explanation.
                 with torch.inference_mode(False):
-                    self._collect(trainer)
+                    from_rank_zero(trainer, lambda: self._collect(trainer), self, _SHARED)
+                # A causal LM's answer rows are read through the logits at each row's readout (on every rank).
+                self._readout = None if self._row_names is None else NextTokenLogits(pl_module)
             except ValueError:
                 raise
             except Exception as err:
@@ -620,13 +630,13 @@ class GAECallback(Callback):
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._prepare(trainer, pl_module)
+        Lockstep(trainer, pl_module).run(lambda: self._prepare(trainer, pl_module), every_rank=True)
 
     @override
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # trainer.validate() has no fit start; its loaders are known by now.
         if self._inputs is None:
-            self._prepare(trainer, pl_module)
+            Lockstep(trainer, pl_module).run(lambda: self._prepare(trainer, pl_module), every_rank=True)
 
     def _wanted_now(self, trainer: Trainer) -> bool:
         if trainer.sanity_checking:
@@ -657,7 +667,7 @@ class GAECallback(Callback):
         # The same weights are explained once: with gradient accumulation on_train_batch_end sees a
         # global step several times. The stage is part of it: validate() after fit() starts at fit's last step.
         explained = (trainer.state.fn.value, trainer.global_step)
-        if self._inputs is None or self._last_explained == explained or not trainer.is_global_zero:
+        if self._inputs is None or self._last_explained == explained:
             return
         if _only_dummy_loggers(trainer):
             return
@@ -667,11 +677,16 @@ class GAECallback(Callback):
         self._last_step = step
         score = self._subset_due(trainer)
         self._explanation_count += 1
+        # Rank zero explains and logs; every rank takes part when the model is sharded or the subset is split.
+        lockstep = Lockstep(trainer, pl_module)
+        every_rank = lockstep.sharded or (score and self._scored is not None and self._sets is None)
+        if not (every_rank or trainer.is_global_zero):
+            return
         with isolate_rng():
             try:
-                self._run(trainer, pl_module, step, score)
+                lockstep.run(lambda: self._run(trainer, pl_module, step, score), every_rank)
             except Exception as err:  # noqa: BLE001 - an explanation must never take training down
-                reason = f"{type(err).__name__}: {err}"
+                reason = str(err) if isinstance(err, RankFailed) else f"{type(err).__name__}: {err}"
                 self._warn_once(reason, f"GAECallback: explanation at step {step} failed and was skipped ({reason})")
 
     def _subset_due(self, trainer: Trainer) -> bool:
@@ -686,7 +701,7 @@ class GAECallback(Callback):
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         # The faithfulness subset on the final weights, unless the last explanation step scored these weights.
-        if self._scored is None or self._sets is not None or not trainer.is_global_zero:
+        if self._scored is None or self._sets is not None:
             return
         if (not self.metrics and self._scored.truth is None) or _only_dummy_loggers(trainer):
             return
@@ -701,13 +716,16 @@ class GAECallback(Callback):
         # explain() and the metrics put the module in eval mode themselves: at the end of fit it is in training mode.
         with isolate_rng():
             try:
-                scalars = self._finite(self._faithfulness(pl_module, self._scored_batches(trainer, pl_module)), step)
-                for logger in trainer.loggers:
-                    logger.log_metrics(scalars, step=step)
-                self._views.write_scores(_writers(trainer), step, scalars, self._curves)
+                # Every rank scores its part of the subset.
+                scalars = Lockstep(trainer, pl_module).run(lambda: self._finite(self._faithfulness(
+                    pl_module, self._scored_batches(trainer, pl_module), shared=True), step), every_rank=True)
+                if trainer.is_global_zero:
+                    for logger in trainer.loggers:
+                        logger.log_metrics(scalars, step=step)
+                    self._views.write_scores(_writers(trainer), step, scalars, self._curves)
                 self._remember(scalars, f"{len(self._scored)} validation samples, the final weights at step {step}")
             except Exception as err:  # noqa: BLE001 - nor may scoring take the end of training down
-                reason = f"{type(err).__name__}: {err}"
+                reason = str(err) if isinstance(err, RankFailed) else f"{type(err).__name__}: {err}"
                 self._not_scored = f"scoring failed when fit ended: {reason}"
                 self._warn_once(reason, f"GAECallback: scoring the faithfulness subset when fit ended (step {step}) "
                                         f"failed and was skipped ({reason})")
@@ -870,22 +888,24 @@ class GAECallback(Callback):
         if self.random_baseline:
             scored["random"] = random_attribution(first.tokens, self.seed)
         scored_on = f"{len(self._scored) if self._scored is not None else 0} validation samples at step {step}"
+        shared = False
         if self._scored is None or views is not None:
             # Models with several token sets score no perturbation metric; their ground truth is per set.
             # metric_samples=0: the displayed samples are scored, at every step (they are few).
             batches: Iterable[ScoredBatch] = [(inputs, scored, first.target, self._labels, self._truth)]
             scored_on = f"the {len(self.sample_indices)} tracked validation samples at step {step}"
         elif score:
-            batches = self._scored_batches(trainer, pl_module)
+            batches, shared = self._scored_batches(trainer, pl_module), True
             self._last_scored = (trainer.state.fn.value, step)
         else:
             batches = []
-        scalars.update(self._faithfulness(pl_module, batches))
+        scalars.update(self._faithfulness(pl_module, batches, shared))
         if views is not None:
             scalars.update(set_truth_scalars(explanations, rows, self._sets, views, self._keyed, pl_module,
                                              self._metric_objects))
         scalars = self._finite(scalars, step)
-        self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
+        if trainer.is_global_zero:
+            self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
         self._remember(scalars, scored_on)
         self._previous = {m: e.tokens.detach().cpu() for m, e in explanations.items()}
 
@@ -903,29 +923,36 @@ class GAECallback(Callback):
         return {tag: value for tag, value in scalars.items() if tag not in dropped}
 
     def _scored_batches(self, trainer: Trainer, pl_module: LightningModule) -> Iterable[ScoredBatch]:
-        """The faithfulness subset in batches of ``metric_max_batch``, each explained once per method."""
-        scored_inputs = self._scored.inputs
+        """This rank's part of the faithfulness subset (all of it on one process) in batches of
+        ``metric_max_batch``, each explained once per method."""
         total = len(self._scored)
-        for start in range(0, total, self.metric_max_batch):
-            stop = min(start + self.metric_max_batch, total)
-            part = take(scored_inputs, start, stop, total)
-            inputs = trainer.precision_plugin.convert_input(map_tensors(part, lambda t: t.to(pl_module.device)))
-            labels = None if self._scored.labels is None else self._scored.labels[start:stop]
+        rows, _ = subset_part(total, trainer.world_size, trainer.global_rank)
+        with torch.inference_mode(False):  # validate()'s hooks: labels made in inference mode cannot be targets
+            part = self._scored.part(rows)
+        for start in range(0, len(rows), self.metric_max_batch):
+            stop = min(start + self.metric_max_batch, len(rows))
+            inputs = take(part.inputs, start, stop, len(rows))
+            inputs = trainer.precision_plugin.convert_input(map_tensors(inputs, lambda t: t.to(pl_module.device)))
+            labels = None if part.labels is None else part.labels[start:stop]
             explanations, maps = self._explain(pl_module, inputs, labels)
             first = next(iter(explanations.values()))
             scored: dict[str, Tensor] = {**{m: e.tokens for m, e in explanations.items()}, **maps}
             if self.random_baseline:
-                # Seeded by position, so that a sample's random ranking is the same at every step.
-                scored["random"] = random_attribution(first.tokens, self.seed + start)
-            truth = None if self._scored.truth is None else self._scored.truth[start:stop]
+                # Seeded by position, so that a sample's random ranking is the same at every step and on any ranks.
+                scored["random"] = random_rows(first.tokens, rows[start:stop], self.seed, self.metric_max_batch, total)
+            truth = None if part.truth is None else part.truth[start:stop]
             yield inputs, scored, first.target, labels, truth
 
-    def _faithfulness(self, pl_module: LightningModule, batches: Iterable[ScoredBatch]) -> dict[str, float]:
-        """Each metric and method over every batch with its standard error; keeps the curves for the GAE tab."""
+    def _faithfulness(self, pl_module: LightningModule, batches: Iterable[ScoredBatch], shared: bool = False) -> dict[str, float]:
+        """Each metric and method over every batch with its standard error; keeps the curves for the GAE tab.
+
+        ``shared``: the batches are this rank's part of the subset; the other ranks' samples are gathered first.
+        """
+        share = (lambda scores: gather_scores(scores, len(self._scored))) if shared else None
         # A causal LM's answer rows are scored through the logits at their readout, and their ground truth by recall too.
         module, extra = (pl_module, ()) if self._readout is None else (self._readout, (RECALL,))
         scalars, self._curves = faithfulness(batches, self.metrics, self.target == "pred", self._modality, module,
-                                             self._metric_objects, self.metric_max_batch, extra)
+                                             self._metric_objects, self.metric_max_batch, extra, share)
         return scalars
 
     def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation],

@@ -115,6 +115,18 @@ class SampleScores:
     def __bool__(self) -> bool:
         return bool(self._states)
 
+    def rows(self) -> dict[tuple[str, str], dict[str, Tensor]]:
+        """``(name, method) -> {state: [n, ...]}``: every sample's states, stacked in the order added."""
+        return {key: {state: torch.stack([s[state] for s in states]) for state in states[0]}
+                for key, states in self._states.items()}
+
+    def set_rows(self, rows: Mapping[tuple[str, str], Mapping[str, Tensor]]) -> None:
+        """Replace the samples of every ``(name, method)`` by ``rows`` (as :meth:`rows` gives them), e.g. the
+        samples of every process gathered (``GAECallback`` splits its faithfulness subset across ranks)."""
+        for key, states in rows.items():
+            count = len(next(iter(states.values())))
+            self._states[key] = [{state: value[i] for state, value in states.items()} for i in range(count)]
+
     def count(self, name: str, method: str) -> int:
         """How many samples ``(name, method)`` was scored on."""
         return len(self._states[(name, method)])

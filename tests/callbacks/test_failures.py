@@ -201,8 +201,9 @@ def test_fsdp_is_refused_in_setup_with_the_reason(tmp_path, make_trainer):
     environment = dict(os.environ)
     trainer = make_trainer(tmp_path, [GAECallback()], strategy=CPUFSDPStrategy(), devices=1, logger=False)
     try:
-        with pytest.raises(ValueError, match=r"GAECallback cannot run with CPUFSDPStrategy: it shards the model's "
-                                             r"parameters.*explanations run on rank zero only.*strategy='ddp'"):
+        with pytest.raises(ValueError, match=r"GAECallback cannot run with CPUFSDPStrategy \(FSDP1\): it wraps the "
+                                             r"LightningModule itself.*ModelParallelStrategy\(data_parallel_size=.*"
+                                             r"fully_shard.*strategy='ddp'"):
             trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     finally:
         # Lightning set up a one-process group and its environment for FSDP: leave none to later tests.

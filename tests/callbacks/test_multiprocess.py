@@ -1,16 +1,22 @@
-"""GAECallback under several processes: DDP and ddp_spawn on two CPU processes (rank zero alone explains and
-logs; every rank tracks the samples one process would pick), and the pickling ddp_spawn needs."""
+"""GAECallback under several processes: DDP, FSDP2 (ModelParallelStrategy with fully_shard) and ddp_spawn on two
+CPU processes. Rank zero alone logs; every rank tracks the samples one process would pick and scores its half of
+the faithfulness subset, which one process with the same weights scores alike; under FSDP2 every rank takes part
+in each explanation, and one that fails on rank 1 only is skipped by all. Also the pickling ddp_spawn needs."""
 
 import json
 import pickle
 import textwrap
 from collections import Counter
 
+import numpy as np
 import pytest
+import torch
 
 from lightning_gae.callbacks import GAECallback
+from lightning_gae.metrics import random_attribution
 from recipes.digits import DigitsDataModule
 from tests.helpers import processes
+from tests.helpers.private import _random_rows, _subset_part
 from tests.helpers.models import small_vit
 from tests.helpers.trainer import heatmap_tag
 
@@ -21,26 +27,84 @@ def test_the_callback_pickles():
     assert (copy.num_samples, copy.methods, copy.dataloader_idx) == (3, ("gae", "rollout"), "val")
 
 
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_the_ranks_parts_cover_the_subset_once_with_the_random_rows_of_one_process(world):
+    # One process draws the random baseline per batch of 4, seeded by the batch's start; 10 samples.
+    total, batch, seed = 10, 4, 7
+    like = torch.zeros(total, 5)
+    one = torch.cat([random_attribution(like[start:start + batch], seed + start) for start in range(0, total, batch)])
+    scored = []
+    for rank in range(world):
+        rows, positions = _subset_part(total, world, rank)
+        # As many rows on every rank (the same number of forwards); the padding repeats the last sample.
+        assert len(rows) == -(-total // world)
+        real = positions >= 0
+        assert rows == [p if p >= 0 else total - 1 for p in positions.tolist()]
+        scored += positions[real].tolist()
+        drawn = _random_rows(like[rows], rows, seed, batch, total)
+        assert torch.equal(drawn[real], one[positions[real]])
+    assert scored == list(range(total))
+
+
 DDP_SCRIPT = """
     import json, sys
+    import torch
     from lightning.pytorch import Trainer, seed_everything
     from lightning.pytorch.loggers import TensorBoardLogger
     from lightning_gae.callbacks import GAECallback
     from recipes.digits import DigitsDataModule
-    from recipes.vit import ViTClassifier
+    from tests.helpers.models import RankOneFails
+    from tests.helpers.trainer import ScoredRows
+
+    class FailsInValidate(RankOneFails):
+        def on_validation_epoch_start(self):
+            # After the callback's checks at validation start, before its explanation at the epoch's end.
+            self.failing = "forward" if self.trainer.state.fn == "validate" else None
 
     root = sys.argv[1]
     seed_everything(0)
-    callback = GAECallback(num_samples=3, every_n_train_steps=2)
-    trainer = Trainer(default_root_dir=root, logger=TensorBoardLogger(root, name="tb"), callbacks=[callback],
+    callback, rows = GAECallback(num_samples=3, every_n_train_steps=2, metric_samples=64, metric_max_batch=32), ScoredRows()
+    trainer = Trainer(default_root_dir=root, logger=TensorBoardLogger(root, name="tb"), callbacks=[rows, callback],
                       max_epochs=2, limit_train_batches=3, limit_val_batches=2, accelerator="cpu",
                       strategy="ddp", devices=2, enable_progress_bar=False, enable_model_summary=False,
                       enable_checkpointing=False)
-    trainer.fit(ViTClassifier(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    model, data = FailsInValidate(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32)
+    trainer.fit(model, data)
+    if trainer.is_global_zero:
+        torch.save(model.state_dict(), f"{root}/weights.pt")
+    result = {"samples": callback.sample_indices, "finished": trainer.state.finished, "summary": callback.summary,
+              "rows": rows.rows}
+    # Explaining fails on rank 1 only: every rank skips it, rank zero warns, validate finishes.
+    trainer.validate(model, data)
     with open(f"{root}/rank_{trainer.global_rank}.json", "w") as f:
-        json.dump({"samples": callback.sample_indices, "finished": trainer.state.finished,
-                   "summary": callback.summary}, f)
+        json.dump({**result, "validated": trainer.state.finished}, f)
 """
+
+
+def _scores(acc) -> dict[str, list[tuple[int, float]]]:
+    """The faithfulness scalars and their standard errors: ``{tag: [(step, value), ...]}``."""
+    return {tag: values for tag, values in acc.scalar_events().items() if "perturbation_auc" in tag}
+
+
+def _one_process(root, weights, callback, make_trainer, read_events):
+    """``callback`` in ``trainer.validate`` on one process, the recipe ViT with ``weights``; its events."""
+    model = small_vit()
+    model.load_state_dict(torch.load(weights))
+    trainer = make_trainer(root, [callback], limit_val_batches=1)
+    trainer.validate(model, DigitsDataModule(batch_size=32))
+    return read_events(trainer.logger.log_dir)
+
+
+def _once_each(acc) -> bool:
+    """Whether every picture, tensor (the GAE tab's, the Text tab's tables) and scalar of the callback was written
+    once per step (not the Custom Scalars layout, written again at step 0 whenever new metrics arrive, nor the
+    Trainer's own scalars, ``hp_metric`` at 0 by fit and validate alike)."""
+    ours = {"images": lambda tag: True, "tensors": lambda tag: tag != "custom_scalars__config__",
+            "scalars": lambda tag: "/" in tag}
+    counts = Counter((kind, tag, e.step) for kind, read in (("images", acc.Images), ("tensors", acc.Tensors),
+                                                           ("scalars", acc.Scalars))
+                     for tag in acc.Tags()[kind] if ours[kind](tag) for e in read(tag))
+    return set(counts.values()) == {1}
 
 
 @pytest.mark.slow
@@ -48,33 +112,154 @@ def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path, run_script,
     # Its own session: on a hang, the rank the launcher started is killed along with rank 0.
     done = run_script(DDP_SCRIPT)
     ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
-    assert all(r["finished"] for r in ranks)
+    assert all(r["finished"] and r["validated"] for r in ranks)
     # The summary is rank zero's, printed once.
     assert done.stdout.count("GAECallback: the fit ended") == 1 and ranks[0]["summary"] in done.stdout
     assert ranks[1]["summary"] is None
 
     # Every event file under the run, whichever rank might have written it: one image per tag and step.
     event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
-    counts = Counter()
-    for logdir in event_dirs:
-        acc = read_events(logdir)
-        for tag in acc.Tags()["images"]:
-            counts.update((tag, e.step) for e in acc.Images(tag))
     assert len(event_dirs) == 1
+    acc = read_events(next(iter(event_dirs)))
     samples = ranks[0]["samples"]
     # Global steps 2, 4, 6 by step, 3 and 6 by epoch (3 batches an epoch); Lightning logs them at 1, 3, 5
-    # and 2 (6 is explained once).
+    # and 2 (6 is explained once). validate() then explains at 6, and that explanation failed on rank 1.
     for sample in samples:
-        assert sorted(s for (t, s) in counts if t == f"gae_heatmaps/val_{sample}") == [1, 2, 3, 5]
-    assert set(counts.values()) == {1}
-    # The faithfulness subset is scored once, by rank zero when fit ends, on the weights of the last step (5).
-    acc = read_events(next(iter(event_dirs)))
-    assert [e.step for e in acc.Scalars("positive_perturbation_auc/gae")] == [5]
+        assert acc.image_steps(heatmap_tag(sample)) == [1, 2, 3, 5]
+    assert _once_each(acc)
+    assert done.stderr.count("GAECallback: explanation at step 6 failed and was skipped (on rank 1: "
+                             "RuntimeError: forced on rank 1)") == 1
+    # The faithfulness subset is scored once, when fit ends, on the weights of the last step (5), each rank
+    # explaining half of its 64 samples and perturbing as many.
+    scores = _scores(acc)
+    assert {steps for values in scores.values() for steps, _ in values} == {5} and len(scores) == 8
+    assert ranks[0]["rows"]["explained"] == ranks[1]["rows"]["explained"] == 32
+    assert ranks[0]["rows"]["perturbed"] == ranks[1]["rows"]["perturbed"] > 0
 
-    # Each rank reads a shard of the validation set; the samples are nevertheless those one process picks.
-    single = GAECallback(num_samples=3)
-    make_trainer(tmp_path / "single", [single], limit_val_batches=2).validate(small_vit(), DigitsDataModule(batch_size=32))
+    # Each rank reads a shard of the validation set; the samples are nevertheless those one process picks,
+    # and one process scores them as the two did, standard errors included.
+    single = GAECallback(num_samples=3, metric_samples=64, metric_max_batch=32)
+    alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
     assert samples == ranks[1]["samples"] == single.sample_indices
+    expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
+    assert {tag: values[-1][1] for tag, values in scores.items()} == pytest.approx(expected, abs=1e-6)
+
+
+MODEL_PARALLEL_SCRIPT = """
+    import json, sys
+    import torch
+    from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+    from lightning_gae.callbacks import GAECallback
+    from recipes.digits import DigitsDataModule
+    from tests.helpers.models import RankOneFails
+    from tests.helpers.trainer import ScoredRows
+
+    class ShardedViT(RankOneFails):
+        \"\"\"FSDP2 on every block and on the ViT; explaining fails on rank 1 at global steps 2 and 3.\"\"\"
+
+        def configure_model(self):
+            mesh = self.device_mesh["data_parallel"]
+            for block in self.model.blocks:
+                fully_shard(block, mesh=mesh)
+            fully_shard(self.model, mesh=mesh)
+
+        def on_train_batch_start(self, batch, batch_idx):
+            # In the forward at the explanation of global step 2, in the backward at that of step 3.
+            self.failing = {1: "forward", 2: "backward"}.get(self.global_step)
+
+    def fit(root, callbacks):
+        seed_everything(0)
+        model = ShardedViT(dim=32, depth=2, heads=2)
+        trainer = Trainer(default_root_dir=root, logger=TensorBoardLogger(root, name="tb") if callbacks else False,
+                          callbacks=callbacks, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+                          accelerator="cpu", devices=2, max_epochs=2, limit_train_batches=2, limit_val_batches=1,
+                          enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+        trainer.fit(model, DigitsDataModule(batch_size=32))
+        # The whole weights, on rank 0 (the other ranks get none).
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return trainer, model, weights, {name: float(value) for name, value in trainer.callback_metrics.items()}
+
+    root = sys.argv[1]
+    callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "rollout"), metric_samples=16,
+                           metric_max_batch=4)
+    rows = ScoredRows()
+    trainer, model, weights, metrics = fit(root, [rows, callback])
+    _, plain, plain_weights, plain_metrics = fit(root, [])
+    if trainer.is_global_zero:
+        torch.save(weights, f"{root}/weights.pt")
+
+    # The check when validation starts fails on rank 1 only (before FSDP2 ever ran a forward): every rank stops.
+    failing = ShardedViT(dim=32, depth=2, heads=2)
+    failing.failing = "forward"
+    check = Trainer(logger=False, callbacks=[GAECallback(num_samples=2, metric_samples=4)], accelerator="cpu", devices=2,
+                    strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), limit_val_batches=1,
+                    enable_progress_bar=False, enable_model_summary=False)
+    try:
+        check.validate(failing, DigitsDataModule(batch_size=32))
+        stopped = None
+    except Exception as err:
+        stopped = f"{type(err).__name__}: {err}"
+    with open(f"{root}/rank_{trainer.global_rank}.json", "w") as f:
+        json.dump({"finished": trainer.state.finished, "samples": callback.sample_indices, "rows": rows.rows,
+                   "losses": [model.losses, plain.losses], "metrics": [metrics, plain_metrics],
+                   "same_weights": weights.keys() == plain_weights.keys()
+                   and all(torch.equal(weights[k], plain_weights[k]) for k in weights), "stopped": stopped}, f)
+"""
+
+
+@pytest.mark.slow
+def test_fsdp2_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path, run_script, make_trainer,
+                                                                        read_events):
+    done = run_script(MODEL_PARALLEL_SCRIPT)
+    ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["finished"] for r in ranks)
+    # The callback changes nothing the run computes: each rank's losses, the logged metrics and the final
+    # weights equal those of the same run without it, also past the explanation that failed on rank 1.
+    for rank in ranks:
+        assert rank["losses"][0] == rank["losses"][1] and len(rank["losses"][0]) == 4
+        assert rank["metrics"][0] == rank["metrics"][1] and "val_loss" in rank["metrics"][0]
+    assert ranks[0]["same_weights"]
+    assert ranks[0]["samples"] == ranks[1]["samples"]
+
+    # Explained at global steps 1 to 4, logged at 0 to 3: at 1 and 2 it failed on rank 1 (in a sharded unit's
+    # forward, then in the backward), and every rank skipped it.
+    assert done.stderr.count("GAECallback: explanation at step 1 failed and was skipped (on rank 1: "
+                             "RuntimeError: forced on rank 1)") == 1
+    assert done.stderr.count("GAECallback: explanation at step 2 failed and was skipped (on rank 1: "
+                             "RuntimeError: forced on rank 1, in the backward)") == 1
+    event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
+    assert len(event_dirs) == 1
+    acc = read_events(next(iter(event_dirs)))
+    for sample in ranks[0]["samples"]:
+        assert acc.image_steps(heatmap_tag(sample)) == [0, 3]
+    # Everything once, from rank zero: the pictures, the GAE tab's tensors, the Text tab's faithfulness table.
+    assert _once_each(acc)
+    assert [e.step for e in acc.Tensors("gae_faithfulness")] == [3]
+    # The subset scored once, when fit ends, each rank explaining half of its 16 samples and perturbing as many.
+    scores = _scores(acc)
+    assert {steps for values in scores.values() for steps, _ in values} == {3} and len(scores) == 12
+    assert ranks[0]["rows"]["explained"] == ranks[1]["rows"]["explained"] == 8
+    assert ranks[0]["rows"]["perturbed"] == ranks[1]["rows"]["perturbed"] > 0
+
+    # One unsharded process with the final weights: the same relevance, the same values and standard errors.
+    single = GAECallback(num_samples=2, sample_indices=ranks[0]["samples"], methods=("gae", "rollout"),
+                         metric_samples=16, metric_max_batch=4)
+    alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
+    for sample in ranks[0]["samples"]:
+        for method in ("gae", "rollout"):
+            tag = f"gae_dashboard/relevance/{method}/val_{sample}"
+            np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
+    expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
+    assert {tag: values[-1][1] for tag, values in scores.items()} == pytest.approx(expected, abs=1e-6)
+
+    # A check that cannot pass on rank 1 stops rank 1 with its error, and rank 0 with rank 1's.
+    cannot = ("ValueError: GAECallback: the tracked validation samples cannot be explained, so the run stops before "
+              "training (RuntimeError: forced on rank 1).")
+    assert ranks[1]["stopped"] == cannot and ranks[0]["stopped"] == f"RankFailed: on rank 1: {cannot}"
 
 
 DDP_SPAWN_SCRIPT = """

@@ -5,7 +5,8 @@ the probabilities either from the model's own explicit code path (``impl="manual
 hand-written dense forward (``nn.TransformerEncoder``) or from Hugging Face's own
 ``output_attentions`` in eager mode.
 
-Beside them: the recipe ViT at the size the callback tests train (``small_vit``), a tiny Hugging
+Beside them: the recipe ViT at the size the callback tests train (``small_vit``; ``RankOneFails`` for the
+multi-process tests), a tiny Hugging
 Face CLIP (``tiny_clip``) and ``SumModel``, whose logits the metric tests can work out by hand.
 """
 
@@ -322,6 +323,43 @@ def coattention_reference(model: TinyCoAttention, ids: Tensor, feats: Tensor, sc
 def small_vit(**kwargs) -> ViTClassifier:
     """The recipe's ViT LightningModule at the size the callback tests train (8x8 digits, 2 blocks of 2 heads)."""
     return ViTClassifier(dim=32, depth=2, heads=2, **kwargs)
+
+
+class _FailsInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        raise RuntimeError("forced on rank 1, in the backward")
+
+
+class RankOneFails(ViTClassifier):
+    """The recipe ViT whose explanations raise on rank 1 while ``failing`` says where (``"forward"``: before its
+    layers run; ``"backward"``: in the first step of the backward), and which keeps its training losses.
+
+    An explanation is the only forward in eval mode with gradients on (validation runs without them), so
+    training and validation never fail. Subclasses set ``failing`` from a hook that runs before the explanation.
+    """
+
+    failing: str | None = None
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.losses: list[float] = []
+
+    def forward(self, x: Tensor) -> Tensor:
+        fails = self.failing if self.global_rank == 1 and not self.training and torch.is_grad_enabled() else None
+        if fails == "forward":
+            raise RuntimeError("forced on rank 1")
+        logits = super().forward(x)
+        return _FailsInBackward.apply(logits) if fails == "backward" else logits
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.losses.append(loss.item())
+        return loss
 
 
 def tiny_clip():

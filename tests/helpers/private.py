@@ -1,14 +1,16 @@
 """Every private name of lightning_gae the tests use, imported here and nowhere else.
 
 When one of them moves, this file is the one place to point at its new home. Some are public names of the
-package's private modules (``_samples``, ``_stderr``), kept under the names the tests used.
+package's private modules (``_samples``, ``_stderr``, ``_distributed``), kept under the names the tests used.
 """
 
+from lightning_gae.callbacks._distributed import random_rows as _random_rows
+from lightning_gae.callbacks._distributed import subset_part as _subset_part
 from lightning_gae.callbacks._samples import balanced_choice as _balanced_choice
 from lightning_gae.explain import _attended, _explain, _relevance_row
 from lightning_gae.metrics._stderr import value_and_stderr as _value_and_stderr
 from lightning_gae.views import MAX_IMAGE_SIDE as _MAX_IMAGE_SIDE
 from lightning_gae.views import bounded as _bounded
 
-__all__ = ["_MAX_IMAGE_SIDE", "_attended", "_balanced_choice", "_bounded", "_explain", "_relevance_row",
-           "_value_and_stderr"]
+__all__ = ["_MAX_IMAGE_SIDE", "_attended", "_balanced_choice", "_bounded", "_explain", "_random_rows",
+           "_relevance_row", "_subset_part", "_value_and_stderr"]

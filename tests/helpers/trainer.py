@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -65,3 +66,20 @@ def assert_heatmaps_at_steps(acc, callback, steps) -> None:
     """Every tracked sample's picture was logged at exactly ``steps`` (``acc``: tests.helpers.events.Events)."""
     for sample in callback.sample_indices:
         assert acc.image_steps(heatmap_tag(sample)) == steps
+
+
+class ScoredRows(Callback):
+    """How many samples went through the module's forward on this rank while the callback scored its subset when
+    fit ended (place it before the GAECallback): ``rows["explained"]`` with gradients on (the explanations),
+    ``rows["perturbed"]`` without (the metrics' perturbed inputs)."""
+
+    def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self.rows = {"explained": 0, "perturbed": 0}
+
+        def count(module: Any, args: tuple) -> None:
+            self.rows["explained" if torch.is_grad_enabled() else "perturbed"] += len(args[0])
+
+        self._handle = pl_module.register_forward_pre_hook(count)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self._handle.remove()

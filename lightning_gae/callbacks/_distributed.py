@@ -1,0 +1,348 @@
+"""GAECallback on several processes: which strategies it runs under, and how the ranks explain together.
+
+With the whole model on every rank (DDP, DeepSpeed stage 1 and 2) rank zero explains the tracked samples
+alone. With a model sharded by FSDP2 (``ModelParallelStrategy``, ``fully_shard`` in ``configure_model``)
+every forward all-gathers each sharded unit's parameters from every rank, so every rank runs each
+explanation's forwards and backwards, on the same samples. Either way the faithfulness subset is split:
+each rank scores its contiguous part, and the per-sample states are gathered with torchmetrics' sync
+(list states, ``dist_reduce_fx="cat"``), so every rank ends with the states one process would have.
+
+A failure on one rank must not leave the others waiting in a collective. :class:`Lockstep` runs the
+callback's work as one block on every rank and agrees on the outcome: before each collective inside the
+block (a sharded unit's forward or backward, the gather) the ranks all-reduce what each is about to do,
+so a rank that failed is met at its next such point, every rank leaves the block together, FSDP's
+per-iteration state is reset, and every rank raises (the failing one its own error, the others
+:class:`RankFailed`). What FSDP2 does inside its own collectives (an allocation that fails on one rank
+only) is beyond this: such a rank stops the run as a failing training step would.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
+from torch import Tensor, nn
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
+
+from lightning_gae._structures import map_tensors
+from lightning_gae.metrics._stderr import SampleScores
+
+__all__ = ["Lockstep", "RankFailed", "check_strategy", "from_rank_zero", "gather_scores", "random_rows", "subset_part"]
+
+T = TypeVar("T")
+
+# What a rank says at an agreement: it failed, it finished the block, or it is about to run a collective.
+_FAILED, _DONE, _RUN = 0, 1, 2
+_ACTIVE: ContextVar[Lockstep | None] = ContextVar("lightning_gae_lockstep", default=None)
+
+
+def check_strategy(strategy: Strategy) -> None:
+    """Refuse, naming what to use instead, the strategies the callback cannot explain under.
+
+    Raises:
+        ValueError: ``FSDPStrategy``, DeepSpeed stage 3, or ``ModelParallelStrategy`` with tensor parallelism.
+    """
+    if isinstance(strategy, FSDPStrategy):
+        raise ValueError(
+            f"GAECallback cannot run with {type(strategy).__name__} (FSDP1): it wraps the LightningModule itself in the root "
+            "FullyShardedDataParallel unit, so the module's own forward, which the explanations call, finds its "
+            "parameters sharded, and FSDP1 cannot recover from an explanation that fails halfway. Shard with FSDP2 "
+            "instead: strategy=ModelParallelStrategy(data_parallel_size=<processes>, tensor_parallel_size=1) and "
+            "torch.distributed.fsdp.fully_shard on the blocks and the model in configure_model(); or train with "
+            "strategy='ddp'."
+        )
+    if isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3:
+        raise ValueError(
+            "GAECallback cannot run with DeepSpeed ZeRO stage 3: its parameters are fetched by hooks on every "
+            "submodule in an order DeepSpeed traces from the training steps, which an explanation's forwards and "
+            "backwards do not follow, and it has no recovery from an explanation that fails halfway. Use DeepSpeed "
+            "stage 1 or 2 (the whole model on every rank), or FSDP2: ModelParallelStrategy(data_parallel_size="
+            "<processes>, tensor_parallel_size=1) with fully_shard in configure_model()."
+        )
+    if isinstance(strategy, ModelParallelStrategy):
+        try:
+            tensor_parallel = strategy.device_mesh["tensor_parallel"].size()
+        except RuntimeError:  # the processes are not set up yet (the Trainer calls setup after they are)
+            return
+        if tensor_parallel > 1:
+            raise ValueError(
+                f"GAECallback cannot run with ModelParallelStrategy(tensor_parallel_size={tensor_parallel}): tensor "
+                "parallelism splits every layer's computation across ranks, and the explanations read whole "
+                "attention maps. Shard the parameters with FSDP2 alone: ModelParallelStrategy(data_parallel_size="
+                f"{strategy.world_size}, tensor_parallel_size=1) with fully_shard in configure_model() (note that "
+                "ModelParallelStrategy() with its defaults is tensor parallel across the processes of a node)."
+            )
+
+
+def _distributed(trainer: Trainer) -> bool:
+    return trainer.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+
+def _sharded_units(module: nn.Module) -> list[nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in module.modules() if isinstance(m, FSDPModule)]
+
+
+def _roots(module: nn.Module, units: Sequence[nn.Module]) -> list[nn.Module]:
+    """The sharded units inside no other one (FSDP2's roots: ``reset_iter_state`` is called on them)."""
+    inner = {id(m) for unit in units for m in unit.modules() if m is not unit}
+    return [unit for unit in units if id(unit) not in inner]
+
+
+class RankFailed(RuntimeError):
+    """What a rank raises when the block failed on another rank: that rank and its error (None for neither
+    when no rank failed but they did not run the same forwards and gathers)."""
+
+    def __init__(self, rank: int | None, error: BaseException | None) -> None:
+        self.rank = rank
+        if rank is None or error is None:
+            message = "the ranks did not run the same forwards and gathers (one of them left the block early)"
+        else:
+            message = f"on rank {rank}: {type(error).__name__}: {error}"
+        super().__init__(message)
+
+
+class _Stopped(BaseException):
+    """Raised at an agreement that another rank failed or left the block: unwinds this rank's part of it.
+
+    A BaseException, so that no ``except Exception`` of the code in between turns it into a result and sends
+    this rank on to a collective the others will never join.
+    """
+
+
+def _portable(error: BaseException | None) -> BaseException | None:
+    """``error`` if it pickles (it travels to the other ranks), else a RuntimeError with its message."""
+    if error is None:
+        return None
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001 - any exception may be raised by a model
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+class Lockstep:
+    """The callback's work on every rank as one block whose outcome all ranks agree on.
+
+    Example::
+
+        Lockstep(trainer, pl_module).run(lambda: explain_and_score(), every_rank=True)
+    """
+
+    def __init__(self, trainer: Trainer, module: LightningModule) -> None:
+        self.distributed = _distributed(trainer)
+        self.rank = trainer.global_rank
+        self.device = trainer.strategy.root_device
+        self.units = _sharded_units(module) if self.distributed else []
+        if self.units and not hasattr(self.units[0], "reset_iter_state"):
+            raise ValueError(f"GAECallback under FSDP2 needs torch's FSDPModule.reset_iter_state() (torch "
+                             f"{torch.__version__} has none), which restores the sharded model's state after an "
+                             "explanation fails halfway; upgrade torch or train with strategy='ddp'")
+        self.roots = _roots(module, self.units)
+        # Whether a sharded unit's forward started in the block: FSDP2 has state to reset only then.
+        self._entered = False
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model has sharded units, whose forwards need every rank."""
+        return bool(self.units)
+
+    def _agree(self, code: int) -> tuple[int, int]:
+        """The lowest and highest code the ranks said."""
+        said = torch.tensor([code, -code], device=self.device)
+        dist.all_reduce(said, op=dist.ReduceOp.MIN)
+        return int(said[0]), -int(said[1])
+
+    def guard(self) -> None:
+        """Before a collective inside the block: go on only if every rank is about to run one too."""
+        low, _ = self._agree(_RUN)
+        if low != _RUN:
+            raise _Stopped
+
+    def run(self, work: Callable[[], T], every_rank: bool) -> T:
+        """``work()`` on this rank; with ``every_rank``, on every rank as one block (every rank must call it then).
+
+        Raises:
+            Exception: ``work``'s own error on the rank it failed on; :class:`RankFailed` on the other ranks.
+        """
+        if not (self.distributed and every_rank):
+            return work()
+        token = _ACTIVE.set(self)
+        self._entered = False
+        error: BaseException | None = None
+        stopped = False
+        try:
+            with self._guarded_units():
+                result = work()
+        except _Stopped:
+            stopped = True
+        except Exception as err:  # noqa: BLE001 - re-raised below, after the other ranks know
+            error = err
+        finally:
+            _ACTIVE.reset(token)
+        if not stopped:
+            low, high = self._agree(_FAILED if error is not None else _DONE)
+            if low == high == _DONE:
+                return result
+        # Every rank gets here after the same agreement: learn who failed, put FSDP back in order, raise.
+        errors: list[BaseException | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, _portable(error))
+        if self._entered:
+            for root in self.roots:
+                root.reset_iter_state()
+        if error is not None:
+            raise error
+        rank = next((r for r, e in enumerate(errors) if e is not None), None)
+        raise RankFailed(rank, None if rank is None else errors[rank])
+
+    @contextmanager
+    def _guarded_units(self) -> Iterator[None]:
+        """An agreement before each sharded unit's forward (its all-gather) and before its backward's."""
+        handles = []
+        for unit in self.units:
+            # prepend: before FSDP's own hooks, which all-gather in the forward and register the backward's.
+            handles.append(unit.register_forward_pre_hook(self._enter_unit, prepend=True))
+            handles.append(unit.register_forward_hook(self._guard_backward, prepend=True))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _enter_unit(self, module: nn.Module, args: Any) -> None:
+        self.guard()
+        self._entered = True
+
+    def _guard_backward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not torch.is_grad_enabled():
+            return
+
+        def hook(t: Tensor) -> Tensor:
+            # Registered before FSDP's pre-backward hook on the same tensor, so it runs first.
+            if t.requires_grad:
+                t.register_hook(lambda grad: self.guard())
+            return t
+
+        map_tensors(output, hook)
+
+
+def guard_collective() -> None:
+    """Inside :meth:`Lockstep.run`: wait until every rank is about to run the same collective."""
+    active = _ACTIVE.get()
+    if active is not None:
+        active.guard()
+
+
+def from_rank_zero(trainer: Trainer, read: Callable[[], None], owner: Any, names: Sequence[str]) -> None:
+    """``read()`` on rank zero, then ``owner``'s attributes ``names`` copied to every rank.
+
+    Every rank then tracks and scores the same samples (each rank's loader may hold another shard, and a
+    sharded forward needs the same samples on every rank). A failure of ``read`` is raised on every rank.
+    """
+    if not _distributed(trainer):
+        read()
+        return
+    guard_collective()
+    error: BaseException | None = None
+    values: dict[str, Any] | None = None
+    if trainer.is_global_zero:
+        try:
+            read()
+            values = {name: getattr(owner, name) for name in names}
+        except Exception as err:  # noqa: BLE001 - raised on every rank below
+            error = err
+    shared_error, values = trainer.strategy.broadcast((_portable(error), values), src=0)
+    if error is not None:
+        raise error
+    if shared_error is not None:
+        raise shared_error
+    for name, value in values.items():
+        setattr(owner, name, value)
+
+
+def subset_part(total: int, world: int, rank: int) -> tuple[list[int], Tensor]:
+    """This rank's contiguous part of a subset of ``total`` samples: the rows to score and their positions.
+
+    Every rank gets ``ceil(total / world)`` rows, so that the ranks run the same number of forwards (a
+    sharded forward needs them all); the rows past the subset's end repeat its last sample and have
+    position -1 (they are scored and then dropped).
+    """
+    size = -(-total // world)
+    positions = torch.arange(rank * size, (rank + 1) * size)
+    positions[positions >= total] = -1
+    rows = [int(p) if p >= 0 else total - 1 for p in positions]
+    return rows, positions
+
+
+def random_rows(like: Tensor, positions: Sequence[int], seed: int, batch: int, total: int) -> Tensor:
+    """The random baseline of the subset's samples at ``positions``: the rows one process draws for them.
+
+    One process draws ``random_attribution`` per batch of ``batch`` samples, seeded by the batch's start;
+    each row here is that draw's row, so a sample's random ranking does not depend on the ranks.
+    """
+    out = torch.empty(like.shape)
+    starts = [p // batch * batch for p in positions]
+    for start in dict.fromkeys(starts):
+        size = min(batch, total - start)
+        draw = torch.rand((size, *like.shape[1:]), generator=torch.Generator().manual_seed(seed + start))
+        for i, (p, s) in enumerate(zip(positions, starts)):
+            if s == start:
+                out[i] = draw[p - start]
+    return out.to(like.device)
+
+
+class _PerSample(Metric):
+    """Per-sample states kept apart: on ``compute``, every rank's rows in order of position, padding dropped."""
+
+    full_state_update = False
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.count = count
+        self.add_state("position", default=[], dist_reduce_fx="cat")
+        for i in range(count):
+            self.add_state(f"state_{i}", default=[], dist_reduce_fx="cat")
+
+    def update(self, position: Tensor, rows: Sequence[Tensor]) -> None:
+        self.position.append(position)
+        for i, value in enumerate(rows):
+            getattr(self, f"state_{i}").append(value)
+
+    def compute(self) -> list[Tensor]:
+        position = dim_zero_cat(self.position)
+        order = position.argsort()
+        order = order[position[order] >= 0]
+        return [dim_zero_cat(getattr(self, f"state_{i}"))[order] for i in range(self.count)]
+
+
+def gather_scores(scores: SampleScores, total: int) -> SampleScores:
+    """Every rank's per-sample states of its :func:`subset_part`, gathered into ``scores`` in the subset's order.
+
+    Must run on every rank (inside :meth:`Lockstep.run`); one process returns ``scores`` as they are.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return scores
+    rows = scores.rows()
+    names = [(key, state) for key, states in rows.items() for state in states]
+    if not names:
+        return scores
+    guard_collective()
+    _, positions = subset_part(total, dist.get_world_size(), dist.get_rank())
+    first = rows[names[0][0]][names[0][1]]
+    per_sample = _PerSample(len(names)).to(first.device)
+    per_sample.update(positions.to(first.device), [rows[key][state] for key, state in names])
+    gathered = per_sample.compute()
+    merged: dict[tuple[str, str], dict[str, Tensor]] = {}
+    for (key, state), value in zip(names, gathered):
+        merged.setdefault(key, {})[state] = value
+    scores.set_rows(merged)
+    return scores
