@@ -466,8 +466,12 @@ class LRPCapture:
             self._units -= 1
             x, self._unit_input = (self._unit_input, None) if self._units == 0 else (None, self._unit_input)
             if x is not None and isinstance(output, Tensor) and output.shape == x.shape:
-                return identity_rule(x, output)
+                return self._unit_rule(x, output)
         return None
+
+    def _unit_rule(self, x: Tensor, output: Tensor) -> Tensor:
+        """What replaces an activation module's output (its input ``x``): the identity rule."""
+        return identity_rule(x, output)
 
     def _leaf(self, module: nn.Module, args: Any, output: Any) -> Tensor:
         if not isinstance(output, Tensor) or not output.is_floating_point():
