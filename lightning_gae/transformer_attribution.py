@@ -69,18 +69,26 @@ class _AlphaBeta(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
         x, w, y = ctx.saved_tensors
+        scratch = ctx.capture.scratch
         if ctx.capture.plain:
-            return _on_used_rows(lambda x, y, g: g @ w, x, y, grad), None, None, None
-        rule = lambda x, y, g: _alpha_beta_gradient(x, w, y, g, ctx.capture.scratch)  # noqa: E731
+            return _on_used_rows(lambda x, y, g: _linear_gradient(g, w, scratch), x, y, grad), None, None, None
+        rule = lambda x, y, g: _alpha_beta_gradient(x, w, y, g, scratch)  # noqa: E731
         return _on_used_rows(rule, x, y, grad), None, None, None
+
+
+def _linear_gradient(grad: Tensor, w: Tensor, scratch: Callable[..., Tensor]) -> Tensor:
+    """``grad @ w``; a strided ``grad`` (from a reshape of q, k, v, say) is first copied into a scratch buffer."""
+    if grad.dim() > 1 and not grad.is_contiguous() and grad.dtype == w.dtype:
+        grad = scratch(0, grad.numel(), grad.dtype, grad.device).view(grad.shape).copy_(grad)
+    return grad @ w
 
 
 def _on_used_rows(backward: Callable[[Tensor, Tensor, Tensor], Tensor], x: Tensor, y: Tensor, grad: Tensor) -> Tensor:
     """``backward(x, y, grad)`` on the rows (tokens) whose gradient is not all 0, the others' result 0:
     past a model's last attention only its readout token's rows carry any (a class token's, say)."""
-    g = grad.reshape(-1, grad.shape[-1]) if grad.dim() > 1 else None
-    if g is None or g.shape[0] < 2 or bool(g[-1].any()):
+    if grad.dim() < 2 or grad.numel() < 2 * grad.shape[-1] or bool(grad[(-1,) * (grad.dim() - 1)].any()):
         return backward(x, y, grad)
+    g = grad.reshape(-1, grad.shape[-1])
     used = g.any(dim=1).nonzero().squeeze(1)
     if used.numel() * 2 > g.shape[0]:
         return backward(x, y, grad)
@@ -108,13 +116,14 @@ def _alpha_beta_gradient(x: Tensor, w: Tensor, y: Tensor, grad: Tensor, scratch:
     has_zero = bool(torch.abs(x, out=part).amin() == 0)
     z = torch.mm(torch.clamp(x, min=0, out=part), pw.T, out=scratch(1, rows * n_out, dtype, x.device).view(rows, n_out))
     z.addmm_(torch.clamp(x, max=0, out=part), nw.T)
-    s = torch.mul(y.reshape(rows, n_out), grad.reshape(rows, n_out), out=scratch(2, rows * n_out, dtype, x.device).view(rows, n_out))
+    # (A strided grad, the q, k, v projection's, is read in place, not copied by a reshape.)
+    s = torch.mul(y, grad, out=scratch(2, rows * n_out, dtype, x.device).view(y.shape)).view(rows, n_out)
     empty = z == 0 if bool(z.amin() == 0) else None
     s.div_(z.add_(1e-9))
     if empty is not None:
         s.masked_fill_(empty, 0.0)
     positive = torch.gt(x, 0, out=scratch(3, rows * n_in, dtype, x.device).view(rows, n_in))
-    g = torch.lerp(torch.mm(s, nw, out=part), torch.mm(s, pw), positive)
+    g = torch.lerp(torch.mm(s, nw, out=part), torch.mm(s, pw, out=scratch(4, rows * n_in, dtype, x.device).view(rows, n_in)), positive)
     if has_zero:
         g.masked_fill_(x == 0, 0.0)
     return g.view(shape).to(grad.dtype)
@@ -136,14 +145,22 @@ class _Half(torch.autograd.Function):
 
 class _Identity(torch.autograd.Function):
     """``out = f(x)`` as the model computed it (``out`` keeps its own graph); backward: the plain
-    gradient through that graph, or the identity rule ``g_x = out / x * g`` (0 where ``x`` is 0)."""
+    gradient through that graph, or the identity rule ``g_x = out / x * g`` (0 where ``x`` is 0).
+
+    ``out`` itself comes back, its history extended by this function (``mark_dirty``), when nothing of
+    its graph keeps ``out`` for its own backward (GELU and LayerNorm keep their inputs; tanh, softmax
+    keep their outputs, and the version count ``mark_dirty`` raises would fail them): no copy of it.
+    Else a view (``view=True``: the caller never changes it in place) or a copy.
+    """
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, out: Tensor, capture: TransformerAttributionCapture, copy: bool) -> Tensor:
+    def forward(ctx: Any, x: Tensor, out: Tensor, capture: TransformerAttributionCapture, view: bool) -> Tensor:
         ctx.capture = capture
         ctx.save_for_backward(_ratio(out, x))
-        # A copy unless the caller never changes it in place (a view of ``out`` may not be: autograd forbids it).
-        return out.clone() if copy else out.view_as(out)
+        if _extendable(x, out):
+            ctx.mark_dirty(out)
+            return out
+        return out.view_as(out) if view else out.clone()
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
@@ -151,6 +168,20 @@ class _Identity(torch.autograd.Function):
             return None, grad, None, None
         (ratio,) = ctx.saved_tensors
         return (ratio * grad).to(grad.dtype), None, None, None
+
+
+def _extendable(x: Tensor, out: Tensor) -> bool:
+    """Whether ``out`` can be returned marked dirty: its own tensor, made by a node that does not keep it."""
+    node = out.grad_fn
+    if node is None or out is x or out._base is not None or isinstance(node, torch.autograd.function.BackwardCFunction):
+        return False
+    ptr = out.untyped_storage().data_ptr()
+    for name in dir(node):
+        if name.startswith("_saved_"):
+            saved = getattr(node, name)
+            if isinstance(saved, Tensor) and saved.untyped_storage().data_ptr() == ptr:
+                return False
+    return True
 
 
 def _ratio(out: Tensor, x: Tensor) -> Tensor:
@@ -188,10 +219,11 @@ class _Scores(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None, None, None]:
         q, k, ratio, probs = ctx.saved_tensors
+        buffer = ctx.capture.scratch(0, probs.numel(), probs.dtype, probs.device).view(probs.shape)
         if ctx.capture.plain:
-            dscores, factor = torch._softmax_backward_data(grad.to(probs.dtype), probs, -1, probs.dtype), ctx.scale
+            dscores, factor = torch.ops.aten._softmax_backward_data.out(grad.to(probs.dtype), probs, -1, probs.dtype, grad_input=buffer), ctx.scale
         else:
-            dscores, factor = ratio * grad, 0.5 * ctx.scale
+            dscores, factor = torch.mul(ratio, grad, out=buffer), 0.5 * ctx.scale
         dq = torch.matmul(dscores, k).mul_(factor)
         dk = torch.matmul(dscores.transpose(-2, -1), q).mul_(factor)
         return dq, dk, None, None, None
@@ -234,32 +266,30 @@ class _AddRule(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, a: Tensor, b: Tensor, capture: TransformerAttributionCapture) -> Tensor:
-        y = a + b
         ctx.capture = capture
-        ctx.save_for_backward(a, b, y)
-        return y
+        ctx.save_for_backward(a, b)
+        return a + b
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        a, b, y = ctx.saved_tensors
+        a, b = ctx.saved_tensors
         needed = ctx.needs_input_grad[:2]
         if ctx.capture.plain:
             return (*(grad.sum_to_size(x.shape) if n else None for x, n in zip((a, b), needed)), None)
-        ra, rb, total = (_per_sample_dot(x, grad) for x in (a, b, y))
-        share = ra.abs() + rb.abs()
+        ra, rb = (_per_sample_dot(x, grad, ctx.capture.scratch) for x in (a, b))
+        # ΣR of the sum, R = (a + b) * g, is ra + rb.
+        total, share = ra + rb, ra.abs() + rb.abs()
         # a' = a * (|Σa| / (|Σa| + |Σb|) * ΣR) / Σa, so g_a = g * that factor.
         out = [(grad * safe_divide(safe_divide(r.abs(), share) * total, r)).sum_to_size(x.shape) if n else None
                for x, r, n in zip((a, b), (ra, rb), needed)]
         return out[0], out[1], None
 
 
-def _per_sample_dot(x: Tensor, grad: Tensor) -> Tensor:
-    """``_per_sample(x * grad)`` without the product's tensor: one dot product per sample."""
-    if x.shape != grad.shape or x.dim() < 2 or x.dtype != grad.dtype:
+def _per_sample_dot(x: Tensor, grad: Tensor, scratch: Callable[..., Tensor]) -> Tensor:
+    """``_per_sample(x * grad)``, the product in a scratch buffer."""
+    if x.shape != grad.shape or x.dtype != grad.dtype:
         return _per_sample(x * grad)
-    batch = x.shape[0]
-    dots = torch.bmm(x.reshape(batch, 1, -1), grad.reshape(batch, -1, 1))
-    return dots.view(-1, *([1] * (x.dim() - 1)))
+    return _per_sample(torch.mul(x, grad, out=scratch(0, x.numel(), x.dtype, x.device).view(x.shape)))
 
 
 # Routing, copies, casts, dropout (eval): relevance goes where the values go, unchanged.
@@ -332,7 +362,7 @@ class _TAMode(TorchFunctionMode):
             if not lrp._live(x):
                 return out
             # The probabilities are never changed in place (the mode refuses that): no copy for the N x N maps.
-            out = _Identity.apply(x, out, cap, base != "softmax")
+            out = _Identity.apply(x, out, cap, base == "softmax")
             return self._tag(out) if base == "softmax" else out
         if base == "linear" and not inplace:
             x = args[0] if args else kwargs.get("input")
@@ -388,7 +418,7 @@ class TransformerAttributionCapture(lrp.LRPCapture):
         self.paths.append(self.current_path)
 
     def _unit_rule(self, x: Tensor, output: Tensor) -> Tensor:
-        return _Identity.apply(x, output, self, True)
+        return _Identity.apply(x, output, self, False)
 
     def __exit__(self, *exc: Any) -> None:
         self._probs = {}
