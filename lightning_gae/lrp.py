@@ -84,13 +84,20 @@ class _Scale(torch.autograd.Function):
 
 
 class _IdentityRule(torch.autograd.Function):
-    """``y = f(x)`` in the forward (``y`` given); ``grad_x = y / x * grad_y``, so ``x * grad_x = y * grad_y``."""
+    """``y = f(x)`` in the forward (``y`` given, detached); ``grad_x = y / x * grad_y`` (0 where ``x`` is 0),
+    so ``x * grad_x = y * grad_y``. ``y`` itself is the output (``mark_dirty``: the op's own graph is
+    never run backward, so its version count does not matter), unless it shares ``x``'s memory."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, y: Tensor) -> Tensor:
-        ratio = torch.where(x == 0, torch.zeros_like(y), y / torch.where(x == 0, torch.ones_like(x), x))
+        ratio = y / x
+        if not torch.isfinite(ratio.sum()):
+            ratio.masked_fill_(x == 0, 0.0)
         ctx.save_for_backward(ratio)
-        return y.clone()
+        if y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            return y.clone()
+        ctx.mark_dirty(y)
+        return y
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:

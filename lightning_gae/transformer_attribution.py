@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from lightning_gae import lrp
-from lightning_gae.capture import _additive, explicit_multi_head_attention_forward, explicit_scaled_dot_product_attention
+from lightning_gae.capture import explicit_multi_head_attention_forward, explicit_scaled_dot_product_attention
 
 __all__ = ["TransformerAttributionCapture", "attribution_row"]
 
@@ -200,8 +200,9 @@ class _Scores(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, bias: Tensor | None, scale: float, capture: TransformerAttributionCapture) -> Tensor:
         dtype = torch.promote_types(q.dtype, torch.float32)
-        q, k = q.to(dtype), k.to(dtype)
-        scores = torch.matmul(q, k.transpose(-2, -1)).mul_(scale)
+        # The scale goes into the queries, as in the explicit path (lightning_gae.capture).
+        q, k = q.to(dtype) * scale, k.to(dtype)
+        scores = torch.matmul(q, k.transpose(-2, -1))
         if bias is not None:
             scores.add_(bias.to(dtype))
             dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
@@ -218,18 +219,22 @@ class _Scores(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None, None, None]:
-        q, k, ratio, probs = ctx.saved_tensors
+        q, k, ratio, probs = ctx.saved_tensors  # (q scaled)
         buffer = ctx.capture.scratch(0, probs.numel(), probs.dtype, probs.device).view(probs.shape)
         if ctx.capture.plain:
-            dscores, factor = torch.ops.aten._softmax_backward_data.out(grad.to(probs.dtype), probs, -1, probs.dtype, grad_input=buffer), ctx.scale
+            dscores, half = torch.ops.aten._softmax_backward_data.out(grad.to(probs.dtype), probs, -1, probs.dtype, grad_input=buffer), 1.0
         else:
-            dscores, factor = torch.mul(ratio, grad, out=buffer), 0.5 * ctx.scale
-        dq = torch.matmul(dscores, k).mul_(factor)
-        dk = torch.matmul(dscores.transpose(-2, -1), q).mul_(factor)
-        return dq, dk, None, None, None
+            dscores, half = torch.mul(ratio, grad, out=buffer), 0.5
+        dq = torch.matmul(dscores, k).mul_(half * ctx.scale)
+        dk = torch.matmul(dscores.transpose(-2, -1), q)
+        return dq, dk if half == 1.0 else dk.mul_(half), None, None, None
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _blocked(blocked: Tensor, dtype: torch.dtype) -> Tensor:
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, -math.inf)
 
 
 def _fused_attention(capture: TransformerAttributionCapture, args: tuple, kwargs: dict) -> Tensor | None:
@@ -248,9 +253,11 @@ def _fused_attention(capture: TransformerAttributionCapture, args: tuple, kwargs
     scale = p.get("scale")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     dtype = torch.promote_types(query.dtype, torch.float32)
-    bias = _additive(mask, dtype, allowed_when_true=True)
+    # SDPA's masks: a boolean one marks the keys that may be attended, a float one is added; is_causal is the
+    # top-left aligned lower triangle.
+    bias = None if mask is None else _blocked(~mask, dtype) if mask.dtype == torch.bool else mask.to(dtype)
     if p.get("is_causal"):
-        causal = _additive(torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril(), dtype, True)
+        causal = _blocked(torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).triu(1), dtype)
         bias = causal if bias is None else bias + causal
     probs = _Scores.apply(query, key, bias, scale, capture)
     capture._record(probs)
