@@ -167,6 +167,9 @@ class _Identity(torch.autograd.Function):
         if ctx.capture.plain:
             return None, grad, None, None
         (ratio,) = ctx.saved_tensors
+        if ratio.dtype == grad.dtype and ratio.shape == grad.shape:
+            # The quotient is read once (the plain pass does not): the gradient goes into its memory.
+            return ratio.mul_(grad), None, None, None
         return (ratio * grad).to(grad.dtype), None, None, None
 
 
