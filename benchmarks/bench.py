@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["MODEL_METHODS", "FIT_METHODS", "FLOW_METHODS", "LRP_BENCH_METHODS", "LLAMA_METHODS", "Case", "Interrupted",
-           "full_cases", "quick_cases", "run", "ratio_report", "main"]
+           "full_cases", "quick_cases", "select_cases", "run", "ratio_report", "main"]
 
 MODEL_METHODS: tuple[str, ...] = (
     "forward_backward", "gae", "gae_matrix", "per_sample_loop", "rollout", "saliency", "integrated_gradients",
@@ -129,6 +129,11 @@ def quick_cases(config: str | Path = _MAIN_CONFIG) -> list[Case]:
         Case("llama", 1, 64, {"hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2}),
         _main_job_case(config, 3),
     ]
+
+
+def select_cases(cases: Sequence[Case], names: Sequence[str], tokens: Sequence[int] | None = None) -> list[Case]:
+    """The cases of the kinds in ``names`` and, with ``tokens``, of those token counts only."""
+    return [c for c in cases if c.name in names and (tokens is None or c.tokens in tokens)]
 
 
 def _main_job_case(config: str | Path, max_epochs: int | None) -> Case:
@@ -578,9 +583,8 @@ def ratio_report(rows: Sequence[dict]) -> str:
         b, n = max(bert, key=lambda s: (s[1], s[0]))
         targets.append((f"peak memory gae / forward_backward (bert batch {b}, N={n})",
                         ratio(("bert", b, n, "gae"), ("bert", b, n, "forward_backward"), "peak_memory_mb"), "<= 1.5"))
-    if llamas:
-        # Issue 22: long prompts, batch 1, the longest measured.
-        b, n = max(llamas, key=lambda s: (s[1], s[0]))
+    for b, n in llamas:
+        # Issue 22: long prompts, batch 1, at every N measured.
         targets += [(f"llama gae / forward_backward (batch {b}, N={n})", ratio(("llama", b, n, "gae"), ("llama", b, n, "forward_backward")), "<= 1.5"),
                     (f"llama peak memory gae / forward_backward (batch {b}, N={n})",
                      ratio(("llama", b, n, "gae"), ("llama", b, n, "forward_backward"), "peak_memory_mb"), "<= 1.5")]
@@ -606,6 +610,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cases", nargs="+", choices=("vit", "bert", "flow", "llama", "main_job"),
                         default=["vit", "bert", "flow", "llama", "main_job"],
                         help="run only these case kinds")
+    parser.add_argument("--tokens", type=int, nargs="+",
+                        help="run only the settings with these token counts N (e.g. --cases llama --tokens 1024 4096)")
     parser.add_argument("--repeats", type=int, help="timed repeats after the warm-up (default 3, 1 with --quick)")
     parser.add_argument("--budget", type=float, default=60.0,
                         help="a method stops repeating once its timed calls took this many seconds (default 60)")
@@ -616,7 +622,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--repeats must be >= 1; got {args.repeats}")
     if not Path(args.config).is_file():
         parser.error(f"--config {args.config} does not exist; give the main job's LightningCLI YAML")
-    cases = [c for c in (quick_cases if args.quick else full_cases)(args.config) if c.name in args.cases]
+    cases = select_cases((quick_cases if args.quick else full_cases)(args.config), args.cases, args.tokens)
+    if not cases:
+        parser.error(f"no {' or '.join(args.cases)} case has N in {args.tokens}; the settings are listed in "
+                     "benchmarks/bench.py (full_cases, quick_cases)")
     repeats = args.repeats or (1 if args.quick else 3)
     try:
         rows = run(cases, repeats=repeats, budget=args.budget, device=args.device)

@@ -106,7 +106,8 @@ def _attend(query: Tensor, key: Tensor, value: Tensor, scale: float, bias: Tenso
     Rows whose every key is masked get probability 0, as PyTorch's SDPA does, instead of NaN.
     """
     dtype = torch.promote_types(query.dtype, torch.float32)
-    scores = (query.to(dtype) @ key.to(dtype).transpose(-2, -1)) * scale
+    # The scale goes into the queries (an N x E pass, not an N x N one), as the lean path and fused kernels do.
+    scores = (query.to(dtype) * scale) @ key.to(dtype).transpose(-2, -1)
     if bias is not None:
         scores = scores + bias.to(dtype)
         dead = torch.isneginf(scores).all(dim=-1, keepdim=True)

@@ -71,6 +71,30 @@ def _reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:
     return grad.sum(dim=dims, keepdim=True) if dims else grad
 
 
+def _chunks(heads: int, n_q: int, n_k: int, limits: Tensor | None) -> list[tuple[int, int, int]]:
+    """``(first query, end, keys)`` of each chunk of queries the backward pass takes at once.
+
+    A chunk holds at most :data:`_CHUNK_ELEMENTS` scores (``heads · queries · keys``). With
+    ``limits`` (each query's last visible key + 1, a causal mask's) a chunk's keys end at its queries'
+    largest limit, so the early chunks of a causal mask take more queries: fewer, larger operations.
+    """
+    base = max(1, min(n_q, _CHUNK_ELEMENTS // max(1, heads * n_k)))
+    spans = []
+    start = 0
+    while start < n_q:
+        rows = min(base, n_q - start)
+        if limits is not None:
+            while start + rows < n_q:
+                grow = min(n_q - start, 2 * rows)
+                if heads * grow * int(limits[start:start + grow].max()) > _CHUNK_ELEMENTS:
+                    break
+                rows = grow
+        stop = start + rows
+        spans.append((start, stop, n_k if limits is None else max(1, int(limits[start:stop].max()))))
+        start = stop
+    return spans
+
+
 def _rows(bias: Tensor | None, sl: slice, n_q: int) -> Tensor | None:
     if bias is None:
         return None
@@ -79,11 +103,11 @@ def _rows(bias: Tensor | None, sl: slice, n_q: int) -> Tensor | None:
 
 class _LeanAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, bias, token, scale, state, call):  # type: ignore[override]
+    def forward(ctx, q, k, v, bias, token, scale, state, call, causal):  # type: ignore[override]
         del token  # only there so that autograd.grad(score, token) runs every call's backward
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, is_causal=causal)
         ctx.save_for_backward(q, k, v, bias)
-        ctx.scale, ctx.state, ctx.call = scale, state, call
+        ctx.scale, ctx.state, ctx.call, ctx.causal = scale, state, call, causal
         ctx.bias_grad = bias is not None and bias.requires_grad
         return out
 
@@ -112,49 +136,63 @@ class _LeanAttention(torch.autograd.Function):
         wanted = state.calls is None or ctx.call.index in state.calls
         update = None if row is None or not wanted else torch.zeros_like(row)
         abar = None if row is not None or not wanted else torch.empty(b, n_q, n_k, dtype=torch.float32, device=q.device)
-        chunk = max(1, min(n_q, _CHUNK_ELEMENTS // max(1, b * h * n_k)))
+        limits = ctx.call.key_limits
+        spans = _chunks(b * h, n_q, n_k, limits)
         # Three chunk-sized buffers reused by every chunk and call (ops write into them): fresh N x N-sized
         # temporaries per chunk cost more in page faults than the arithmetic on a CPU.
-        buffers = state.buffers(b * h * chunk * n_k, dtype, q.device)
+        buffers = state.buffers(max(b * h * (stop - start) * nk for start, stop, nk in spans), dtype, q.device)
         kt, vt = kf.transpose(1, 2), vf.transpose(1, 2)
-        limits = ctx.call.key_limits
-        for start in range(0, n_q, chunk):
-            sl = slice(start, min(start + chunk, n_q))
-            rows = sl.stop - sl.start
-            # Keys past every query's last visible one get probability 0 and contribute nothing: left out.
-            nk = n_k if limits is None else max(1, int(limits[sl].max()))
+        acc = torch.empty(b * h * max(e, e_v) * max(nk for _, _, nk in spans), dtype=dtype, device=q.device)
+        # A causal mask without a bias tensor: -inf above the diagonal, which only the chunk's own
+        # block of keys (from its first query on) has; the keys before it are open to every query.
+        above = None
+        if ctx.causal:
+            size = max(stop - start for start, stop, _ in spans)
+            above = torch.zeros(size, size, dtype=dtype, device=q.device).masked_fill_(
+                torch.ones(size, size, dtype=torch.bool, device=q.device).triu_(1), -math.inf)
+        # The row form's r·Ā with the mean over heads folded into one product per head: r repeated per head.
+        row_h = None if update is None else row.to(dtype)[:, None, None, :].expand(b, h, 1, n_q).reshape(b * h, 1, n_q)
+        for start, stop, nk in spans:
+            sl = slice(start, stop)
+            rows = stop - start
             probs, grads, spare = (buf[: b * h * rows * nk].view(b * h, rows, nk) for buf in buffers)
             qc, doc = qf[:, sl], do[:, sl]
             torch.bmm(qc, kt[:, :, :nk], out=spare)  # the scores
             bc = _rows(bias, sl, n_q)
             if bc is not None:
                 spare.view(b, h, rows, nk).add_(bc[..., :nk].to(dtype))
+            if above is not None and nk > start:
+                width = nk - start
+                block = above[:rows, :width] if width <= above.shape[1] else torch.zeros(rows, width, dtype=dtype, device=q.device) \
+                    .masked_fill_(torch.ones(rows, width, dtype=torch.bool, device=q.device).triu_(1), -math.inf)
+                spare[:, :, start:].add_(block)
             torch.ops.aten._softmax.out(spare, -1, False, out=probs)
             if bc is not None:
                 # A row whose keys are all masked (-inf) gets probability 0 (softmax gives NaN there).
                 probs.masked_fill_(torch.isneginf(spare.amax(dim=-1, keepdim=True)), 0.0)
             torch.bmm(doc, vt[:, :, :nk], out=grads)  # ∇A for these queries
-            dvt[:, :, :nk].baddbmm_(doc.transpose(1, 2), probs)
+            # (bmm, then add: an accumulating baddbmm_ into this slice runs as one small GEMM per head on a CPU,
+            # many times slower with two threads.)
+            dvt[:, :, :nk].add_(torch.bmm(doc.transpose(1, 2), probs, out=acc[: b * h * e_v * nk].view(b * h, e_v, nk)))
             if wanted:
-                # Eq. 5 for these queries: E_h[(∇A ⊙ A)⁺]
-                a = torch.mul(grads, probs, out=spare).clamp_(min=0).view(b, h, rows, nk).mean(dim=1)
-                a = a.to(torch.float32)
+                # Eq. 5 for these queries: E_h[(∇A ⊙ A)⁺], the mean left to the row update in row mode.
+                positive = torch.mul(grads, probs, out=spare).clamp_(min=0)
+                if update is not None:
+                    update[:, :nk] += torch.bmm(row_h[:, :, sl], positive).view(b, h, nk).sum(dim=1).div_(h).to(update.dtype)
+                elif abar is not None:
+                    abar[:, sl, :nk] = positive.view(b, h, rows, nk).mean(dim=1)
+                    if nk < n_k:
+                        abar[:, sl, nk:] = 0.0
             # dS = A ⊙ (∇A − rowsum(∇A ⊙ A)): softmax's own backward kernel, one pass.
             dscores = torch.ops.aten._softmax_backward_data.out(grads, probs, -1, dtype, grad_input=spare)
             dq[:, sl] = torch.bmm(dscores, kf[:, :nk])
-            dkt[:, :, :nk].baddbmm_(qc.transpose(1, 2), dscores)
+            dkt[:, :, :nk].add_(torch.bmm(qc.transpose(1, 2), dscores, out=acc[: b * h * e * nk].view(b * h, e, nk)))
             if dbias is not None:
                 ds4 = dscores.view(b, h, rows, nk)
                 if bias.shape[-2] == n_q:
                     dbias[..., sl, :nk] += _reduce_to(ds4, bias[..., sl, :nk].shape)
                 else:
                     dbias[..., :nk] += _reduce_to(ds4, bias[..., :nk].shape)
-            if update is not None:
-                update[:, :nk] += torch.bmm(row[:, sl].unsqueeze(1), a).squeeze(1)
-            elif abar is not None:
-                abar[:, sl, :nk] = a
-                if nk < n_k:
-                    abar[:, sl, nk:] = 0.0
         if update is not None:
             state.row = row + update
         elif abar is not None:
@@ -165,7 +203,7 @@ class _LeanAttention(torch.autograd.Function):
         dk = dkt.transpose(1, 2).reshape(b, h, n_k, e)
         dv = dvt.transpose(1, 2).reshape(b, h, n_k, e_v)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
-                None if dbias is None else dbias.to(bias.dtype), None, None, None, None)
+                None if dbias is None else dbias.to(bias.dtype), None, None, None, None, None)
 
 
 def _additive(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -197,6 +235,12 @@ def lean_attention(
     if enable_gqa and key.shape[-3] != query.shape[-3]:
         key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
         value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
+    if is_causal and attn_mask is None:
+        # The fused kernel skips what the mask hides; nothing N x N is built. Query i sees keys 0..i.
+        call.attended = (torch.arange(n_k, device=query.device) < n_q).expand(query.shape[0], n_k)
+        last = torch.arange(1, n_q + 1).clamp_(max=n_k)
+        call.key_limits = last if bool((last < n_k).any()) else None
+        return _LeanAttention.apply(query, key, value, None, token, scale, state, call, True)
     dtype = torch.promote_types(query.dtype, torch.float32)
     bias = _additive(attn_mask, dtype)
     if is_causal:
@@ -214,4 +258,4 @@ def lean_attention(
                 per_query = open_.reshape(-1, n_q, n_k).any(dim=0)
                 last = (per_query * torch.arange(1, n_k + 1, device=per_query.device)).amax(dim=-1)
                 call.key_limits = last.cpu() if bool((last < n_k).any()) else None
-    return _LeanAttention.apply(query, key, value, bias, token, scale, state, call)
+    return _LeanAttention.apply(query, key, value, bias, token, scale, state, call, False)

@@ -84,13 +84,20 @@ class _Scale(torch.autograd.Function):
 
 
 class _IdentityRule(torch.autograd.Function):
-    """``y = f(x)`` in the forward (``y`` given); ``grad_x = y / x * grad_y``, so ``x * grad_x = y * grad_y``."""
+    """``y = f(x)`` in the forward (``y`` given, detached); ``grad_x = y / x * grad_y`` (0 where ``x`` is 0),
+    so ``x * grad_x = y * grad_y``. ``y`` itself is the output (``mark_dirty``: the op's own graph is
+    never run backward, so its version count does not matter), unless it shares ``x``'s memory."""
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, y: Tensor) -> Tensor:
-        ratio = torch.where(x == 0, torch.zeros_like(y), y / torch.where(x == 0, torch.ones_like(x), x))
+        ratio = y / x
+        if not torch.isfinite(ratio.sum()):
+            ratio.masked_fill_(x == 0, 0.0)
         ctx.save_for_backward(ratio)
-        return y.clone()
+        if y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+            return y.clone()
+        ctx.mark_dirty(y)
+        return y
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
@@ -466,8 +473,12 @@ class LRPCapture:
             self._units -= 1
             x, self._unit_input = (self._unit_input, None) if self._units == 0 else (None, self._unit_input)
             if x is not None and isinstance(output, Tensor) and output.shape == x.shape:
-                return identity_rule(x, output)
+                return self._unit_rule(x, output)
         return None
+
+    def _unit_rule(self, x: Tensor, output: Tensor) -> Tensor:
+        """What replaces an activation module's output (its input ``x``): the identity rule."""
+        return identity_rule(x, output)
 
     def _leaf(self, module: nn.Module, args: Any, output: Any) -> Tensor:
         if not isinstance(output, Tensor) or not output.is_floating_point():

@@ -25,11 +25,14 @@ The output relevance is 1 at the explained score (their one-hot), then
 
 Anything else on the path from the attention to the score (a convolution, a mean, ``sub``...)
 raises :class:`~lightning_gae.lrp.UnsupportedOperation` naming the operation and the module.
-Two forwards are run: one under these rules, one plain for the gradients of the probabilities.
+One forward runs under these rules; its graph has two backward passes, one with the rules (the relevance
+at the probabilities) and one with each rule's plain gradient (the attention gradients), selected by
+the capture's ``plain`` flag: the plain gradient of the model, with no second forward.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -54,22 +57,214 @@ def safe_divide(a: Tensor, b: Tensor) -> Tensor:
 
 
 class _AlphaBeta(torch.autograd.Function):
-    """``F.linear`` forward; LRP alpha=1, beta=0 backward in gradient form (bias ignored)."""
+    """``F.linear`` forward; backward: the plain gradient, or LRP alpha=1, beta=0 in gradient form (bias ignored)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, capture: TransformerAttributionCapture) -> Tensor:
         y = F.linear(x, weight, bias)
+        ctx.capture = capture
         ctx.save_for_backward(x, weight, y)
         return y
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
         x, w, y = ctx.saved_tensors
-        pw, nw = w.clamp(min=0), w.clamp(max=0)
-        z = F.linear(x.clamp(min=0), pw) + F.linear(x.clamp(max=0), nw)
-        s = safe_divide(y * grad, z)
-        # R_x = x⁺ (S W⁺) + x⁻ (S W⁻), so g_x = R_x / x:
-        return torch.where(x > 0, s @ pw, torch.where(x < 0, s @ nw, torch.zeros((), dtype=s.dtype))), None, None
+        scratch = ctx.capture.scratch
+        if ctx.capture.plain:
+            return _on_used_rows(lambda x, y, g: _linear_gradient(g, w, scratch), x, y, grad), None, None, None
+        rule = lambda x, y, g: _alpha_beta_gradient(x, w, y, g, scratch)  # noqa: E731
+        return _on_used_rows(rule, x, y, grad), None, None, None
+
+
+def _linear_gradient(grad: Tensor, w: Tensor, scratch: Callable[..., Tensor]) -> Tensor:
+    """``grad @ w``; a strided ``grad`` (from a reshape of q, k, v, say) is first copied into a scratch buffer."""
+    if grad.dim() > 1 and not grad.is_contiguous() and grad.dtype == w.dtype:
+        grad = scratch(0, grad.numel(), grad.dtype, grad.device).view(grad.shape).copy_(grad)
+    return grad @ w
+
+
+def _on_used_rows(backward: Callable[[Tensor, Tensor, Tensor], Tensor], x: Tensor, y: Tensor, grad: Tensor) -> Tensor:
+    """``backward(x, y, grad)`` on the rows (tokens) whose gradient is not all 0, the others' result 0:
+    past a model's last attention only its readout token's rows carry any (a class token's, say)."""
+    if grad.dim() < 2 or grad.numel() < 2 * grad.shape[-1] or bool(grad[(-1,) * (grad.dim() - 1)].any()):
+        return backward(x, y, grad)
+    g = grad.reshape(-1, grad.shape[-1])
+    used = g.any(dim=1).nonzero().squeeze(1)
+    if used.numel() * 2 > g.shape[0]:
+        return backward(x, y, grad)
+    x2, y2 = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
+    part = backward(x2.index_select(0, used), y2.index_select(0, used), g.index_select(0, used))
+    return part.new_zeros(x2.shape).index_copy_(0, used, part).view(x.shape)
+
+
+def _alpha_beta_gradient(x: Tensor, w: Tensor, y: Tensor, grad: Tensor, scratch: Callable[..., Tensor]) -> Tensor:
+    """``g_x = R_x / x`` with ``R_x = x⁺ (S W⁺) + x⁻ (S W⁻)``, ``S = safe_divide(y * g, z)``, ``z = x⁺ W⁺ᵀ + x⁻ W⁻ᵀ``.
+
+    Each term of ``z`` is >= 0, so :func:`safe_divide` is ``R / (z + 1e-9)`` with 0 where ``z`` is 0;
+    ``g_x`` is ``S W⁺`` where ``x > 0``, ``S W⁻`` where ``x < 0``, 0 where ``x == 0`` (picked with
+    ``lerp`` by a 0/1 weight, exact, which a CPU runs several times faster than ``where``). On
+    flattened ``[M, features]`` matrices, the intermediates in ``scratch`` buffers reused by every
+    linear layer of the backward pass (fresh ones cost a CPU more in page faults than their arithmetic).
+    """
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])
+    dtype = torch.promote_types(torch.promote_types(x.dtype, w.dtype), torch.promote_types(y.dtype, grad.dtype))
+    x, w = x.to(dtype), w.to(dtype)
+    rows, n_in, n_out = x.shape[0], x.shape[1], w.shape[0]
+    pw, nw = w.clamp(min=0), w.clamp(max=0)
+    part = scratch(0, rows * n_in, dtype, x.device).view(rows, n_in)
+    has_zero = bool(torch.abs(x, out=part).amin() == 0)
+    z = torch.mm(torch.clamp(x, min=0, out=part), pw.T, out=scratch(1, rows * n_out, dtype, x.device).view(rows, n_out))
+    z.addmm_(torch.clamp(x, max=0, out=part), nw.T)
+    # (A strided grad, the q, k, v projection's, is read in place, not copied by a reshape.)
+    s = torch.mul(y, grad, out=scratch(2, rows * n_out, dtype, x.device).view(y.shape)).view(rows, n_out)
+    empty = z == 0 if bool(z.amin() == 0) else None
+    s.div_(z.add_(1e-9))
+    if empty is not None:
+        s.masked_fill_(empty, 0.0)
+    positive = torch.gt(x, 0, out=scratch(3, rows * n_in, dtype, x.device).view(rows, n_in))
+    g = torch.lerp(torch.mm(s, nw, out=part), torch.mm(s, pw, out=scratch(4, rows * n_in, dtype, x.device).view(rows, n_in)), positive)
+    if has_zero:
+        g.masked_fill_(x == 0, 0.0)
+    return g.view(shape).to(grad.dtype)
+
+
+class _Half(torch.autograd.Function):
+    """Identity forward of a product of two relevance-carrying tensors; backward: the plain gradient,
+    or half of it (the z-rule's share of each operand, the authors' ``cam /= 2``)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, capture: TransformerAttributionCapture) -> Tensor:
+        ctx.capture = capture
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return (grad if ctx.capture.plain else grad * 0.5), None
+
+
+class _Identity(torch.autograd.Function):
+    """``out = f(x)`` as the model computed it (``out`` keeps its own graph); backward: the plain
+    gradient through that graph, or the identity rule ``g_x = out / x * g`` (0 where ``x`` is 0).
+
+    ``out`` itself comes back, its history extended by this function (``mark_dirty``), when nothing of
+    its graph keeps ``out`` for its own backward (GELU and LayerNorm keep their inputs; tanh, softmax
+    keep their outputs, and the version count ``mark_dirty`` raises would fail them): no copy of it.
+    Else a view (``view=True``: the caller never changes it in place) or a copy.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, out: Tensor, capture: TransformerAttributionCapture, view: bool) -> Tensor:
+        ctx.capture = capture
+        ctx.save_for_backward(_ratio(out, x))
+        if _extendable(x, out):
+            ctx.mark_dirty(out)
+            return out
+        return out.view_as(out) if view else out.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+        if ctx.capture.plain:
+            return None, grad, None, None
+        (ratio,) = ctx.saved_tensors
+        if ratio.dtype == grad.dtype and ratio.shape == grad.shape:
+            # The quotient is read once (the plain pass does not): the gradient goes into its memory.
+            return ratio.mul_(grad), None, None, None
+        return (ratio * grad).to(grad.dtype), None, None, None
+
+
+def _extendable(x: Tensor, out: Tensor) -> bool:
+    """Whether ``out`` can be returned marked dirty: its own tensor, made by a node that does not keep it."""
+    node = out.grad_fn
+    if node is None or out is x or out._base is not None or isinstance(node, torch.autograd.function.BackwardCFunction):
+        return False
+    ptr = out.untyped_storage().data_ptr()
+    for name in dir(node):
+        if name.startswith("_saved_"):
+            saved = getattr(node, name)
+            if isinstance(saved, Tensor) and saved.untyped_storage().data_ptr() == ptr:
+                return False
+    return True
+
+
+def _ratio(out: Tensor, x: Tensor) -> Tensor:
+    """``out / x``, 0 where ``x`` is 0 (looked for only when the quotient has a non-finite value)."""
+    ratio = out / x
+    if not torch.isfinite(ratio.sum()):
+        ratio.masked_fill_(x == 0, 0.0)
+    return ratio
+
+
+class _Scores(torch.autograd.Function):
+    """``softmax(q kᵀ · scale + bias)`` of fused attention, the rules of its operations in one function
+    (the same as op by op: the z-rule halved on ``q kᵀ``, the identity rule on the softmax; or their
+    plain gradients), with no ``N x N`` temporaries beyond the scores and the probabilities."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, bias: Tensor | None, scale: float, capture: TransformerAttributionCapture) -> Tensor:
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        # The scale goes into the queries, as in the explicit path (lightning_gae.capture).
+        q, k = q.to(dtype) * scale, k.to(dtype)
+        scores = torch.matmul(q, k.transpose(-2, -1))
+        if bias is not None:
+            scores.add_(bias.to(dtype))
+            dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
+            probs = torch.softmax(scores.masked_fill_(dead, 0.0), dim=-1).masked_fill_(dead, 0.0)
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        # The identity rule's out / x, in the scores' own memory; 0 where a score is 0.
+        ratio = torch.div(probs, scores, out=scores)
+        if not torch.isfinite(ratio.sum()):
+            ratio.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        ctx.scale, ctx.capture = scale, capture
+        ctx.save_for_backward(q, k, ratio, probs)
+        return probs
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None, None, None]:
+        q, k, ratio, probs = ctx.saved_tensors  # (q scaled)
+        buffer = ctx.capture.scratch(0, probs.numel(), probs.dtype, probs.device).view(probs.shape)
+        if ctx.capture.plain:
+            dscores, half = torch.ops.aten._softmax_backward_data.out(grad.to(probs.dtype), probs, -1, probs.dtype, grad_input=buffer), 1.0
+        else:
+            dscores, half = torch.mul(ratio, grad, out=buffer), 0.5
+        dq = torch.matmul(dscores, k).mul_(half * ctx.scale)
+        dk = torch.matmul(dscores.transpose(-2, -1), q)
+        return dq, dk if half == 1.0 else dk.mul_(half), None, None, None
+
+
+_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _blocked(blocked: Tensor, dtype: torch.dtype) -> Tensor:
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, -math.inf)
+
+
+def _fused_attention(capture: TransformerAttributionCapture, args: tuple, kwargs: dict) -> Tensor | None:
+    """``F.scaled_dot_product_attention`` under the rules with :class:`_Scores`; None where it does not apply
+    (an operand without relevance, a bias that carries some, broadcast batch dimensions): op by op then."""
+    p = dict(zip(_SDPA_ARGS, args))
+    p.update(kwargs)
+    query, key, value, mask = p["query"], p["key"], p["value"], p.get("attn_mask")
+    if not all(lrp._live(t) for t in (query, key, value)) or lrp._live(mask) or query.dim() < 3:
+        return None
+    if p.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
+        key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
+        value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
+    if query.shape[:-2] != key.shape[:-2]:
+        return None
+    scale = p.get("scale")
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    dtype = torch.promote_types(query.dtype, torch.float32)
+    # SDPA's masks: a boolean one marks the keys that may be attended, a float one is added; is_causal is the
+    # top-left aligned lower triangle.
+    bias = None if mask is None else _blocked(~mask, dtype) if mask.dtype == torch.bool else mask.to(dtype)
+    if p.get("is_causal"):
+        causal = _blocked(torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).triu(1), dtype)
+        bias = causal if bias is None else bias + causal
+    probs = _Scores.apply(query, key, bias, scale, capture)
+    capture._record(probs)
+    return _Half.apply(probs.to(value.dtype) @ value, capture).to(value.dtype)
 
 
 def _per_sample(t: Tensor) -> Tensor:
@@ -77,24 +272,34 @@ def _per_sample(t: Tensor) -> Tensor:
 
 
 class _AddRule(torch.autograd.Function):
-    """``a + b`` forward; the authors' ``Add.relprop`` in gradient form, per sample."""
+    """``a + b`` forward; backward: the plain gradient, or the authors' ``Add.relprop`` in gradient form, per sample."""
 
     @staticmethod
-    def forward(ctx: Any, a: Tensor, b: Tensor) -> Tensor:
-        y = a + b
-        ctx.save_for_backward(a, b, y)
-        return y
+    def forward(ctx: Any, a: Tensor, b: Tensor, capture: TransformerAttributionCapture) -> Tensor:
+        ctx.capture = capture
+        ctx.save_for_backward(a, b)
+        return a + b
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        a, b, y = ctx.saved_tensors
-        ra, rb = _per_sample(a * grad), _per_sample(b * grad)
-        total = _per_sample(y * grad)
-        share = ra.abs() + rb.abs()
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
+        a, b = ctx.saved_tensors
+        needed = ctx.needs_input_grad[:2]
+        if ctx.capture.plain:
+            return (*(grad.sum_to_size(x.shape) if n else None for x, n in zip((a, b), needed)), None)
+        ra, rb = (_per_sample_dot(x, grad, ctx.capture.scratch) for x in (a, b))
+        # ΣR of the sum, R = (a + b) * g, is ra + rb.
+        total, share = ra + rb, ra.abs() + rb.abs()
         # a' = a * (|Σa| / (|Σa| + |Σb|) * ΣR) / Σa, so g_a = g * that factor.
-        out = [(grad * safe_divide(safe_divide(r.abs(), share) * total, r)).sum_to_size(x.shape) if needed else None
-               for x, r, needed in ((a, ra, ctx.needs_input_grad[0]), (b, rb, ctx.needs_input_grad[1]))]
-        return out[0], out[1]
+        out = [(grad * safe_divide(safe_divide(r.abs(), share) * total, r)).sum_to_size(x.shape) if n else None
+               for x, r, n in zip((a, b), (ra, rb), needed)]
+        return out[0], out[1], None
+
+
+def _per_sample_dot(x: Tensor, grad: Tensor, scratch: Callable[..., Tensor]) -> Tensor:
+    """``_per_sample(x * grad)``, the product in a scratch buffer."""
+    if x.shape != grad.shape or x.dtype != grad.dtype:
+        return _per_sample(x * grad)
+    return _per_sample(torch.mul(x, grad, out=scratch(0, x.numel(), x.dtype, x.device).view(x.shape)))
 
 
 # Routing, copies, casts, dropout (eval): relevance goes where the values go, unchanged.
@@ -105,7 +310,7 @@ _KEEPS_PROBS = {"dropout", "to", "type", "type_as", "float", "contiguous", "clon
 
 
 class _TAMode(TorchFunctionMode):
-    """The authors' LRP rules (``rules=True``) or the plain forward; both record the attention probabilities."""
+    """The authors' LRP rules, each with the plain gradient as its second backward; records the attention probabilities."""
 
     supported = ("linear layers (alpha-beta), residual sums (Add rule), LayerNorm/RMSNorm, elementwise activations and "
                  "softmax (identity), attention products Q·Kᵀ and A·V (z-rule halved), fused attention (SDPA, "
@@ -114,7 +319,6 @@ class _TAMode(TorchFunctionMode):
     def __init__(self, capture: TransformerAttributionCapture) -> None:
         super().__init__()
         self.capture = capture
-        self.rules = capture.rules
 
     # lrp._LRPMode's messages, with this rule set's list of what is supported.
     _no_rule = lrp._LRPMode._no_rule
@@ -136,6 +340,10 @@ class _TAMode(TorchFunctionMode):
         if func is F.scaled_dot_product_attention or func is F.multi_head_attention_forward:
             if not any(lrp._live(t) for t in lrp._flat_tensors(args, kwargs)):
                 return func(*args, **kwargs)
+            if func is F.scaled_dot_product_attention:
+                out = _fused_attention(cap, args, kwargs)
+                if out is not None:
+                    return out
             # Computed explicitly, its own operations again under this mode (a fresh one: this one is off here).
             with _TAMode(cap):
                 if func is F.scaled_dot_product_attention:
@@ -152,22 +360,19 @@ class _TAMode(TorchFunctionMode):
             if sum(lrp._live(t) for t in operands) == 2 and not inplace:
                 if self._is_probs(operands[0]):
                     cap._record(operands[0])
-                out = func(*args, **kwargs)
-                return lrp._Scale.apply(out, 0.5) if self.rules else out
-            if self.rules and base == "matmul" and lrp._live(operands[0]) and isinstance(operands[1], Tensor) \
+                return _Half.apply(func(*args, **kwargs), cap)
+            if base == "matmul" and lrp._live(operands[0]) and isinstance(operands[1], Tensor) \
                     and operands[1].dim() == 2 and not inplace:
-                return _AlphaBeta.apply(operands[0], operands[1].T, None)  # x @ W: a linear layer
-        if not self.rules:
-            out = func(*args, **kwargs)
-            if base == "softmax" or (base in _KEEPS_PROBS and args and self._is_probs(args[0])):
-                self._tag(out)
-            return out
+                return _AlphaBeta.apply(operands[0], operands[1].T, None, cap)  # x @ W: a linear layer
         if base in lrp._ACTIVATIONS and (kwargs.get("inplace") is True or any(a is True for a in args[1:])):
             inplace = True
         if func in _NORMS or base == "softmax" or (base in lrp._ACTIVATIONS and not inplace):
             x = args[0] if args else kwargs.get("input")
             out = func(*args, **kwargs)
-            out = lrp.identity_rule(x, out) if lrp._live(x) else out
+            if not lrp._live(x):
+                return out
+            # The probabilities are never changed in place (the mode refuses that): no copy for the N x N maps.
+            out = _Identity.apply(x, out, cap, base == "softmax")
             return self._tag(out) if base == "softmax" else out
         if base == "linear" and not inplace:
             x = args[0] if args else kwargs.get("input")
@@ -175,12 +380,12 @@ class _TAMode(TorchFunctionMode):
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             if lrp._live(weight) or lrp._live(bias) or not lrp._live(x):
                 return self._refuse(func, inplace, args, kwargs)
-            return _AlphaBeta.apply(x, weight, bias)
+            return _AlphaBeta.apply(x, weight, bias, cap)
         if base == "add" and not inplace and len(args) == 2 and not kwargs:
             a, b = args
             if not (lrp._live(a) and lrp._live(b)):
                 return func(*args, **kwargs)  # a constant (an attention mask, a bias): the gradient passes
-            return _AddRule.apply(a, b)
+            return _AddRule.apply(a, b, cap)
         if base in ("mul", "div") and not inplace:
             other = args[1] if len(args) > 1 else kwargs.get("other")
             first = args[0] if args else kwargs.get("input")
@@ -195,46 +400,47 @@ class _TAMode(TorchFunctionMode):
 
 
 class TransformerAttributionCapture(lrp.LRPCapture):
-    """:class:`~lightning_gae.lrp.LRPCapture` with the authors' rules (``rules=True``) or none; records
-    in ``probs`` the attention probabilities (a softmax output multiplied with values) in call order."""
+    """:class:`~lightning_gae.lrp.LRPCapture` with the authors' rules; records in ``probs`` the attention
+    probabilities (a softmax output multiplied with values) in call order. The forward's graph has two
+    backward passes: the LRP relevance while ``plain`` is False, the plain gradient while it is True."""
 
     method = METHOD
     mode_class = _TAMode
 
-    def __init__(self, model: nn.Module, rules: bool, embedding_layer: nn.Module | str | None | bool = False) -> None:
+    def __init__(self, model: nn.Module, embedding_layer: nn.Module | str | None | bool = False) -> None:
         super().__init__(model, embedding_layer=embedding_layer)
-        self.rules = rules
+        self.plain = False
         self.probs: list[Tensor] = []
         self.paths: list[str] = []
         self._probs: dict[int, Tensor] = {}
+        self._scratch: dict[int, Tensor] = {}
+
+    def scratch(self, slot: int, size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """A flat buffer of ``size`` elements for intermediates of one backward step, reused by the next."""
+        buf = self._scratch.get(slot)
+        if buf is None or buf.numel() < size or buf.dtype != dtype or buf.device != device:
+            self._scratch.pop(slot, None)  # dropped before the new one is made
+            buf = self._scratch[slot] = torch.empty(size, dtype=dtype, device=device)
+        return buf[:size]
 
     def _record(self, probs: Tensor) -> None:
         self.probs.append(probs)
         self.paths.append(self.current_path)
 
-    def _push(self, module: nn.Module, args: Any) -> Any:
-        if self.rules:
-            return super()._push(module, args)
-        self._stack.append(module)
-        return None
-
-    def _pop(self, module: nn.Module, args: Any, output: Any) -> Any:
-        if self.rules:
-            return super()._pop(module, args, output)
-        if self._stack:
-            self._stack.pop()
-        return None
+    def _unit_rule(self, x: Tensor, output: Tensor) -> Tensor:
+        return _Identity.apply(x, output, self, False)
 
     def __exit__(self, *exc: Any) -> None:
         self._probs = {}
         super().__exit__(*exc)
 
 
-def attribution_row(relevance: list[Tensor], grads: list[Tensor], start: Tensor) -> Tensor:
-    """``start [B, N] @ (I + Ā_L) ... (I + Ā_1)`` with ``Ā = mean_h((grad * R)⁺)``; inputs ``[B, H, N, N]``."""
+def attribution_row(probs: list[Tensor], lrp_grads: list[Tensor], grads: list[Tensor], start: Tensor) -> Tensor:
+    """``start [B, N] @ (I + Ā_L) ... (I + Ā_1)`` with ``Ā = mean_h((grad ⊙ R)⁺)``, ``R = probs ⊙ lrp_grad``
+    (the relevance of the probabilities in gradient form); inputs ``[B, H, N, N]``."""
     row = start
-    for r, g in zip(reversed(relevance), reversed(grads)):
-        abar = (g * r).clamp(min=0).mean(dim=1)
+    for p, r, g in zip(reversed(probs), reversed(lrp_grads), reversed(grads)):
+        abar = (p * r).mul_(g).clamp_(min=0).mean(dim=1)
         row = row + torch.einsum("bn,bnm->bm", row, abar)
     return row
 
@@ -248,7 +454,8 @@ def as_heads(t: Tensor) -> Tensor:
 
 
 def explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_layer: nn.Module | str | None = None) -> Any:
-    """``method="transformer_attribution"``: a forward under the authors' rules and a plain one."""
+    """``method="transformer_attribution"``: one forward under the authors' rules, two backward passes
+    of its graph (the LRP relevance and the plain gradient at each attention map)."""
     import sys
 
     from lightning_gae import rules
@@ -260,42 +467,38 @@ def explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_la
     if isinstance(query, dict):
         raise ValueError(f"method={METHOD!r} explains one token set; query={{set: ...}} is for models with several")
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
-    runs = []
     floats = []
     map_tensors(inputs, lambda t: floats.append(t.is_floating_point()) or t)
     # Float inputs (pixels) are the leaves; token ids are not: the word embedding's output is, then.
     leaf = False if any(floats) else embedding_layer
     with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
-        for use_rules in (True, False):
-            # The float inputs are the leaves: a tensor carries relevance when it depends on them.
-            args, kwargs = call_args(map_tensors(inputs, lambda t: t.detach().clone().requires_grad_(t.is_floating_point())))
-            capture = TransformerAttributionCapture(model, rules=use_rules, embedding_layer=leaf)
-            with capture:
-                output = capture.forward(*args, **kwargs)
-            if not capture.probs:
-                raise ValueError(f"method={METHOD!r} found no attention (softmax -> matmul with values, SDPA or "
-                                 f"nn.MultiheadAttention) depending on the inputs of {type(model).__name__}")
-            probs = [as_heads(p) for p in capture.probs]
-            batch, num_tokens = probs[0].shape[0], probs[0].shape[-1]
-            logits = model_logits(output)
-            keep = ex._keep_mask(kwargs, batch, num_tokens)
-            keep = torch.ones(batch, num_tokens, dtype=torch.bool, device=probs[0].device) if keep is None else keep.to(probs[0].device)
-            query_index = ex._query_index(0 if query is None else query, batch, num_tokens, keep, probs[0].device)
-            score, target_index = ex._target_scores(output, logits, target, query_index, batch)
-            if not score.requires_grad:
-                raise ValueError("the explained score does not depend on the attention (no gradient path); check target")
-            # The authors' one-hot relevance at the score: gradient 1/score in gradient form; plain: gradient 1.
-            seed = safe_divide(torch.ones_like(score), score.detach()) if use_rules else torch.ones_like(score)
-            grads = torch.autograd.grad(score, capture.probs, grad_outputs=seed, allow_unused=True)
-            grads = [as_heads(torch.zeros_like(p) if g is None else g) for p, g in zip(capture.probs, grads)]
-            runs.append((probs, grads, capture.paths))
-        (lrp_probs, lrp_grads, paths), (_, plain_grads, plain_paths) = runs
-        if paths != plain_paths or any(a.shape != b.shape for a, b in zip(lrp_grads, plain_grads)):
-            raise ValueError(f"method={METHOD!r}: the two forwards met different attention ({paths} vs {plain_paths})")
+        # The float inputs are the leaves: a tensor carries relevance when it depends on them.
+        args, kwargs = call_args(map_tensors(inputs, lambda t: t.detach().clone().requires_grad_(t.is_floating_point())))
+        capture = TransformerAttributionCapture(model, embedding_layer=leaf)
+        with capture:
+            output = capture.forward(*args, **kwargs)
+        if not capture.probs:
+            raise ValueError(f"method={METHOD!r} found no attention (softmax -> matmul with values, SDPA or "
+                             f"nn.MultiheadAttention) depending on the inputs of {type(model).__name__}")
+        probs = [as_heads(p) for p in capture.probs]
+        batch, num_tokens = probs[0].shape[0], probs[0].shape[-1]
+        logits = model_logits(output)
+        keep = ex._keep_mask(kwargs, batch, num_tokens)
+        keep = torch.ones(batch, num_tokens, dtype=torch.bool, device=probs[0].device) if keep is None else keep.to(probs[0].device)
+        query_index = ex._query_index(0 if query is None else query, batch, num_tokens, keep, probs[0].device)
+        score, target_index = ex._target_scores(output, logits, target, query_index, batch)
+        if not score.requires_grad:
+            raise ValueError("the explained score does not depend on the attention (no gradient path); check target")
+        found = []
+        # The authors' one-hot relevance at the score: gradient 1/score in gradient form; plain: gradient 1.
+        for plain, seed in ((False, safe_divide(torch.ones_like(score), score.detach())), (True, torch.ones_like(score))):
+            capture.plain = plain
+            grads = torch.autograd.grad(score, capture.probs, grad_outputs=seed, allow_unused=True, retain_graph=not plain)
+            found.append([as_heads(torch.zeros_like(p) if g is None else g) for p, g in zip(capture.probs, grads)])
+        lrp_grads, plain_grads = found
         with torch.no_grad():
-            relevance = [p.detach() * g for p, g in zip(lrp_probs, lrp_grads)]
-            row = attribution_row(relevance, plain_grads, rules.start_rows(query_index, num_tokens))
+            row = attribution_row([p.detach() for p in probs], lrp_grads, plain_grads, rules.start_rows(query_index, num_tokens))
             tokens = ex._hide_own(row, query_index).masked_fill(~keep, 0.0).to(torch.float32)
     return ex.Explanation(tokens=tokens, logits=None if logits is None else logits.detach(), target=target_index,
-                          score=score.detach(), method=METHOD, layers=paths,
+                          score=score.detach(), method=METHOD, layers=capture.paths,
                           query=None if query_index.is_floating_point() else query_index, relevance={"tokens": tokens})

@@ -79,6 +79,25 @@ def test_ratio_report_reads_targets_in_their_direction():
     assert "| vit | 64 | 257 | 1 s / 100 MB | 2.00x / 2.00x |" in report
 
 
+def test_llama_targets_are_read_at_every_prompt_length():
+    llama = {1024: dict(forward_backward=1.0, gae=1.4, rollout=2.0, attnlrp=3.0),
+             4096: dict(forward_backward=1.0, gae=1.6, rollout=2.0, attnlrp=3.0)}
+    report = bench.ratio_report([{"case": "llama", "method": m, "batch": 1, "tokens": n, "seconds": t, "peak_memory_mb": 100.0}
+                                 for n, methods in llama.items() for m, t in methods.items()])
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines()}
+    assert "| 1.40 | <= 1.5 | yes |" in lines["llama gae / forward_backward (batch 1, N=1024)"]
+    assert "| 1.60 | <= 1.5 | no |" in lines["llama gae / forward_backward (batch 1, N=4096)"]
+
+
+def test_tokens_selects_settings_and_names_a_missing_one(capsys):
+    chosen = bench.select_cases(bench.full_cases(), ["llama"], [1024, 4096])
+    assert [(c.name, c.tokens) for c in chosen] == [("llama", 1024), ("llama", 4096)]
+    assert {c.tokens for c in bench.select_cases(bench.full_cases(), ["vit"])} == {65, 257}
+    with pytest.raises(SystemExit):
+        main(["bench", "--cases", "llama", "--tokens", "999"])
+    assert "no llama case has N in [999]" in capsys.readouterr().err
+
+
 def test_integrated_gradients_runs_in_internal_batches_of_about_64x257_tokens():
     # 2 samples of 1025 tokens: 16 rows (8 steps of the batch) fit 64 x 257 tokens, so 50 steps take 7 forwards.
     case = bench.Case("vit", 2, 1025, {"dim": 8, "depth": 1, "heads": 1})

@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-import lightning_gae as lg
 from lightning_gae import lean, rules
 from lightning_gae.capture import AttentionRecorder, explicit_scaled_dot_product_attention
 from lightning_gae.lean import LeanCall, LeanState, lean_attention
@@ -107,4 +106,49 @@ def test_lean_and_recorded_paths_agree(model_and_inputs):
     full = _explain(model, inputs, None, ("gae",), query, None, None, lean=False)["gae"]
     for name in full.relevance:
         torch.testing.assert_close(lean.relevance[name], full.relevance[name], rtol=1e-4, atol=1e-7)
+    assert full.tokens.abs().sum() > 0
+
+
+def test_causal_without_a_mask_takes_no_bias_and_equals_the_explicit_attention(monkeypatch):
+    """is_causal alone: no N x N bias is built (the fused kernel and the chunks skip what it hides), also
+    for fewer queries than keys (top-left aligned), chunk by chunk."""
+    monkeypatch.setattr(lean, "_CHUNK_ELEMENTS", 2 * 4 * 2 * 6)   # two queries of six keys per chunk at most
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 4, 6, 5, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    dout = torch.randn(2, 4, 4, 5, generator=g, dtype=torch.float64)
+    out, probs = explicit_scaled_dot_product_attention(q, k, v, is_causal=True)
+    want = torch.autograd.grad(out, [q, k, v, probs], dout)
+    state, token, call = LeanState(), torch.zeros((), requires_grad=True), LeanCall(index=0)
+    built = []
+    monkeypatch.setattr(lean, "_additive", lambda *a: built.append(a) or None)
+    lean_out = lean_attention(q, k, v, state, token, call, is_causal=True)
+    assert not built
+    assert call.key_limits.tolist() == [1, 2, 3, 4]
+    assert call.attended.tolist() == [[True] * 4 + [False] * 2] * 2   # keys 4, 5: no query sees them
+    torch.testing.assert_close(lean_out, out)
+    got = torch.autograd.grad(lean_out, [q, k, v, token], dout, allow_unused=True)
+    for w, g_ in zip(want[:3], got[:3]):
+        torch.testing.assert_close(g_, w, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(state.abars[0], rules.avg_heads(probs.detach(), want[3]).float(), rtol=1e-5, atol=1e-7)
+
+
+def test_causal_lm_lean_equals_recorded(monkeypatch):
+    """A Llama at batch 1 without a mask (Hugging Face passes is_causal to SDPA), its last position
+    explained: the lean path, in causal chunks of a few queries, equals the recorded probabilities' GAE."""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setattr(lean, "_CHUNK_ELEMENTS", 4 * 3 * 11)   # chunks of 3 queries at most
+    causal = []
+    apply = lean._LeanAttention.apply
+    monkeypatch.setattr(lean._LeanAttention, "apply", lambda *a: causal.append(a[-1]) or apply(*a))
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=64, initializer_range=0.3,
+                                      attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 40, (1, 11), generator=torch.Generator().manual_seed(1))
+    lean_exp = _explain(model, {"input_ids": ids}, None, ("gae",), "last", None, None, lean=True)["gae"]
+    assert causal == [True, True]   # the mask-free causal path, in both layers
+    full = _explain(model, {"input_ids": ids}, None, ("gae",), "last", None, None, lean=False)["gae"]
+    torch.testing.assert_close(lean_exp.tokens, full.tokens, rtol=1e-4, atol=1e-7)
     assert full.tokens.abs().sum() > 0

@@ -233,3 +233,102 @@ def test_the_captum_class_puts_explains_patches_on_the_pixels(authors, images) -
     # Each patch's pixels carry its token's relevance, on every channel.
     torch.testing.assert_close(pixels[:, 0, ::PATCH, ::PATCH], grid)
     torch.testing.assert_close(pixels[:, 2], pixels[:, 0])
+
+
+class GroupedAttention(nn.Module):
+    """Causal attention with grouped key/value heads and a key-padding mask, fused (SDPA with ``enable_gqa``) or written
+    out (repeated heads, -inf above the diagonal and on masked keys, softmax, ``@``)."""
+
+    def __init__(self, dim: int, fused: bool) -> None:
+        super().__init__()
+        self.q, self.kv, self.proj, self.fused = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim), fused
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q = self.q(x).view(b, n, 4, d // 4).transpose(1, 2)
+        k, v = self.kv(x).view(b, n, 2, 2, d // 4).permute(2, 0, 3, 1, 4).unbind(0)
+        allowed = torch.ones(n, n, dtype=torch.bool).tril() & keep[:, None, None, :]
+        if self.fused:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :], is_causal=True, enable_gqa=True)
+        else:
+            k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+            scores = (q * (d // 4) ** -0.5) @ k.transpose(-2, -1) + torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+            out = scores.softmax(dim=-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, n, d))
+
+
+class GroupedModel(nn.Module):
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.embed, self.norm = nn.Linear(6, 32), nn.LayerNorm(32)
+        self.blocks = nn.ModuleList(GroupedAttention(32, fused) for _ in range(2))
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for blk in self.blocks:
+            h = h + blk(self.norm(h), keep)
+        return self.head(h[:, -1])
+
+
+def test_fused_causal_grouped_attention_equals_the_written_out_one() -> None:
+    """SDPA's rules in one function (is_causal, grouped heads, a boolean mask) equal them op by op."""
+    torch.manual_seed(3)
+    fused, written = GroupedModel(fused=True).eval(), GroupedModel(fused=False).eval()
+    written.load_state_dict(fused.state_dict())
+    x = torch.randn(3, 7, 6, generator=torch.Generator().manual_seed(4))
+    keep = torch.ones(3, 7, dtype=torch.bool)
+    keep[1, 2] = False
+    maps = [lg.explain(m, {"x": x, "keep": keep}, method="transformer_attribution", query=6, target=1).tokens
+            for m in (fused, written)]
+    assert maps[0].abs().amax() > 0 and (maps[0][1, 2] == 0).all()
+    torch.testing.assert_close(maps[0], maps[1], rtol=1e-4, atol=1e-6 * maps[1].abs().max().item())
+
+
+class ZeroedBlock(PlainBlock):
+    """A block that zeroes token 1 of its normalised input: in place (``h[:, 1] = 0``) or by a constant mask."""
+
+    def __init__(self, block: PlainBlock, in_place: bool) -> None:
+        super().__init__(DIM, HEADS, fused=True)
+        self.load_state_dict(block.state_dict())
+        self.in_place = in_place
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        if self.in_place:
+            h[:, 1] = 0.0
+        else:
+            h = h * (torch.arange(h.shape[1]) != 1).to(h.dtype)[None, :, None]
+        x = x + self.attn(h)
+        return x + self.mlp(self.norm2(x))
+
+
+def test_a_normalised_output_changed_in_place(authors, images) -> None:
+    """The identity rule hands out the norm's own output tensor (no copy): writing into it is still the model's
+    computation, with the relevance of a constant mask."""
+    maps = []
+    for in_place in (True, False):
+        model = plain(authors, fused=True)
+        model.blocks[1] = ZeroedBlock(model.blocks[1], in_place)
+        maps.append(lg.explain(model, images, method="transformer_attribution", target=2).tokens)
+    assert maps[0].abs().amax() > 0
+    torch.testing.assert_close(maps[0], maps[1])
+
+
+class TanhCall(nn.Module):
+    """Not an activation module: its ``torch.tanh`` is one operation of the mode."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x)
+
+
+def test_an_activation_that_keeps_its_output(authors, images) -> None:
+    """tanh's backward reads its output: the identity rule copies it (a module unit and the function alike)."""
+    maps = []
+    for unit in (True, False):
+        model = plain(authors, fused=True)
+        for blk in model.blocks:
+            blk.mlp.act = nn.Tanh() if unit else TanhCall()
+        maps.append(lg.explain(model, images, method="transformer_attribution", target=2).tokens)
+    assert maps[0].abs().amax() > 0
+    torch.testing.assert_close(maps[0], maps[1])
