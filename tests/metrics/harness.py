@@ -35,6 +35,7 @@ from lightning_gae.metrics import (
     NegativePerturbationAUC,
     PositivePerturbationAUC,
     RationaleAgreement,
+    RationaleRecall,
     RelevanceSegmentation,
     Sufficiency,
     functional,
@@ -184,6 +185,20 @@ def rationale_agreement() -> Case:
                 oracle=oracle.rationale_agreement_oracle, batches=batches)
 
 
+def rationale_recall() -> Case:
+    g = _generator(11)
+    batches = []
+    for n in BATCH_SIZES:
+        rationales = (torch.rand(n, 12, generator=g) < 0.25).long()
+        rationales[0] = 0  # a sample without a rationale is not counted
+        valid = torch.rand(n, 12, generator=g) > 0.15
+        scores = torch.randn(n, 12, generator=g)
+        scores[-1] = -scores[-1].abs() - 0.1  # no positive relevance: mass 0
+        batches.append((scores, rationales, valid))
+    return Case(metric=RationaleRecall, functional=functional.rationale_recall,
+                oracle=oracle.rationale_recall_oracle, batches=batches)
+
+
 def alignment_accuracy() -> Case:
     g = _generator(9)
     batches = []
@@ -222,6 +237,7 @@ CASES: dict[str, Callable[[], Case]] = {
     "AOPC": aopc,
     "RelevanceSegmentation": relevance_segmentation,
     "RationaleAgreement": rationale_agreement,
+    "RationaleRecall": rationale_recall,
     "AlignmentAccuracy": alignment_accuracy,
     "ExplanationStability": explanation_stability,
 }

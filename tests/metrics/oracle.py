@@ -203,3 +203,22 @@ def eraser_oracle(model, means, x, attributions, target, bins, protocol="target"
             drops.append(_probability(clean, explained) - _probability(_logits(model, perturbed), explained))
         values.append(sum(drops) / (len(bins) + 1) if with_zero else sum(drops) / len(bins))
     return sum(values) / len(values)
+
+
+def rationale_recall_oracle(scores, rationales, valid=None, k=None):
+    """rationale_recall one sample at a time in plain Python (lists, sorted()): the most relevant valid token in
+    the rationale, one of the top k in it, and the rationale's share of the positive relevance."""
+    valid = [[True] * len(row) for row in rationales.tolist()] if valid is None else valid.tolist()
+    tops, hits, masses = [], [], []
+    for s, r, v in zip(scores.tolist(), rationales.tolist(), valid):
+        kept = [(value, bool(truth)) for value, truth, ok in zip(s, r, v) if ok]
+        if not any(truth for _, truth in kept):
+            continue
+        ranked = sorted(kept, key=lambda item: -item[0])
+        top = k if k is not None else sum(truth for _, truth in kept)
+        tops.append(float(ranked[0][1]))
+        hits.append(float(any(truth for _, truth in ranked[:top])))
+        positive = sum(max(value, 0.0) for value, _ in kept)
+        masses.append(sum(max(value, 0.0) for value, truth in kept if truth) / positive if positive > 0 else 0.0)
+    n = len(tops)
+    return {"top1": sum(tops) / n, "hit_at_k": sum(hits) / n, "mass": sum(masses) / n}

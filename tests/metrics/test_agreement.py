@@ -8,7 +8,7 @@ import torch
 
 from lightning_gae import ImageTokens
 from lightning_gae.metrics import ExplanationStability, RationaleAgreement, RationaleRecall, RelevanceSegmentation, functional
-from tests.metrics.oracle import average_precision_oracle, segmentation_ap_oracle
+from tests.metrics.oracle import average_precision_oracle, rationale_recall_oracle, segmentation_ap_oracle
 
 matplotlib.use("Agg")
 
@@ -105,22 +105,6 @@ def test_explanation_stability_by_hand():
     assert math.isnan(only_constant["spearman"].item())
 
 
-def _recall_oracle(scores, rationales, valid, k=None):
-    """rationale_recall one sample at a time in plain Python (lists, sorted())."""
-    tops, hits, masses = [], [], []
-    for s, r, v in zip(scores.tolist(), rationales.tolist(), valid.tolist()):
-        kept = [(value, bool(truth)) for value, truth, ok in zip(s, r, v) if ok]
-        if not any(truth for _, truth in kept):
-            continue
-        ranked = sorted(kept, key=lambda item: -item[0])
-        top = k if k is not None else sum(truth for _, truth in kept)
-        tops.append(float(ranked[0][1]))
-        hits.append(float(any(truth for _, truth in ranked[:top])))
-        positive = sum(max(value, 0.0) for value, _ in kept)
-        masses.append(sum(max(value, 0.0) for value, truth in kept if truth) / positive if positive > 0 else 0.0)
-    n = len(tops)
-    return {"top1": sum(tops) / n, "hit_at_k": sum(hits) / n, "mass": sum(masses) / n}
-
 
 @pytest.mark.parametrize("k", [None, 1, 3])
 def test_rationale_recall_equals_oracle_over_batches(k):
@@ -129,7 +113,7 @@ def test_rationale_recall_equals_oracle_over_batches(k):
     rationales = (torch.rand(40, 12, generator=g) < 0.2).long()
     valid = torch.rand(40, 12, generator=g) < 0.85
     scores[3] = -scores[3].abs() - 0.1    # no positive relevance: mass 0
-    expected = _recall_oracle(scores, rationales, valid, k)
+    expected = rationale_recall_oracle(scores, rationales, valid, k)
     out = functional.rationale_recall(scores, rationales, valid, k)
     assert {key: v.item() for key, v in out.items()} == pytest.approx(expected, abs=1e-6)
     metric = RationaleRecall(k=k)
