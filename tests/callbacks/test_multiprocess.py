@@ -208,6 +208,9 @@ MODEL_PARALLEL_SCRIPT = """
                    "losses": [model.losses, plain.losses], "metrics": [metrics, plain_metrics],
                    "same_weights": weights.keys() == plain_weights.keys()
                    and all(torch.equal(weights[k], plain_weights[k]) for k in weights), "stopped": stopped}, f)
+    # Both ranks leave together, the process group torn down before the interpreter's threads are.
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
 """
 
 
