@@ -31,6 +31,7 @@ from lightning_gae.callbacks._samples import (
     read_samples,
 )
 from lightning_gae.callbacks._report import fit_report
+from lightning_gae.callbacks._schedule import final_explanation, interim_part, subset_due
 from lightning_gae.callbacks._scoring import (
     Curves,
     ScoredBatch,
@@ -89,9 +90,12 @@ class GAECallback(Callback):
       negative perturbation AUC, :mod:`lightning_gae.metrics`); and, when the batches carry ground
       truth, ``segmentation_{pixel_accuracy,miou,mean_ap}/<method>`` (image masks) or
       ``rationale_{token_f1,auprc}/<method>`` (rationale tokens), scored on a subset of
-      ``metric_samples`` validation samples: by default once per fit, on the final weights
-      (``metric_every_n_explanations`` scores it during training too); a Custom Scalars layout charts
-      each metric with one line per method;
+      ``metric_samples`` validation samples: by default a fixed part of it (``metric_interim_samples``)
+      at every second explanation step and all of it on the final weights, so ``fit`` draws a curve
+      (``faithfulness_samples`` says how many samples each point was scored on); every method's
+      scalars also go to a run of its own (``methods/<method>``, tags ``gae_faithfulness/<metric>``
+      and ``gae_relevance/<scalar>``), so that TensorBoard draws each method in its own colour, and a
+      Custom Scalars layout charts each metric with one line per method;
     * for the "GAE" tab of TensorBoard (:mod:`lightning_gae.tensorboard.plugin`): the raw relevance
       of every sample and method, the inputs, predictions and the metrics' curves, as tensors.
 
@@ -168,11 +172,17 @@ class GAECallback(Callback):
             behaviour before this option; their standard errors are then large, and they are scored
             at every explanation step).
         metric_every_n_explanations: when ``fit`` scores the faithfulness subset, its expensive part
-            (``len(metrics)`` x scored methods x ``metric_samples`` x 9 forward passes): None (default)
-            once, on the final weights when fit ends (at the last explanation step when fit ended on
-            one, so the GAE tab shows the curves beside its pictures); an integer ``n`` also at the
-            first explanation step and every ``n``-th after it (1: every step). ``validate``/``test``
-            score it at every explanation.
+            (``len(metrics)`` x scored methods x samples x 9 forward passes): at the first explanation
+            step and every ``n``-th after it (default 2; 1: every step) on its part of
+            ``metric_interim_samples``, and on all ``metric_samples`` at the last explanation step (or when
+            fit ends between explanation steps: the final weights are always scored, once). None scores the
+            final weights only. ``validate``/``test`` score all of it at every explanation. On the main job
+            (10 explanation steps) the defaults give 6 points per fit: 5 on 32 samples, the last on 256.
+        metric_interim_samples: how many of the ``metric_samples`` the scheduled steps before the last one
+            score (default 32: a seeded part, stratified by class when there are labels, the same samples at
+            every step, so that the points of a curve differ by the weights, not by the samples). Its
+            standard errors are about ``sqrt(metric_samples / metric_interim_samples)`` times those of the
+            final point. 0, or at least ``metric_samples``, scores all of them at every scheduled step.
         set_inputs: for several token sets, which model input each set's tokens come from: the
             key of a mapping input or the position in a tuple input, e.g. ``{"encoder": 0, "decoder": 1}``
             or ``{"text_model": "input_ids", "image_model": "pixel_values"}``. None finds the one input
@@ -249,7 +259,8 @@ class GAECallback(Callback):
         batch_ground_truth: Callable[[Any], Tensor | None] | None = None,
         heatmap_scale: Scale = "per_map",
         metric_samples: int = 256,
-        metric_every_n_explanations: int | None = None,
+        metric_every_n_explanations: int | None = 2,
+        metric_interim_samples: int = 32,
         set_inputs: Mapping[str, int | str] | None = None,
         streams: Streams | None = None,
         print_summary: bool = True,
@@ -280,6 +291,7 @@ class GAECallback(Callback):
         self.heatmap_scale = heatmap_scale
         self.metric_samples = metric_samples
         self.metric_every_n_explanations = metric_every_n_explanations
+        self.metric_interim_samples = metric_interim_samples
         self.set_inputs = None if set_inputs is None else dict(set_inputs)
         self.streams = streams
         self.print_summary = print_summary
@@ -290,8 +302,10 @@ class GAECallback(Callback):
         self._inputs: Any = None
         self._labels: Tensor | None = None
         self._truth: Tensor | None = None
-        # The faithfulness subset (None with metric_samples=0: the displayed samples are scored).
+        # The faithfulness subset (None with metric_samples=0: the displayed samples are scored), and the part of it
+        # fit scores before the final weights (None: all of it).
         self._scored: Samples | None = None
+        self._interim: Samples | None = None
         self._modality: Modality | None = None
         # Models with several token sets: each set's modality and input key; the ground truth by batch key;
         # the last real position of the query set per sample when the rows of a decoder are drawn.
@@ -364,6 +378,9 @@ class GAECallback(Callback):
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise ValueError(f"GAECallback(metric_every_n_explanations={every!r}): use a positive integer (1: every "
                              "explanation step), or None to score the faithfulness subset once, when fit ends")
+        if self.metric_interim_samples < 0:
+            raise ValueError(f"GAECallback(metric_interim_samples={self.metric_interim_samples}): use a positive "
+                             "integer, or 0 to score all metric_samples at every scheduled step")
         if not 0 < self.top_fraction <= 1:
             raise ValueError(f"GAECallback(top_fraction={self.top_fraction}): use a fraction in (0, 1]")
         if self.heatmap_scale not in ("per_map", "fixed"):
@@ -409,9 +426,11 @@ class GAECallback(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # The metric objects hold the module; the next fit or validate reads its own samples.
         self._inputs = self._labels = self._truth = self._modality = self._sets = self._last = None
-        self._scored = None
+        self._scored = self._interim = None
         self._keyed = {}
         self._metric_objects = {}
+        if self._views is not None:
+            self._views.close()
         self._last_explained = self._last_scored = None
         self._explanation_count = 0
         self._reported = self._not_scored = None
@@ -488,6 +507,7 @@ class GAECallback(Callback):
             # Another seed than the displayed choice: the subset is a sample of the validation set, not of the shown ones.
             scored = balanced_choice(pool_labels, len(usable), self.metric_samples, self.seed + 1)
             self._scored = read.subset([int(usable[i]) for i in scored])
+            self._interim = interim_part(self._scored, self.metric_interim_samples, self.seed + 2)
         if self.target == "label" and self._labels is None:
             raise ValueError("GAECallback(target='label'): the batches carry no labels; pass batch_labels=... or use target='pred'")
 
@@ -616,23 +636,16 @@ class GAECallback(Callback):
         # What the module's self.log uses at this moment (global_step runs ahead of it at epoch ends).
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         self._last_step = step
-        score = self._subset_due(trainer)
+        subset = None if self._scored is None else subset_due(trainer, self._explanation_count,
+                                                               self.metric_every_n_explanations, self._scored,
+                                                               self._interim)
         self._explanation_count += 1
         with isolate_rng():
             try:
-                self._run(trainer, pl_module, step, score)
+                self._run(trainer, pl_module, step, subset)
             except Exception as err:  # noqa: BLE001 - an explanation must never take training down
                 reason = f"{type(err).__name__}: {err}"
                 self._warn_once(reason, f"GAECallback: explanation at step {step} failed and was skipped ({reason})")
-
-    def _subset_due(self, trainer: Trainer) -> bool:
-        """Whether this explanation step scores the faithfulness subset: every validate/test run does; in fit,
-        the first explanation step and every ``metric_every_n_explanations``-th after it (None: none, the
-        subset is scored when fit ends)."""
-        if trainer.state.fn != "fit":
-            return True
-        every = self.metric_every_n_explanations
-        return every is not None and self._explanation_count % every == 0
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -652,7 +665,8 @@ class GAECallback(Callback):
         # explain() and the metrics put the module in eval mode themselves: at the end of fit it is in training mode.
         with isolate_rng():
             try:
-                scalars = self._finite(self._faithfulness(pl_module, self._scored_batches(trainer, pl_module)), step)
+                scalars = self._finite(self._faithfulness(pl_module, self._scored_batches(trainer, pl_module,
+                                                                                         self._scored)), step)
                 for logger in trainer.loggers:
                     logger.log_metrics(scalars, step=step)
                 self._views.write_scores(_writers(trainer), step, scalars, self._curves)
@@ -795,7 +809,7 @@ class GAECallback(Callback):
             raise ValueError(f"the alignment {tuple(alignment.shape)} must be [B, T] with T = {first.tokens.shape[1]} "
                              f"target positions, for a model with two token sets (it has {list(first.relevance)})")
 
-    def _run(self, trainer: Trainer, pl_module: LightningModule, step: int, score: bool = True) -> None:
+    def _run(self, trainer: Trainer, pl_module: LightningModule, step: int, subset: Samples | None = None) -> None:
         inputs = self._model_inputs(trainer, pl_module)
         explanations, maps = self._explain(pl_module, inputs)
         first = next(iter(explanations.values()))
@@ -818,15 +832,18 @@ class GAECallback(Callback):
         scored: dict[str, Tensor] = {**{m: e.tokens for m, e in explanations.items()}, **maps}
         if self.random_baseline:
             scored["random"] = random_attribution(first.tokens, self.seed)
-        scored_on = f"{len(self._scored) if self._scored is not None else 0} validation samples at step {step}"
+        scored_on = ""
         if self._scored is None or views is not None:
             # Models with several token sets score no perturbation metric; their ground truth is per set.
             # metric_samples=0: the displayed samples are scored, at every step (they are few).
             batches: Iterable[ScoredBatch] = [(inputs, scored, first.target, self._labels, self._truth)]
             scored_on = f"the {len(self.sample_indices)} tracked validation samples at step {step}"
-        elif score:
-            batches = self._scored_batches(trainer, pl_module)
-            self._last_scored = (trainer.state.fn.value, step)
+        elif subset is not None:
+            batches = self._scored_batches(trainer, pl_module, subset)
+            final = ", the final weights" if trainer.state.fn == "fit" and final_explanation(trainer) else ""
+            scored_on = f"{len(subset)} validation samples{final} at step {step}"
+            if subset is self._scored:
+                self._last_scored = (trainer.state.fn.value, step)
         else:
             batches = []
         scalars.update(self._faithfulness(pl_module, batches))
@@ -851,22 +868,23 @@ class GAECallback(Callback):
                             f"GAECallback: {dropped} came out not finite at step {step} and are not logged")
         return {tag: value for tag, value in scalars.items() if tag not in dropped}
 
-    def _scored_batches(self, trainer: Trainer, pl_module: LightningModule) -> Iterable[ScoredBatch]:
-        """The faithfulness subset in batches of ``metric_max_batch``, each explained once per method."""
-        scored_inputs = self._scored.inputs
-        total = len(self._scored)
+    def _scored_batches(self, trainer: Trainer, pl_module: LightningModule, subset: Samples) -> Iterable[ScoredBatch]:
+        """``subset`` (the faithfulness subset or its interim part) in batches of ``metric_max_batch``, each explained
+        once per method."""
+        scored_inputs = subset.inputs
+        total = len(subset)
         for start in range(0, total, self.metric_max_batch):
             stop = min(start + self.metric_max_batch, total)
             part = take(scored_inputs, start, stop, total)
             inputs = trainer.precision_plugin.convert_input(map_tensors(part, lambda t: t.to(pl_module.device)))
-            labels = None if self._scored.labels is None else self._scored.labels[start:stop]
+            labels = None if subset.labels is None else subset.labels[start:stop]
             explanations, maps = self._explain(pl_module, inputs, labels)
             first = next(iter(explanations.values()))
             scored: dict[str, Tensor] = {**{m: e.tokens for m, e in explanations.items()}, **maps}
             if self.random_baseline:
                 # Seeded by position, so that a sample's random ranking is the same at every step.
                 scored["random"] = random_attribution(first.tokens, self.seed + start)
-            truth = None if self._scored.truth is None else self._scored.truth[start:stop]
+            truth = None if subset.truth is None else subset.truth[start:stop]
             yield inputs, scored, first.target, labels, truth
 
     def _faithfulness(self, pl_module: LightningModule, batches: Iterable[ScoredBatch]) -> dict[str, float]:

@@ -54,7 +54,8 @@ def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path, run_script,
     assert ranks[1]["summary"] is None
 
     # Every event file under the run, whichever rank might have written it: one image per tag and step.
-    event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
+    # (The methods' own runs, methods/<method>, hold scalars only.)
+    event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*") if p.parent.parent.name != "methods"}
     counts = Counter()
     for logdir in event_dirs:
         acc = read_events(logdir)
@@ -67,9 +68,11 @@ def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path, run_script,
     for sample in samples:
         assert sorted(s for (t, s) in counts if t == f"gae_heatmaps/val_{sample}") == [1, 2, 3, 5]
     assert set(counts.values()) == {1}
-    # The faithfulness subset is scored once, by rank zero when fit ends, on the weights of the last step (5).
+    # The faithfulness subset is scored by rank zero: its interim part at the first explanation step and every second
+    # after it (1, 3), all of it on the weights of the last step (5).
     acc = read_events(next(iter(event_dirs)))
-    assert [e.step for e in acc.Scalars("positive_perturbation_auc/gae")] == [5]
+    assert [e.step for e in acc.Scalars("positive_perturbation_auc/gae")] == [1, 3, 5]
+    assert [e.value for e in acc.Scalars("faithfulness_samples")] == [32.0, 32.0, 256.0]
 
     # Each rank reads a shard of the validation set; the samples are nevertheless those one process picks.
     single = GAECallback(num_samples=3)
@@ -114,7 +117,7 @@ def test_ddp_spawn_on_two_cpu_processes(tmp_path, read_events):
         if done.returncode == 0:
             break
         assert attempt == 1 and _SPAWN_ABORT in done.stderr, (done.stdout + done.stderr)[-4000:]
-    event_dirs = {p.parent for p in root.rglob("events.out.tfevents.*")}
+    event_dirs = {p.parent for p in root.rglob("events.out.tfevents.*") if p.parent.parent.name != "methods"}
     assert len(event_dirs) == 1
     acc = read_events(event_dirs.pop())
     counts = Counter((tag, e.step) for tag in acc.Tags()["images"] for e in acc.Images(tag))
