@@ -105,10 +105,10 @@ def faithfulness_rows(scalars: Mapping[str, float]) -> tuple[list[str], list[lis
 
 def faithfulness_table(scalars: Mapping[str, float]) -> str | None:
     """The faithfulness scalars of a step as one markdown table: a row per method, a column per metric,
-    ``value ± standard error``; None when the step has none (:func:`faithfulness_rows`).
+    ``value ± standard error``, then the number of samples scored (``faithfulness_samples``) when given;
+    None when the step has none (:func:`faithfulness_rows`).
 
-    Written to the Text tab (``gae_faithfulness``) next to the Custom Scalars charts, which cannot tell
-    methods apart when a metric was scored at one step only (by default the callback scores once).
+    Written to the Text tab (``gae_faithfulness``): each step's numbers to read, beside the charts.
     """
     found = faithfulness_rows(scalars)
     if found is None:
@@ -116,6 +116,9 @@ def faithfulness_table(scalars: Mapping[str, float]) -> str | None:
     metrics, rows = found
     lines = ["| method | " + " | ".join(metrics) + " |", "| --- |" + " ---: |" * len(metrics)]
     lines += ["| " + " | ".join([markdown_cell(method), *cells]) + " |" for method, *cells in rows]
+    count = scalars.get(FAITHFULNESS_SAMPLES)
+    if count is not None:
+        lines += ["", f"value ± standard error over {int(count)} validation samples"]
     return "\n".join(lines)
 
 

@@ -73,7 +73,9 @@ def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weig
     lines = tensor_util.make_ndarray(tables[-1].tensor_proto).item().decode().splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header == ["method", "negative_perturbation_auc", "positive_perturbation_auc"]
-    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
+    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:]
+                                              if line.startswith("|"))}
+    assert lines[-1] == "value ± standard error over 16 validation samples"
     assert set(rows) == {"gae", "random"}
     for method, cells in rows.items():
         for metric, cell in zip(header[1:], cells):
