@@ -359,6 +359,10 @@ def test_each_tracked_sample_is_one_picture_of_every_method_at_a_readable_size(r
         assert picture.shape[1] >= 3 * 256
         ramp = visualize.colorize(np.linspace(0, 1, 256), 0, 1, visualize.SEQUENTIAL_CMAP)
         assert len(_find(picture, ramp[None])) >= len(METHODS) * 10, "every map needs its colorbar"
+        # The heatmaps are opaque: every pixel that is not grey (input, text, background) is a colour of the bar.
+        bar = {tuple(c) for c in visualize.colorize(np.linspace(0, 1, 4096), 0, 1, visualize.SEQUENTIAL_CMAP)}
+        coloured = picture[(picture != picture[..., :1]).any(-1)]
+        assert len(coloured) > 3 * 256 * 256 // 2 and {tuple(c) for c in coloured} <= bar
     strips = [_png(e) for s in callback.sample_indices for e in acc.Images(f"gae_evolution/val_{s}")]
     assert len(strips) == 6 and len({s.shape for s in strips}) == 1, "evolution strips keep one size"
     assert not np.array_equal(strips[0], strips[1])

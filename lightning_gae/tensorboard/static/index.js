@@ -1,7 +1,8 @@
 // The GAE dashboard: a plain ES module (no build step) that TensorBoard imports into the "GAE"
 // tab's iframe and calls render() on. It reads the plugin's JSON routes, which resolve against
 // the iframe's <base href="plugin/gae/">, and draws first the summary (the methods ranked on each
-// faithfulness metric with their standard errors, how that ranking moved over training, the curves),
+// faithfulness metric with their standard errors, how that ranking moved over training, each metric's
+// chart over training with one colour per method, the curves),
 // then the tracked samples x methods at the chosen step (every token set of a model with several),
 // with hover read-out of every patch, pixel, token or feature.
 
@@ -537,8 +538,8 @@ function summarySection(info) {
   const sections = [el("div", {class: "gae-section", text: `Summary: the methods ranked on each metric, ${when}`}),
                     el("div", {class: "gae-summary", id: "gae-summary"}, ...summary.map(rankingTable))];
   if (steps.length > 1) {
-    sections.push(el("div", {class: "gae-section", text: "Faithfulness over training (each point ± its standard error; " +
-                                                            "n: the samples it was scored on)"}),
+    sections.push(el("div", {class: "gae-section", text: "Each metric over training (every step it was scored, ± its " +
+                                                            "standard error where there is one; hover a point for the samples it was scored on)"}),
                   el("div", {class: "gae-histories", id: "gae-history"}, ...summary.map(historyChart)));
   }
   return sections;
@@ -594,6 +595,7 @@ function historyChart(entry) {
       ends.push(v - e, v + e);
     });
   }
+  if (!ends.length) return chart;
   let [lo, hi] = [Math.min(...ends), Math.max(...ends)];
   const pad = (hi - lo || Math.abs(hi) || 1) * 0.05;
   [lo, hi] = [lo - pad, hi + pad];
