@@ -590,7 +590,7 @@ def ratio_report(rows: Sequence[dict]) -> str:
                      ratio(("llama", b, n, "gae"), ("llama", b, n, "forward_backward"), "peak_memory_mb"), "<= 1.5")]
     for b, n in _settings(rows, "main_job"):
         targets.append(("main_job fit_with_callback / fit_without_callback",
-                        ratio(("main_job", b, n, "fit_with_callback"), ("main_job", b, n, "fit_without_callback")), "<= 1.05"))
+                        ratio(("main_job", b, n, "fit_with_callback"), ("main_job", b, n, "fit_without_callback")), "<= 1.10"))
     lines += ["| target | measured | wanted | met |", "| --- | ---: | ---: | --- |"]
     for label, value, wanted in targets:
         bound = float(wanted.split()[1])

@@ -321,9 +321,21 @@ def images_tab(page: Page, output: Path) -> list[Path]:
 
 def custom_scalars_tab(page: Page, output: Path) -> list[Path]:
     page.wait_for(f"{DEEP}('tf-custom-scalar-multi-line-chart-card')", timeout=180)
+    # Every point on the axes (TensorBoard's default clips them to the 5-95% quantiles of a chart's values), the
+    # lines through the points themselves (no smoothing), and each chart's list of matches open: its legend.
+    page.evaluate(f"(() => {{ const d = {DEEP}('tf-custom-scalar-dashboard'); d.set('_ignoreYOutliers', false); "
+                  "d.set('_smoothingWeight', 0); })()")
+    page.evaluate("""(() => {
+        const cards = [];
+        const seek = (root) => { for (const n of root.querySelectorAll('*')) {
+            if (n.tagName.toLowerCase() === 'tf-custom-scalar-multi-line-chart-card') cards.push(n);
+            if (n.shadowRoot) seek(n.shadowRoot); } };
+        seek(document);
+        cards.forEach((card) => card.set('_matchesListOpened', true));
+    })()""")
     _settle(page, 4.0)
     path = output / "tensorboard_custom_scalars.png"
-    page.screenshot(path, clip={"x": 0, "y": 0, "width": page.browser.width, "height": 900})
+    page.screenshot(path, clip={"x": 0, "y": 0, "width": page.browser.width, "height": 1050})
     return [path]
 
 
@@ -351,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
     # tab's summary, curves and first samples on one screen.
     with tensorboard_server(args.logdir) as base:
         for tab, shoot in tabs:
-            with Chromium(chromium, width=1600, height=1700 if tab == "gae" else 1000) as browser:
+            with Chromium(chromium, width=1600, height={"gae": 1700, "custom_scalars": 1050}.get(tab, 1000)) as browser:
                 page = browser.open(f"{base}/#{tab}")
                 for path in shoot(page, args.output):
                     print(f"wrote {path}")

@@ -21,7 +21,7 @@ from lightning_gae.metrics import AlignmentAccuracy, perturbation_metric
 from lightning_gae.metrics._stderr import SampleScores
 from lightning_gae.metrics.functional import explanation_stability
 from lightning_gae.modalities import Modality, TextTokens
-from lightning_gae.tensorboard.summary import scalar_tag
+from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, scalar_tag
 from lightning_gae.token_sets import SET_TRUTH, TruthScore, scored_truth, truth_score
 
 __all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "relevance_scalars", "set_truth_scalars"]
@@ -63,7 +63,8 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
                  module: LightningModule, cache: dict[str, Metric], max_batch: int,
                  extra_truth: Sequence[TruthScore] = (),
                  share: Callable[[SampleScores], SampleScores] | None = None) -> tuple[dict[str, float], Curves]:
-    """Each metric and method over every batch, with its standard error (``<tag>/stderr``), and the metrics' curves.
+    """Each metric and method over every batch, with its standard error (``<tag>/stderr``) and the number of samples
+    scored (``faithfulness_samples``), and the metrics' curves.
 
     ``explains_prediction``: the attributions explain each sample's prediction (``target="pred"``); with class
     labels they are then scored by the papers' *predicted* protocol (Chefer et al., CVPR 2021, Table 1: the 0% step
@@ -98,12 +99,17 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
     if share is not None:
         scores = share(scores)
     out: dict[str, float] = {}
+    counts = set()
     for method, columns in scores.columns().items():
         for column, score in columns.items():
             tag = scalar_tag(column, method)
             out[tag] = score.value
+            counts.add(score.count)
             if score.count > 1:
                 out[f"{tag}/stderr"] = score.stderr
+    if counts:
+        # Every metric and method of a step is scored on the same samples.
+        out[FAITHFULNESS_SAMPLES] = float(max(counts))
     return out, scores.curves()
 
 

@@ -41,6 +41,7 @@ from lightning_gae.callbacks._samples import (
 from lightning_gae.answers import NextTokenLogits
 from lightning_gae.callbacks._answers import answer_samples, has_answer_labels, holds_causal_lm, keep_readout
 from lightning_gae.callbacks._report import fit_report
+from lightning_gae.callbacks._schedule import final_explanation, interim_part, subset_due
 from lightning_gae.callbacks._scoring import (
     Curves,
     ScoredBatch,
@@ -104,9 +105,12 @@ class GAECallback(Callback):
       negative perturbation AUC, :mod:`lightning_gae.metrics`); and, when the batches carry ground
       truth, ``segmentation_{pixel_accuracy,miou,mean_ap}/<method>`` (image masks) or
       ``rationale_{token_f1,auprc}/<method>`` (rationale tokens), scored on a subset of
-      ``metric_samples`` validation samples: by default once per fit, on the final weights
-      (``metric_every_n_explanations`` scores it during training too); a Custom Scalars layout charts
-      each metric with one line per method;
+      ``metric_samples`` validation samples: by default a fixed part of it (``metric_interim_samples``)
+      at every second explanation step and all of it on the final weights, so ``fit`` draws a curve
+      (``faithfulness_samples`` says how many samples each point was scored on); every method's
+      scalars also go to a run of its own (``methods/<method>``, tags ``gae_faithfulness/<metric>``
+      and ``gae_relevance/<scalar>``), so that TensorBoard draws each method in its own colour, and a
+      Custom Scalars layout charts each metric with one line per method;
     * for the "GAE" tab of TensorBoard (:mod:`lightning_gae.tensorboard.plugin`): the raw relevance
       of every sample and method, the inputs, predictions and the metrics' curves, as tensors.
 
@@ -189,11 +193,17 @@ class GAECallback(Callback):
             behaviour before this option; their standard errors are then large, and they are scored
             at every explanation step).
         metric_every_n_explanations: when ``fit`` scores the faithfulness subset, its expensive part
-            (``len(metrics)`` x scored methods x ``metric_samples`` x 9 forward passes): None (default)
-            once, on the final weights when fit ends (at the last explanation step when fit ended on
-            one, so the GAE tab shows the curves beside its pictures); an integer ``n`` also at the
-            first explanation step and every ``n``-th after it (1: every step). ``validate``/``test``
-            score it at every explanation.
+            (``len(metrics)`` x scored methods x samples x 9 forward passes): at the first explanation
+            step and every ``n``-th after it (default 2; 1: every step) on its part of
+            ``metric_interim_samples``, and on all ``metric_samples`` at the last explanation step (or when
+            fit ends between explanation steps: the final weights are always scored, once). None scores the
+            final weights only. ``validate``/``test`` score all of it at every explanation. On the main job
+            (10 explanation steps) the defaults give 6 points per fit: 5 on 32 samples, the last on 256.
+        metric_interim_samples: how many of the ``metric_samples`` the scheduled steps before the last one
+            score (default 32: a seeded part, stratified by class when there are labels, the same samples at
+            every step, so that the points of a curve differ by the weights, not by the samples). Its
+            standard errors are about ``sqrt(metric_samples / metric_interim_samples)`` times those of the
+            final point. 0, or at least ``metric_samples``, scores all of them at every scheduled step.
         set_inputs: for several token sets, which model input each set's tokens come from: the
             key of a mapping input or the position in a tuple input, e.g. ``{"encoder": 0, "decoder": 1}``
             or ``{"text_model": "input_ids", "image_model": "pixel_values"}``. None finds the one input
@@ -279,7 +289,8 @@ class GAECallback(Callback):
         batch_ground_truth: Callable[[Any], Tensor | None] | None = None,
         heatmap_scale: Scale = "per_map",
         metric_samples: int = 256,
-        metric_every_n_explanations: int | None = None,
+        metric_every_n_explanations: int | None = 2,
+        metric_interim_samples: int = 32,
         set_inputs: Mapping[str, int | str] | None = None,
         streams: Streams | None = None,
         print_summary: bool = True,
@@ -311,6 +322,7 @@ class GAECallback(Callback):
         self.heatmap_scale = heatmap_scale
         self.metric_samples = metric_samples
         self.metric_every_n_explanations = metric_every_n_explanations
+        self.metric_interim_samples = metric_interim_samples
         self.set_inputs = None if set_inputs is None else dict(set_inputs)
         self.streams = streams
         self.print_summary = print_summary
@@ -322,8 +334,10 @@ class GAECallback(Callback):
         self._inputs: Any = None
         self._labels: Tensor | None = None
         self._truth: Tensor | None = None
-        # The faithfulness subset (None with metric_samples=0: the displayed samples are scored).
+        # The faithfulness subset (None with metric_samples=0: the displayed samples are scored), and the part of it
+        # fit scores before the final weights (None: all of it).
         self._scored: Samples | None = None
+        self._interim: Samples | None = None
         self._modality: Modality | None = None
         # Models with several token sets: each set's modality and input key; the ground truth by batch key;
         # the last real position of the query set per sample when the rows of a decoder are drawn.
@@ -399,6 +413,9 @@ class GAECallback(Callback):
         if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise ValueError(f"GAECallback(metric_every_n_explanations={every!r}): use a positive integer (1: every "
                              "explanation step), or None to score the faithfulness subset once, when fit ends")
+        if self.metric_interim_samples < 0:
+            raise ValueError(f"GAECallback(metric_interim_samples={self.metric_interim_samples}): use a positive "
+                             "integer, or 0 to score all metric_samples at every scheduled step")
         if not 0 < self.top_fraction <= 1:
             raise ValueError(f"GAECallback(top_fraction={self.top_fraction}): use a fraction in (0, 1]")
         if self.heatmap_scale not in ("per_map", "fixed"):
@@ -435,10 +452,12 @@ class GAECallback(Callback):
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # The metric objects hold the module; the next fit or validate reads its own samples.
         self._inputs = self._labels = self._truth = self._modality = self._sets = self._last = None
-        self._scored = None
+        self._scored = self._interim = None
         self._row_names = self._readout = None
         self._keyed = {}
         self._metric_objects = {}
+        if self._views is not None:
+            self._views.close()
         self._last_explained = self._last_scored = None
         self._explanation_count = 0
         self._reported = self._not_scored = None
@@ -521,6 +540,8 @@ class GAECallback(Callback):
             tracked, self._row_names = answer_samples(tracked, self.sample_indices)
             if self._scored is not None:
                 self._scored, _ = answer_samples(self._scored, scored_indices)
+        if self._scored is not None:
+            self._interim = interim_part(self._scored, self.metric_interim_samples, self.seed + 2)
         self._inputs, self._labels, self._truth, self._keyed = tracked.inputs, tracked.labels, tracked.truth, tracked.keyed
         if self.target == "label" and self._labels is None:
             raise ValueError("GAECallback(target='label'): the batches carry no labels; pass batch_labels=... or use target='pred'")
@@ -675,28 +696,21 @@ class GAECallback(Callback):
         # What the module's self.log uses at this moment (global_step runs ahead of it at epoch ends).
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         self._last_step = step
-        score = self._subset_due(trainer)
+        subset = None if self._scored is None else subset_due(trainer, self._explanation_count,
+                                                               self.metric_every_n_explanations, self._scored,
+                                                               self._interim)
         self._explanation_count += 1
         # Rank zero explains and logs; every rank takes part when the model is sharded or the subset is split.
         lockstep = Lockstep(trainer, pl_module)
-        every_rank = lockstep.sharded or (score and self._scored is not None and self._sets is None)
+        every_rank = lockstep.sharded or (subset is not None and self._sets is None)
         if not (every_rank or trainer.is_global_zero):
             return
         with isolate_rng():
             try:
-                lockstep.run(lambda: self._run(trainer, pl_module, step, score), every_rank)
+                lockstep.run(lambda: self._run(trainer, pl_module, step, subset), every_rank)
             except Exception as err:  # noqa: BLE001 - an explanation must never take training down
                 reason = str(err) if isinstance(err, RankFailed) else f"{type(err).__name__}: {err}"
                 self._warn_once(reason, f"GAECallback: explanation at step {step} failed and was skipped ({reason})")
-
-    def _subset_due(self, trainer: Trainer) -> bool:
-        """Whether this explanation step scores the faithfulness subset: every validate/test run does; in fit,
-        the first explanation step and every ``metric_every_n_explanations``-th after it (None: none, the
-        subset is scored when fit ends)."""
-        if trainer.state.fn != "fit":
-            return True
-        every = self.metric_every_n_explanations
-        return every is not None and self._explanation_count % every == 0
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -718,7 +732,8 @@ class GAECallback(Callback):
             try:
                 # Every rank scores its part of the subset.
                 scalars = Lockstep(trainer, pl_module).run(lambda: self._finite(self._faithfulness(
-                    pl_module, self._scored_batches(trainer, pl_module), shared=True), step), every_rank=True)
+                    pl_module, self._scored_batches(trainer, pl_module, self._scored), len(self._scored)), step),
+                    every_rank=True)
                 if trainer.is_global_zero:
                     for logger in trainer.loggers:
                         logger.log_metrics(scalars, step=step)
@@ -864,7 +879,7 @@ class GAECallback(Callback):
             raise ValueError(f"the alignment {tuple(alignment.shape)} must be [B, T] with T = {first.tokens.shape[1]} "
                              f"target positions, for a model with two token sets (it has {list(first.relevance)})")
 
-    def _run(self, trainer: Trainer, pl_module: LightningModule, step: int, score: bool = True) -> None:
+    def _run(self, trainer: Trainer, pl_module: LightningModule, step: int, subset: Samples | None = None) -> None:
         inputs = self._model_inputs(trainer, pl_module)
         explanations, maps = self._explain(pl_module, inputs)
         first = next(iter(explanations.values()))
@@ -887,16 +902,19 @@ class GAECallback(Callback):
         scored: dict[str, Tensor] = {**{m: e.tokens for m, e in explanations.items()}, **maps}
         if self.random_baseline:
             scored["random"] = random_attribution(first.tokens, self.seed)
-        scored_on = f"{len(self._scored) if self._scored is not None else 0} validation samples at step {step}"
-        shared = False
+        scored_on = ""
+        shared = None
         if self._scored is None or views is not None:
             # Models with several token sets score no perturbation metric; their ground truth is per set.
             # metric_samples=0: the displayed samples are scored, at every step (they are few).
             batches: Iterable[ScoredBatch] = [(inputs, scored, first.target, self._labels, self._truth)]
             scored_on = f"the {len(self.sample_indices)} tracked validation samples at step {step}"
-        elif score:
-            batches, shared = self._scored_batches(trainer, pl_module), True
-            self._last_scored = (trainer.state.fn.value, step)
+        elif subset is not None:
+            batches, shared = self._scored_batches(trainer, pl_module, subset), len(subset)
+            final = ", the final weights" if trainer.state.fn == "fit" and final_explanation(trainer) else ""
+            scored_on = f"{len(subset)} validation samples{final} at step {step}"
+            if subset is self._scored:
+                self._last_scored = (trainer.state.fn.value, step)
         else:
             batches = []
         scalars.update(self._faithfulness(pl_module, batches, shared))
@@ -922,13 +940,13 @@ class GAECallback(Callback):
                             f"GAECallback: {dropped} came out not finite at step {step} and are not logged")
         return {tag: value for tag, value in scalars.items() if tag not in dropped}
 
-    def _scored_batches(self, trainer: Trainer, pl_module: LightningModule) -> Iterable[ScoredBatch]:
-        """This rank's part of the faithfulness subset (all of it on one process) in batches of
-        ``metric_max_batch``, each explained once per method."""
-        total = len(self._scored)
+    def _scored_batches(self, trainer: Trainer, pl_module: LightningModule, subset: Samples) -> Iterable[ScoredBatch]:
+        """This rank's part of ``subset`` (the faithfulness subset or its interim part; all of it on one process) in
+        batches of ``metric_max_batch``, each explained once per method."""
+        total = len(subset)
         rows, _ = subset_part(total, trainer.world_size, trainer.global_rank)
         with torch.inference_mode(False):  # validate()'s hooks: labels made in inference mode cannot be targets
-            part = self._scored.part(rows)
+            part = subset.part(rows)
         for start in range(0, len(rows), self.metric_max_batch):
             stop = min(start + self.metric_max_batch, len(rows))
             inputs = take(part.inputs, start, stop, len(rows))
@@ -943,12 +961,14 @@ class GAECallback(Callback):
             truth = None if part.truth is None else part.truth[start:stop]
             yield inputs, scored, first.target, labels, truth
 
-    def _faithfulness(self, pl_module: LightningModule, batches: Iterable[ScoredBatch], shared: bool = False) -> dict[str, float]:
+    def _faithfulness(self, pl_module: LightningModule, batches: Iterable[ScoredBatch],
+                      shared: int | None = None) -> dict[str, float]:
         """Each metric and method over every batch with its standard error; keeps the curves for the GAE tab.
 
-        ``shared``: the batches are this rank's part of the subset; the other ranks' samples are gathered first.
+        ``shared``: the batches are this rank's part of a subset of that many samples; the other ranks' samples are
+        gathered first.
         """
-        share = (lambda scores: gather_scores(scores, len(self._scored))) if shared else None
+        share = None if shared is None else (lambda scores: gather_scores(scores, shared))
         # A causal LM's answer rows are scored through the logits at their readout, and their ground truth by recall too.
         module, extra = (pl_module, ()) if self._readout is None else (self._readout, (RECALL,))
         scalars, self._curves = faithfulness(batches, self.metrics, self.target == "pred", self._modality, module,

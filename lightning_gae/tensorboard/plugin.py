@@ -214,16 +214,19 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
     @staticmethod
     def _summary(scores: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]],
                  methods: list[str]) -> list[dict[str, Any]]:
-        """Per metric: its direction, the steps it was scored at, and per method its value, standard error and rank
-        at each of them; ``ranking`` is the methods best first at the last of those steps."""
+        """Per metric: its direction, the steps it was scored at, and per method its value, standard error, sample
+        count (None when not logged) and rank at each of them; ``ranking`` is the methods best first at the last of those steps."""
         by_metric: dict[str, dict[str, Any]] = {}
         for tag, d in scores.items():
             entry = by_metric.setdefault(d["metric"], {"higher_is_better": bool(d.get("higher_is_better", True)),
                                                        "points": {}})
             for datum in data.get(tag, []):
-                value, error = (float(v) for v in np.asarray(datum.numpy, dtype=np.float64).reshape(-1)[:2])
+                # [value, standard error] and, since the subset is scored on parts of it during fit, the sample count.
+                value, error, *count = (float(v) for v in np.asarray(datum.numpy, dtype=np.float64).reshape(-1)[:3])
                 if math.isfinite(value):
-                    entry["points"].setdefault(datum.step, {})[d["method"]] = (value, error if math.isfinite(error) else None)
+                    entry["points"].setdefault(datum.step, {})[d["method"]] = (
+                        value, error if math.isfinite(error) else None,
+                        int(count[0]) if count and math.isfinite(count[0]) else None)
         order = [*methods, "random"]
         out = []
         for metric in sorted(by_metric):
@@ -232,15 +235,17 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
             if not steps:
                 continue
             present = _ranked({m: 0.0 for s in steps for m in entry["points"][s]}, True, order)
-            table: dict[str, dict[str, list[Any]]] = {m: {"values": [], "stderr": [], "ranks": []} for m in present}
+            table: dict[str, dict[str, list[Any]]] = {m: {"values": [], "stderr": [], "counts": [], "ranks": []}
+                                                      for m in present}
             ranking: list[str] = []
             for step in steps:
                 at = entry["points"][step]
-                ranking = _ranked({m: v for m, (v, _) in at.items()}, entry["higher_is_better"], order)
+                ranking = _ranked({m: v for m, (v, _, _) in at.items()}, entry["higher_is_better"], order)
                 for method in present:
-                    value, error = at.get(method, (None, None))
+                    value, error, count = at.get(method, (None, None, None))
                     table[method]["values"].append(value)
                     table[method]["stderr"].append(error)
+                    table[method]["counts"].append(count)
                     table[method]["ranks"].append(ranking.index(method) + 1 if method in at else None)
             out.append({"metric": metric, "higher_is_better": entry["higher_is_better"], "steps": steps,
                         "ranking": ranking, "methods": table})

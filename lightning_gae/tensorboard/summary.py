@@ -5,9 +5,10 @@ Tags are grouped so that one TensorBoard group holds one thing to compare:
 * Images: ``gae_heatmaps/val_<i>``: one picture per tracked sample (validation index ``i``) with
   the input and every method side by side, each with its colorbar; ``gae_evolution/val_<i>``
   (images): methods x the last steps, always the same size;
-* Scalars: ``<metric>/<method>`` (:func:`scalar_tag`), so a metric's group holds every method,
-  and a Custom Scalars layout with one chart per metric and one line per method, ``random``
-  included;
+* Scalars: ``<metric>/<method>`` (:func:`scalar_tag`), so a metric's group holds every method;
+  the same values in one run per method (:mod:`lightning_gae.tensorboard.method_runs`), so that
+  TensorBoard draws each method in its own colour, and a Custom Scalars layout with one chart per
+  metric and one line per method, ``random`` included;
 * Histograms: ``relevance/<method>``; Text (text and tabular data): ``gae_tokens/val_<i>``, a
   markdown table of tokens or features and every method's score;
 * the GAE dashboard's tensors under ``gae_dashboard/`` (:mod:`lightning_gae.tensorboard.metadata`).
@@ -39,15 +40,17 @@ from lightning_gae.explain import Explanation
 from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.tensorboard import metadata
+from lightning_gae.tensorboard.method_runs import FAITHFULNESS_GROUP, RELEVANCE_GROUP, RELEVANCE_SCALARS, MethodRuns
 from lightning_gae.views import Scale, SetInput, StepViews, bounded, markdown_cell
 
-__all__ = ["RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout", "faithfulness_rows",
-           "faithfulness_table", "sample_tag", "scalar_tag"]
+__all__ = ["FAITHFULNESS_SAMPLES", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout",
+           "faithfulness_rows", "faithfulness_table", "sample_tag", "scalar_tag"]
 
 Curves = Mapping[str, Mapping[str, tuple[Sequence[float], Tensor]]]
 
-RELEVANCE_SCALARS = ("relevance_concentration", "relevance_stability_spearman", "relevance_stability_topk_overlap")
-"""Scalars about the relevance itself (not faithfulness): charted in their own Custom Scalars category."""
+FAITHFULNESS_SAMPLES = "faithfulness_samples"
+"""The scalar that says how many samples a step's faithfulness scalars were scored on."""
+
 
 def scalar_tag(metric: str, method: str) -> str:
     """The tag of ``metric`` for ``method``: grouped by metric, so one Scalars group compares the methods."""
@@ -62,13 +65,16 @@ def sample_tag(index: int) -> str:
 def custom_scalars_layout(metrics: Iterable[str]) -> dict[str, dict[str, list[Any]]]:
     """A Custom Scalars layout (``SummaryWriter.add_custom_scalars``): one multi-line chart per metric.
 
-    Each chart's one regular expression takes every ``<metric>/<method>`` tag, so every method,
-    ``random`` included, is a line on the same axes.
+    Each chart's one regular expression takes the metric's tag in the runs of the methods
+    (``gae_faithfulness/<metric>``, ``gae_relevance/<scalar>``; :mod:`~lightning_gae.tensorboard.method_runs`),
+    so every method, ``random`` included, is a line on the same axes in its run's colour, and the
+    chart's list of matches names them.
     """
     charts: dict[str, dict[str, list[Any]]] = {"GAE faithfulness": {}, "GAE relevance": {}}
     for metric in sorted(set(metrics)):
-        category = "GAE relevance" if metric in RELEVANCE_SCALARS else "GAE faithfulness"
-        charts[category][metric] = ["Multiline", [f"^{re.escape(metric)}/[^/]+$"]]
+        relevance = metric in RELEVANCE_SCALARS
+        group = RELEVANCE_GROUP if relevance else FAITHFULNESS_GROUP
+        charts["GAE relevance" if relevance else "GAE faithfulness"][metric] = ["Multiline", [f"^{group}/{re.escape(metric)}$"]]
     return {title: content for title, content in charts.items() if content}
 
 
@@ -99,10 +105,10 @@ def faithfulness_rows(scalars: Mapping[str, float]) -> tuple[list[str], list[lis
 
 def faithfulness_table(scalars: Mapping[str, float]) -> str | None:
     """The faithfulness scalars of a step as one markdown table: a row per method, a column per metric,
-    ``value ± standard error``; None when the step has none (:func:`faithfulness_rows`).
+    ``value ± standard error``, then the number of samples scored (``faithfulness_samples``) when given;
+    None when the step has none (:func:`faithfulness_rows`).
 
-    Written to the Text tab (``gae_faithfulness``) next to the Custom Scalars charts, which cannot tell
-    methods apart when a metric was scored at one step only (by default the callback scores once).
+    Written to the Text tab (``gae_faithfulness``): each step's numbers to read, beside the charts.
     """
     found = faithfulness_rows(scalars)
     if found is None:
@@ -110,6 +116,9 @@ def faithfulness_table(scalars: Mapping[str, float]) -> str | None:
     metrics, rows = found
     lines = ["| method | " + " | ".join(metrics) + " |", "| --- |" + " ---: |" * len(metrics)]
     lines += ["| " + " | ".join([markdown_cell(method), *cells]) + " |" for method, *cells in rows]
+    count = scalars.get(FAITHFULNESS_SAMPLES)
+    if count is not None:
+        lines += ["", f"value ± standard error over {int(count)} validation samples"]
     return "\n".join(lines)
 
 
@@ -121,15 +130,17 @@ def higher_is_better(metric: str) -> bool:
 
 
 def _score_values(scalars: Mapping[str, float] | None) -> list[Summary.Value]:
-    """The dashboard's ``score`` tensors of a step: each faithfulness ``<metric>/<method>`` with its standard error."""
+    """The dashboard's ``score`` tensors of a step: each faithfulness ``<metric>/<method>`` with its standard error
+    and the number of samples it was scored on."""
     values = []
+    count = (scalars or {}).get(FAITHFULNESS_SAMPLES, float("nan"))
     for tag, value in (scalars or {}).items():
         parts = tag.split("/")
         if len(parts) != 2 or parts[0] in RELEVANCE_SCALARS:
             continue
         error = (scalars or {}).get(f"{tag}/stderr", float("nan"))
         metric, method = parts
-        values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/score/{metric}/{method}", np.array([value, error]),
+        values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/score/{metric}/{method}", np.array([value, error, count]),
                                       metadata.encode("score", metric=metric, method=method,
                                                       higher_is_better=higher_is_better(metric))))
     return values
@@ -173,11 +184,17 @@ class TensorBoardViews(StepViews):
     tracked samples' inputs once and a Custom Scalars layout whenever a metric first appears in it.
     """
 
-    def __init__(self, panel_px: int = 256, scale: Scale = "per_map", evolution_length: int = 5, alpha: float = 0.7) -> None:
+    def __init__(self, panel_px: int = 256, scale: Scale = "per_map", evolution_length: int = 5, alpha: float = 1.0) -> None:
+        # alpha=1 by default: every heatmap pixel is a colour of its colour bar (the input is the panel beside it).
         super().__init__(panel_px, scale, evolution_length, alpha)
         # Per writer (its log dir): a second Trainer logging elsewhere gets its own inputs and layout.
         self._charted: dict[str, set[str]] = {}
         self._inputs_written: set[str] = set()
+        self._runs = MethodRuns()
+
+    def close(self) -> None:
+        """Close the methods' runs (:mod:`~lightning_gae.tensorboard.method_runs`); a later write reopens them."""
+        self._runs.close()
 
     def write(
         self,
@@ -274,6 +291,7 @@ class TensorBoardViews(StepViews):
             if values:
                 writer._get_file_writer().add_summary(Summary(value=values), step)
             writer.flush()
+            self._runs.write(writer, step, scalars)
 
     @staticmethod
     def _table_values(scalars: Mapping[str, float] | None) -> list[Summary.Value]:
@@ -321,6 +339,7 @@ class TensorBoardViews(StepViews):
             # add_* methods write through this file writer the same way.
             writer._get_file_writer().add_summary(Summary(value=written), step)
             writer.flush()
+            self._runs.write(writer, step, scalars or {})
 
     def _set_values(self, writers: Sequence[Any], sets: Mapping[str, SetInput], sample_indices: Sequence[int],
                     explanations: Mapping[str, Explanation], rows: Mapping[str, Mapping[str, Tensor]] | None,

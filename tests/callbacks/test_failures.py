@@ -27,6 +27,7 @@ from tests.helpers.trainer import heatmap_tag
         ({"target": "class"}, r"GAECallback\(target='class'\): use 'pred'"),
         ({"every_n_epochs": 0}, r"GAECallback\(every_n_epochs=0\): use a positive integer"),
         ({"every_n_epochs": None}, r"every_n_epochs and every_n_train_steps are both None"),
+        ({"metric_interim_samples": -1}, r"GAECallback\(metric_interim_samples=-1\): use a positive integer"),
     ],
 )
 def test_misconfiguration_is_an_error_in_setup(tmp_path, kwargs, message, make_trainer):

@@ -64,7 +64,7 @@ DDP_SCRIPT = """
     root = sys.argv[1]
     seed_everything(0)
     callback, rows = GAECallback(num_samples=3, every_n_train_steps=2, metric_samples=64, metric_max_batch=32), ScoredRows()
-    trainer = Trainer(default_root_dir=root, logger=TensorBoardLogger(root, name="tb"), callbacks=[rows, callback],
+    trainer = Trainer(default_root_dir=root, logger=TensorBoardLogger(root, name="tb"), callbacks=[rows, callback, rows.after],
                       max_epochs=2, limit_train_batches=3, limit_val_batches=2, accelerator="cpu",
                       strategy="ddp", devices=2, enable_progress_bar=False, enable_model_summary=False,
                       enable_checkpointing=False)
@@ -73,7 +73,7 @@ DDP_SCRIPT = """
     if trainer.is_global_zero:
         torch.save(model.state_dict(), f"{root}/weights.pt")
     result = {"samples": callback.sample_indices, "finished": trainer.state.finished, "summary": callback.summary,
-              "rows": rows.rows}
+              "rows": list(rows.calls)}
     # Explaining fails on rank 1 only: every rank skips it, rank zero warns, validate finishes.
     trainer.validate(model, data)
     with open(f"{root}/rank_{trainer.global_rank}.json", "w") as f:
@@ -118,7 +118,8 @@ def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path, run_script,
     assert ranks[1]["summary"] is None
 
     # Every event file under the run, whichever rank might have written it: one image per tag and step.
-    event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
+    # (The methods' own runs, methods/<method>, hold scalars only.)
+    event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*") if p.parent.parent.name != "methods"}
     assert len(event_dirs) == 1
     acc = read_events(next(iter(event_dirs)))
     samples = ranks[0]["samples"]
@@ -129,12 +130,15 @@ def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path, run_script,
     assert _once_each(acc)
     assert done.stderr.count("GAECallback: explanation at step 6 failed and was skipped (on rank 1: "
                              "RuntimeError: forced on rank 1)") == 1
-    # The faithfulness subset is scored once, when fit ends, on the weights of the last step (5), each rank
-    # explaining half of its 64 samples and perturbing as many.
+    # The faithfulness subset: its interim part (32 of the 64) at the first explanation step and every second after
+    # it (1, 3), all of it on the weights of the last step (5); each rank explains half of the samples (besides the
+    # 3 tracked ones) and perturbs as many.
     scores = _scores(acc)
-    assert {steps for values in scores.values() for steps, _ in values} == {5} and len(scores) == 8
-    assert ranks[0]["rows"]["explained"] == ranks[1]["rows"]["explained"] == 32
-    assert ranks[0]["rows"]["perturbed"] == ranks[1]["rows"]["perturbed"] > 0
+    assert {steps for values in scores.values() for steps, _ in values} == {1, 3, 5} and len(scores) == 8
+    assert [e.value for e in acc.Scalars("faithfulness_samples")] == [32.0, 32.0, 64.0]
+    assert [c["explained"] for c in ranks[0]["rows"]] == [c["explained"] for c in ranks[1]["rows"]] == [19, 19, 35]
+    assert [c["perturbed"] for c in ranks[0]["rows"]] == [c["perturbed"] for c in ranks[1]["rows"]]
+    assert all(c["perturbed"] > 0 for c in ranks[0]["rows"])
 
     # Each rank reads a shard of the validation set; the samples are nevertheless those one process picks,
     # and one process scores them as the two did, standard errors included.
@@ -187,7 +191,7 @@ MODEL_PARALLEL_SCRIPT = """
     callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "rollout"), metric_samples=16,
                            metric_max_batch=4)
     rows = ScoredRows()
-    trainer, model, weights, metrics = fit(root, [rows, callback])
+    trainer, model, weights, metrics = fit(root, [rows, callback, rows.after])
     _, plain, plain_weights, plain_metrics = fit(root, [])
     if trainer.is_global_zero:
         torch.save(weights, f"{root}/weights.pt")
@@ -204,7 +208,7 @@ MODEL_PARALLEL_SCRIPT = """
     except Exception as err:
         stopped = f"{type(err).__name__}: {err}"
     with open(f"{root}/rank_{trainer.global_rank}.json", "w") as f:
-        json.dump({"finished": trainer.state.finished, "samples": callback.sample_indices, "rows": rows.rows,
+        json.dump({"finished": trainer.state.finished, "samples": callback.sample_indices, "rows": rows.calls,
                    "losses": [model.losses, plain.losses], "metrics": [metrics, plain_metrics],
                    "same_weights": weights.keys() == plain_weights.keys()
                    and all(torch.equal(weights[k], plain_weights[k]) for k in weights), "stopped": stopped}, f)
@@ -234,19 +238,22 @@ def test_fsdp2_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path
                              "RuntimeError: forced on rank 1)") == 1
     assert done.stderr.count("GAECallback: explanation at step 2 failed and was skipped (on rank 1: "
                              "RuntimeError: forced on rank 1, in the backward)") == 1
-    event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*")}
+    event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*") if p.parent.parent.name != "methods"}
     assert len(event_dirs) == 1
     acc = read_events(next(iter(event_dirs)))
     for sample in ranks[0]["samples"]:
         assert acc.image_steps(heatmap_tag(sample)) == [0, 3]
     # Everything once, from rank zero: the pictures, the GAE tab's tensors, the Text tab's faithfulness table.
     assert _once_each(acc)
-    assert [e.step for e in acc.Tensors("gae_faithfulness")] == [3]
-    # The subset scored once, when fit ends, each rank explaining half of its 16 samples and perturbing as many.
+    assert [e.step for e in acc.Tensors("gae_faithfulness")] == [0, 3]
+    # The subset (16 samples, fewer than an interim part: all of them) scored at the first explanation step and the
+    # last (the third failed on rank 1), each rank explaining the 2 tracked samples and half of the 16, and
+    # perturbing as many.
     scores = _scores(acc)
-    assert {steps for values in scores.values() for steps, _ in values} == {3} and len(scores) == 12
-    assert ranks[0]["rows"]["explained"] == ranks[1]["rows"]["explained"] == 8
-    assert ranks[0]["rows"]["perturbed"] == ranks[1]["rows"]["perturbed"] > 0
+    assert {steps for values in scores.values() for steps, _ in values} == {0, 3} and len(scores) == 12
+    assert [c["explained"] for c in ranks[0]["rows"]] == [c["explained"] for c in ranks[1]["rows"]] == [10, 10]
+    assert [c["perturbed"] for c in ranks[0]["rows"]] == [c["perturbed"] for c in ranks[1]["rows"]]
+    assert all(c["perturbed"] > 0 for c in ranks[0]["rows"])
 
     # One unsharded process with the final weights: the same relevance, the same values and standard errors.
     single = GAECallback(num_samples=2, sample_indices=ranks[0]["samples"], methods=("gae", "rollout"),
@@ -302,7 +309,7 @@ def test_ddp_spawn_on_two_cpu_processes(tmp_path, read_events):
         if done.returncode == 0:
             break
         assert attempt == 1 and _SPAWN_ABORT in done.stderr, (done.stdout + done.stderr)[-4000:]
-    event_dirs = {p.parent for p in root.rglob("events.out.tfevents.*")}
+    event_dirs = {p.parent for p in root.rglob("events.out.tfevents.*") if p.parent.parent.name != "methods"}
     assert len(event_dirs) == 1
     acc = read_events(event_dirs.pop())
     counts = Counter((tag, e.step) for tag in acc.Tags()["images"] for e in acc.Images(tag))

@@ -49,7 +49,7 @@ class ModeRecordingViT(ViTClassifier):
 
 
 @pytest.mark.parametrize("every,scored", [(None, [3]), (1, [0, 1, 2, 3]), (2, [0, 2, 3])],
-                         ids=["default: when fit ends", "every step", "every second step and the end"])
+                         ids=["None: when fit ends", "every step", "every second step and the end"])
 def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weights(tmp_path, every, scored, make_trainer,
                                                                                     read_events):
     # Explanation steps at the end of epochs 0-3. The subset is scored at the first explanation step and every
@@ -73,7 +73,9 @@ def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weig
     lines = tensor_util.make_ndarray(tables[-1].tensor_proto).item().decode().splitlines()
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert header == ["method", "negative_perturbation_auc", "positive_perturbation_auc"]
-    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
+    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:]
+                                              if line.startswith("|"))}
+    assert lines[-1] == "value ± standard error over 16 validation samples"
     assert set(rows) == {"gae", "random"}
     for method, cells in rows.items():
         for metric, cell in zip(header[1:], cells):
@@ -87,7 +89,7 @@ def test_fit_that_ends_between_explanation_steps_scores_the_final_weights_in_eva
     # every_n_epochs=2 over 3 epochs: one explanation step (epoch 1). The last epoch's weights are scored when
     # fit ends, at the step Lightning logs then, with dropout off like every other forward of the callback.
     seed_everything(0)
-    callback = GAECallback(num_samples=2, metric_samples=16, every_n_epochs=2)
+    callback = GAECallback(num_samples=2, metric_samples=16, every_n_epochs=2, metric_every_n_explanations=None)
     trainer = make_trainer(tmp_path, [callback], max_epochs=3, limit_train_batches=2)
     model = ModeRecordingViT()
     trainer.fit(model, DigitsDataModule(batch_size=32))

@@ -69,17 +69,52 @@ def assert_heatmaps_at_steps(acc, callback, steps) -> None:
 
 
 class ScoredRows(Callback):
-    """How many samples went through the module's forward on this rank while the callback scored its subset when
-    fit ended (place it before the GAECallback): ``rows["explained"]`` with gradients on (the explanations),
-    ``rows["perturbed"]`` without (the metrics' perturbed inputs)."""
+    """How many samples went through the module's forward on this rank in each of the callback's steps that scored
+    faithfulness: put ``rows`` before the GAECallback and ``rows.after`` behind it, so that each hook call of the
+    callback is bracketed. ``calls`` lists, per such step, ``{"explained": n, "perturbed": m}``: the rows with
+    gradients on (the explanations, tracked samples included) and without (the metrics' perturbed inputs)."""
 
-    def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
-        self.rows = {"explained": 0, "perturbed": 0}
+    def __init__(self) -> None:
+        self.calls: list[dict[str, int]] = []
+        self.after = _CloseCount(self)
+        self._handle = None
+
+    def _open(self, pl_module: Any) -> None:
+        counts = {"explained": 0, "perturbed": 0}
 
         def count(module: Any, args: tuple) -> None:
-            self.rows["explained" if torch.is_grad_enabled() else "perturbed"] += len(args[0])
+            counts["explained" if torch.is_grad_enabled() else "perturbed"] += len(args[0])
 
-        self._handle = pl_module.register_forward_pre_hook(count)
+        self._counts, self._handle = counts, pl_module.register_forward_pre_hook(count)
 
-    def on_fit_end(self, trainer: Trainer, pl_module: Any) -> None:
-        self._handle.remove()
+    def _close(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+            if self._counts["perturbed"]:
+                self.calls.append(self._counts)
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, *args: Any) -> None:
+        self._open(pl_module)
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self._open(pl_module)
+
+    def on_train_end(self, trainer: Trainer, pl_module: Any) -> None:
+        self._open(pl_module)
+
+
+class _CloseCount(Callback):
+    """The end of a :class:`ScoredRows` bracket."""
+
+    def __init__(self, rows: ScoredRows) -> None:
+        self.rows = rows
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        self.rows._close()
+
+    def on_validation_epoch_end(self, *args: Any) -> None:
+        self.rows._close()
+
+    def on_train_end(self, *args: Any) -> None:
+        self.rows._close()

@@ -5,6 +5,7 @@ import base64
 import io
 import json
 import re
+import time
 import urllib.error
 import urllib.request
 from importlib import metadata as importlib_metadata
@@ -22,7 +23,7 @@ from lightning_gae.callbacks import GAECallback
 from lightning_gae.metrics import PerturbationAUC
 from lightning_gae.tensorboard import TensorBoardViews, custom_scalars_layout, scalar_tag
 from recipes.digits import DigitsDataModule
-from recipes.tensorboard_screenshots import DASHBOARD, Chromium, find_chromium
+from recipes.tensorboard_screenshots import DASHBOARD, DEEP, Chromium, find_chromium
 from tests.helpers.models import small_vit
 from tests.helpers.processes import get_json, tensorboard_server
 
@@ -224,6 +225,7 @@ def test_chromium_shows_the_gae_tab_and_the_step_slider_replays_training(run, se
 
         # Hover the patch in row 1, column 2 of the first sample's GAE map: the tooltip reads its value.
         box = page.evaluate(f"""(() => {{
+            {heatmap}.scrollIntoView({{block: 'center'}});
             const frame = document.querySelector('iframe').getBoundingClientRect();
             const r = {heatmap}.getBoundingClientRect();
             return [frame.left + r.left, frame.top + r.top, r.width, r.height];
@@ -241,6 +243,71 @@ def test_chromium_shows_the_gae_tab_and_the_step_slider_replays_training(run, se
         page.wait_for(f"{rendered} === '3'")
         assert page.evaluate(f"{DASHBOARD}.querySelector('#gae-step-label').textContent") == "step 3 (1 of 2)"
         assert page.evaluate(f"{heatmap}.toDataURL()") != last_pixels, "moving the slider must redraw the heatmap"
+        assert page.script_errors() == []
+
+
+def _rgb(colour):
+    """``"#0077bb"`` or ``"rgb(0, 119, 187)"`` as ``(0, 119, 187)``."""
+    if colour.startswith("#"):
+        return tuple(int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return tuple(int(v) for v in re.findall(r"\d+", colour)[:3])
+
+
+# Every multi-line Custom Scalars card: its title, its list of matches (name, colour) and the colours of its lines.
+_CUSTOM_SCALAR_CARDS = """(() => {
+  const cards = [];
+  const seek = (root) => { for (const n of root.querySelectorAll('*')) {
+    if (n.tagName.toLowerCase() === 'tf-custom-scalar-multi-line-chart-card') cards.push(n);
+    if (n.shadowRoot) seek(n.shadowRoot); } };
+  seek(document);
+  return cards.map((card) => {
+    const root = card.shadowRoot || card;
+    const lines = [];
+    const paths = (r) => { for (const n of r.querySelectorAll('*')) {
+      const stroke = n.tagName === 'path' && n.getAttribute('class') === 'line' && (n.style.stroke || n.getAttribute('stroke'));
+      if (stroke) lines.push(stroke);
+      if (n.shadowRoot) paths(n.shadowRoot); } };
+    paths(root);
+    return {title: card.title, lines,
+            matches: [...root.querySelectorAll('.match-list-entry')].map((e) => [e.textContent.trim(), e.style.color])};
+  });
+})()"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_chromium_draws_each_method_in_its_own_colour_with_a_legend(run, served):
+    methods = (*METHODS, "random")
+    with Chromium(find_chromium(), width=1400, height=1000) as browser:
+        page = browser.open(f"{served}/#custom_scalars")
+        page.wait_for(f"{DEEP}('tf-custom-scalar-multi-line-chart-card')", timeout=120)
+        metrics, cards = ("positive_perturbation_auc", "negative_perturbation_auc"), {}
+        deadline = time.monotonic() + 60
+        # The charts draw once TensorBoard has answered each run's request: wait for every method's line.
+        while time.monotonic() < deadline and not all(len(cards.get(m, {}).get("lines", [])) >= len(methods) for m in metrics):
+            cards = {c["title"]: c for c in page.evaluate(_CUSTOM_SCALAR_CARDS)}
+            time.sleep(0.5)
+        for metric in metrics:
+            card = cards[metric]
+            # The list of matches is the chart's legend: one series per method, named by the method's run.
+            named = {text.rsplit("/", 1)[-1].rstrip(")"): _rgb(colour) for text, colour in card["matches"]}
+            assert set(named) == set(methods), card["matches"]
+            assert len(set(named.values())) == len(methods), "one colour per method"
+            assert {_rgb(c) for c in card["lines"]} == set(named.values()), "the lines are drawn in the legend's colours"
+        assert page.script_errors() == []
+
+        # The GAE tab's chart over training: a line per method in its colour, and the legend beside it.
+        page = browser.open(f"{served}/#gae")
+        page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard[data-rendered-step]')")
+        chart = f"{DASHBOARD}.querySelector('svg.gae-history[data-metric=positive_perturbation_auc]')"
+        lines = page.evaluate(f"Object.fromEntries([...{chart}.querySelectorAll('polyline')].map((l) => [l.dataset.method, l.getAttribute('stroke')]))")
+        legend = page.evaluate(f"[...{chart}.querySelectorAll('text[data-legend]')].map((t) => [t.dataset.legend, t.previousSibling.getAttribute('stroke')])")
+        assert set(lines) == set(methods) and len(set(lines.values())) == len(methods)
+        assert dict(legend) == lines
+        # Every point of every method is inside the chart (its axis spans every value and standard error).
+        inside = page.evaluate(f"""(() => {{ const box = {chart}.getBBox(); const h = {chart}.height.baseVal.value;
+            return [...{chart}.querySelectorAll('circle')].map((c) => [Number(c.getAttribute('cy')), h]); }})()""")
+        assert len(inside) == len(methods) * 2 and all(24 <= y <= h - 40 for y, h in inside)
         assert page.script_errors() == []
 
 
@@ -292,6 +359,10 @@ def test_each_tracked_sample_is_one_picture_of_every_method_at_a_readable_size(r
         assert picture.shape[1] >= 3 * 256
         ramp = visualize.colorize(np.linspace(0, 1, 256), 0, 1, visualize.SEQUENTIAL_CMAP)
         assert len(_find(picture, ramp[None])) >= len(METHODS) * 10, "every map needs its colorbar"
+        # The heatmaps are opaque: every pixel that is not grey (input, text, background) is a colour of the bar.
+        bar = {tuple(c) for c in visualize.colorize(np.linspace(0, 1, 4096), 0, 1, visualize.SEQUENTIAL_CMAP)}
+        coloured = picture[(picture != picture[..., :1]).any(-1)]
+        assert len(coloured) > 3 * 256 * 256 // 2 and {tuple(c) for c in coloured} <= bar
     strips = [_png(e) for s in callback.sample_indices for e in acc.Images(f"gae_evolution/val_{s}")]
     assert len(strips) == 6 and len({s.shape for s in strips}) == 1, "evolution strips keep one size"
     assert not np.array_equal(strips[0], strips[1])
@@ -308,9 +379,12 @@ def test_scalars_are_grouped_by_metric_and_charted_together(run, read_events):
     expected = custom_scalars_layout(["positive_perturbation_auc", "negative_perturbation_auc", "relevance_concentration",
                                       "relevance_stability_spearman", "relevance_stability_topk_overlap"])
     assert charts == {chart: spec[1] for category in expected.values() for chart, spec in category.items()}
+    # The charts' series are the methods' own runs (tests/callbacks/test_faithfulness_curves.py), so that each is a colour.
     pattern = re.compile(charts["positive_perturbation_auc"][0])
-    assert sorted(t for t in scalars if pattern.search(t)) == sorted(scalar_tag("positive_perturbation_auc", m)
-                                                                     for m in (*METHODS, "random"))
+    assert not [t for t in scalars if pattern.search(t)]
+    for method in (*METHODS, "random"):
+        assert [t for t in read_events(run["logdir"] / "methods" / method).Tags()["scalars"] if pattern.search(t)] == [
+            "gae_faithfulness/positive_perturbation_auc"]
 
 
 def test_the_dashboard_tensors_name_the_plugin(run, read_plugin_events):

@@ -1,7 +1,8 @@
 // The GAE dashboard: a plain ES module (no build step) that TensorBoard imports into the "GAE"
 // tab's iframe and calls render() on. It reads the plugin's JSON routes, which resolve against
 // the iframe's <base href="plugin/gae/">, and draws first the summary (the methods ranked on each
-// faithfulness metric with their standard errors, how that ranking moved over training, the curves),
+// faithfulness metric with their standard errors, how that ranking moved over training, each metric's
+// chart over training with one colour per method, the curves),
 // then the tracked samples x methods at the chosen step (every token set of a model with several),
 // with hover read-out of every patch, pixel, token or feature.
 
@@ -108,8 +109,8 @@ const STYLE = `
   table.gae-matrix th.gae-row { text-align: right; padding-right: 4px; white-space: nowrap; }
   table.gae-matrix th.gae-zero-row { color: #b71c1c; cursor: help; }
   table.gae-matrix caption { font-size: 12px; color: #424242; text-align: left; padding-bottom: 3px; }
-  .gae-curves { display: flex; flex-wrap: wrap; gap: 24px; }
-  .gae-curve text { font-size: 11px; fill: #424242; }
+  .gae-curves, .gae-histories { display: flex; flex-wrap: wrap; gap: 24px; }
+  .gae-curve text, .gae-history text { font-size: 11px; fill: #424242; }
   #gae-tooltip { position: fixed; pointer-events: none; background: rgba(33, 33, 33, 0.92); color: #fff; padding: 4px 7px;
                  border-radius: 3px; font-size: 12px; display: none; z-index: 10; white-space: nowrap; }
 `;
@@ -533,9 +534,115 @@ function summarySection(info) {
   if (!summary.length) return [];
   const steps = [...new Set(summary.flatMap((e) => e.steps))].sort((a, b) => a - b);
   const when = steps.length > 1 ? `scored at ${steps.length} steps (${steps.join(", ")})`
-    : `scored once, at step ${steps[0]} (GAECallback's metric_every_n_explanations scores it during training too)`;
-  return [el("div", {class: "gae-section", text: `Summary: the methods ranked on each metric, ${when}`}),
-          el("div", {class: "gae-summary", id: "gae-summary"}, ...summary.map(rankingTable))];
+    : `scored once, at step ${steps[0]} (GAECallback's metric_every_n_explanations sets when it is scored)`;
+  const sections = [el("div", {class: "gae-section", text: `Summary: the methods ranked on each metric, ${when}`}),
+                    el("div", {class: "gae-summary", id: "gae-summary"}, ...summary.map(rankingTable))];
+  if (steps.length > 1) {
+    sections.push(el("div", {class: "gae-section", text: "Each metric over training (every step it was scored, ± its " +
+                                                            "standard error where there is one; hover a point for the samples it was scored on)"}),
+                  el("div", {class: "gae-histories", id: "gae-history"}, ...summary.map(historyChart)));
+  }
+  return sections;
+}
+
+// --- one colour per method, the same in every chart ---------------------------------------------
+
+// The methods in the order the callback logs them, Captum baselines after, "random" (the floor) last and grey.
+function methodColour(method) {
+  if (method === "random") return [117, 117, 117];
+  const info = state.info || {};
+  const known = [...(info.methods || []), ...(info.summary || []).flatMap((e) => Object.keys(e.methods))];
+  const order = [...new Set(known.filter((m) => m !== "random"))];
+  const i = order.indexOf(method);
+  const palette = state.colormaps.palette;
+  return palette[(i < 0 ? order.length : i) % palette.length];
+}
+
+function legend(chart, methods, x, y) {
+  methods.forEach((method, i) => {
+    const colour = css(methodColour(method));
+    const rowY = y + 14 * i;
+    chart.append(svg("line", {x1: String(x), x2: String(x + 18), y1: String(rowY), y2: String(rowY), stroke: colour,
+                              "stroke-width": "2", "stroke-dasharray": method === "random" ? "5 4" : "none"}));
+    const name = svg("text", {x: String(x + 22), y: String(rowY + 4), "data-legend": method});
+    name.textContent = method;
+    chart.append(name);
+  });
+}
+
+// Round tick values spanning [lo, hi] (about `count` of them).
+function ticks(lo, hi, count) {
+  const span = hi - lo || Math.abs(hi) || 1;
+  const rough = span / count;
+  const power = 10 ** Math.floor(Math.log10(rough));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * power).find((m) => m >= rough);
+  const out = [];
+  for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) out.push(Number(t.toPrecision(12)));
+  return out;
+}
+
+// One metric over training: a line per method through its value at every step it was scored, each point with its
+// standard error as a bar. The y axis spans every value and bar (nothing is clipped as an outlier).
+function historyChart(entry) {
+  const [width, height, left, right, top, bottom] = [460, 260, 48, 120, 24, 40];
+  const chart = svg("svg", {width: String(width), height: String(height), class: "gae-history", "data-metric": entry.metric});
+  const methods = Object.keys(entry.methods).sort((a, b) => (a === "random") - (b === "random"));
+  const ends = [];
+  for (const m of methods) {
+    entry.methods[m].values.forEach((v, j) => {
+      if (v === null) return;
+      const e = entry.methods[m].stderr[j] || 0;
+      ends.push(v - e, v + e);
+    });
+  }
+  if (!ends.length) return chart;
+  let [lo, hi] = [Math.min(...ends), Math.max(...ends)];
+  const pad = (hi - lo || Math.abs(hi) || 1) * 0.05;
+  [lo, hi] = [lo - pad, hi + pad];
+  const [first, last] = [entry.steps[0], entry.steps[entry.steps.length - 1]];
+  const x = (s) => left + (last === first ? 0.5 : (s - first) / (last - first)) * (width - left - right);
+  const y = (v) => top + (1 - (v - lo) / (hi - lo)) * (height - top - bottom);
+  const title = svg("text", {x: String(left), y: "14"});
+  title.textContent = `${entry.metric} (${entry.higher_is_better ? "↑" : "↓"})`;
+  chart.append(title);
+  for (const t of ticks(lo, hi, 5)) {
+    chart.append(svg("line", {x1: String(x(first)), x2: String(x(last)), y1: String(y(t)), y2: String(y(t)), stroke: "#eeeeee"}));
+    const label = svg("text", {x: String(left - 6), y: String(y(t) + 4), "text-anchor": "end"});
+    label.textContent = format(t);
+    chart.append(label);
+  }
+  for (const s of ticks(first, last, 5).filter((s) => Number.isInteger(s))) {
+    const label = svg("text", {x: String(x(s)), y: String(height - bottom + 14), "text-anchor": "middle"});
+    label.textContent = String(s);
+    chart.append(label);
+  }
+  const xTitle = svg("text", {x: String((left + width - right) / 2), y: String(height - 8), "text-anchor": "middle"});
+  xTitle.textContent = "step";
+  chart.append(xTitle);
+  for (const method of methods) {
+    const m = entry.methods[method];
+    const colour = css(methodColour(method));
+    const dash = method === "random" ? "5 4" : "none";
+    const points = entry.steps.map((s, j) => (m.values[j] === null ? null : `${x(s).toFixed(1)},${y(m.values[j]).toFixed(1)}`));
+    chart.append(svg("polyline", {points: points.filter(Boolean).join(" "), fill: "none", stroke: colour, "stroke-width": "2",
+                                  "stroke-dasharray": dash, "data-method": method}));
+    entry.steps.forEach((s, j) => {
+      const v = m.values[j];
+      if (v === null) return;
+      const e = m.stderr[j];
+      if (e) chart.append(svg("line", {x1: String(x(s)), x2: String(x(s)), y1: String(y(v - e)), y2: String(y(v + e)),
+                                       stroke: colour, "stroke-width": "1.5"}));
+      const dot = svg("circle", {cx: String(x(s)), cy: String(y(v)), r: "3.5", fill: colour, "data-method": method,
+                                 "data-step": String(s)});
+      const n = (m.counts || [])[j];
+      dot.addEventListener("mousemove", (event) => showTip(event,
+        `${method} · ${entry.metric} at step ${s}: ${plusMinus(v, e)}${n ? ` (n=${n})` : ""}`));
+      dot.addEventListener("mouseleave", hideTip);
+      chart.append(dot);
+    });
+  }
+  legend(chart, methods, width - right + 12, top + 4);
+  return chart;
 }
 
 // --- faithfulness curves ------------------------------------------------------------------------
@@ -563,19 +670,14 @@ function curveChart(metric, byMethod) {
   const xTitle = svg("text", {x: String((left + width - right) / 2), y: String(height - 8), "text-anchor": "middle"});
   xTitle.textContent = "fraction removed";
   chart.append(xTitle);
-  methods.forEach((method, i) => {
+  for (const method of methods) {
     const {fractions, values} = byMethod[method];
-    const colour = method === "random" ? [117, 117, 117] : state.colormaps.palette[i % state.colormaps.palette.length];
+    const colour = methodColour(method);
     const points = fractions.map((f, j) => (values[j] === null ? null : `${x(f).toFixed(1)},${y(values[j]).toFixed(1)}`)).filter(Boolean);
     chart.append(svg("polyline", {points: points.join(" "), fill: "none", stroke: css(colour), "stroke-width": "2",
                                   "stroke-dasharray": method === "random" ? "5 4" : "none", "data-method": method}));
-    const legendY = top + 4 + 14 * i;
-    chart.append(svg("line", {x1: String(width - right - 110), x2: String(width - right - 92), y1: String(legendY), y2: String(legendY),
-                              stroke: css(colour), "stroke-width": "2", "stroke-dasharray": method === "random" ? "5 4" : "none"}));
-    const name = svg("text", {x: String(width - right - 88), y: String(legendY + 4)});
-    name.textContent = method;
-    chart.append(name);
-  });
+  }
+  legend(chart, methods, width - right - 110, top + 4);
   return chart;
 }
 

@@ -1,0 +1,52 @@
+"""When GAECallback scores its faithfulness subset during ``fit``, and on which of its samples.
+
+Scoring is the callback's expensive part: every perturbation metric runs 9 forward passes per sample
+and scored method. So ``fit`` scores a fixed part of the subset at the scheduled explanation steps
+(the first and every ``metric_every_n_explanations``-th after it) and the whole subset once, on the
+final weights. The part is the same samples at every step, so two points of a curve differ by the
+weights, not by the samples; each point is an honest score of the samples it was scored on, logged
+with its standard error and their number (``faithfulness_samples``).
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch import Trainer
+
+from lightning_gae.callbacks._samples import Samples, balanced_choice
+
+__all__ = ["final_explanation", "interim_part", "subset_due"]
+
+
+def interim_part(subset: Samples, size: int, seed: int) -> Samples | None:
+    """``size`` samples of ``subset`` (seeded, stratified by class when it has labels), in its order; None when
+    that is all of them (the whole subset is scored at every scheduled step)."""
+    if size <= 0 or size >= len(subset):
+        return None
+    return subset.subset(sorted(balanced_choice(subset.labels, len(subset), size, seed)))
+
+
+def final_explanation(trainer: Trainer) -> bool:
+    """Whether this explanation step of ``fit`` is its last: the last training batch of the last epoch, or
+    ``max_steps`` reached. (A fit stopped early is found out when it ends, in ``on_train_end``.)"""
+    if trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step:
+        return True
+    epochs = trainer.max_epochs
+    if epochs is None or epochs < 0 or trainer.current_epoch + 1 < epochs:
+        return False
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    return bool(progress.is_last_batch) or progress.current.ready >= trainer.num_training_batches
+
+
+def subset_due(trainer: Trainer, count: int, every: int | None, subset: Samples,
+               interim: Samples | None) -> Samples | None:
+    """The samples the ``count``-th explanation step (from 0) scores, or None.
+
+    ``validate``/``test`` score the whole ``subset`` at every explanation. ``fit`` scores ``interim`` (or the
+    whole subset when there is no part) at the first explanation step and every ``every``-th after it (None:
+    never), and the whole subset at its last explanation step, whether scheduled or not.
+    """
+    if trainer.state.fn != "fit" or final_explanation(trainer):
+        return subset
+    if every is None or count % every:
+        return None
+    return subset if interim is None else interim
