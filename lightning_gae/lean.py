@@ -27,6 +27,7 @@ __all__ = ["LeanState", "LeanCall", "lean_attention"]
 # A chunk of queries holds at most this many float32 scores (B·H·chunk·Nk): 16 MiB per buffer, three
 # buffers. Larger chunks gain little time and cost memory (at N = 2049, 2^24 took 3x a training step's peak).
 _CHUNK_ELEMENTS = 1 << 22
+_MIN_QUERIES = 128
 
 
 @dataclass
@@ -74,11 +75,14 @@ def _reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:
 def _chunks(heads: int, n_q: int, n_k: int, limits: Tensor | None) -> list[tuple[int, int, int]]:
     """``(first query, end, keys)`` of each chunk of queries the backward pass takes at once.
 
-    A chunk holds at most :data:`_CHUNK_ELEMENTS` scores (``heads · queries · keys``). With
+    A chunk holds at most :data:`_CHUNK_ELEMENTS` scores (``heads · queries · keys``), or :data:`_MIN_QUERIES` queries' worth. With
     ``limits`` (each query's last visible key + 1, a causal mask's) a chunk's keys end at its queries'
     largest limit, so the early chunks of a causal mask take more queries: fewer, larger operations.
     """
-    base = max(1, min(n_q, _CHUNK_ELEMENTS // max(1, heads * n_k)))
+    # At least _MIN_QUERIES queries per chunk (past N ~ 4096 keys that is more than _CHUNK_ELEMENTS): a chunk's
+    # dozen and a half operations cost the same whatever its size, and they add up over thousands of chunks.
+    budget = max(_CHUNK_ELEMENTS, heads * n_k * _MIN_QUERIES)
+    base = max(1, min(n_q, budget // max(1, heads * n_k)))
     spans = []
     start = 0
     while start < n_q:
@@ -86,7 +90,7 @@ def _chunks(heads: int, n_q: int, n_k: int, limits: Tensor | None) -> list[tuple
         if limits is not None:
             while start + rows < n_q:
                 grow = min(n_q - start, 2 * rows)
-                if heads * grow * int(limits[start:start + grow].max()) > _CHUNK_ELEMENTS:
+                if heads * grow * int(limits[start:start + grow].max()) > budget:
                     break
                 rows = grow
         stop = start + rows
@@ -106,14 +110,14 @@ class _LeanAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, token, scale, state, call, causal):  # type: ignore[override]
         del token  # only there so that autograd.grad(score, token) runs every call's backward
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, is_causal=causal)
-        ctx.save_for_backward(q, k, v, bias)
+        ctx.save_for_backward(q, k, v, bias, out)
         ctx.scale, ctx.state, ctx.call, ctx.causal = scale, state, call, causal
         ctx.bias_grad = bias is not None and bias.requires_grad
         return out
 
     @staticmethod
     def backward(ctx, dout):  # type: ignore[override]
-        q, k, v, bias = ctx.saved_tensors
+        q, k, v, bias, out = ctx.saved_tensors
         state: LeanState = ctx.state
         scale = ctx.scale
         dtype = torch.promote_types(q.dtype, torch.float32)
@@ -126,6 +130,11 @@ class _LeanAttention(torch.autograd.Function):
         kf = k.to(dtype).reshape(b * h, n_k, e)
         vf = v.to(dtype).reshape(b * h, n_k, e_v)
         do = dout.to(dtype).reshape(b * h, n_q, e_v)
+        # rowsum(∇A ⊙ A) = dO · O per query (O = A V), as fused kernels take it: softmax's backward is then
+        # ∇A ⊙ A − A · rowsum, from the product Eq. 5 needs anyway. Only where O is as precise as the chunks.
+        rowsum = None
+        if out.dtype == dtype:
+            rowsum = (do * out.reshape(b * h, n_q, e_v)).sum(dim=-1).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
         dq = torch.empty(b * h, n_q, e, dtype=dtype, device=q.device)
         # dK and dV accumulate transposed (Qᵀ·dS, dOᵀ·A): the chunk's N x N factor is then read in its
         # own layout, which a CPU's BLAS does markedly faster than a transposed one.
@@ -174,17 +183,24 @@ class _LeanAttention(torch.autograd.Function):
             # (bmm, then add: an accumulating baddbmm_ into this slice runs as one small GEMM per head on a CPU,
             # many times slower with two threads.)
             dvt[:, :, :nk].add_(torch.bmm(doc.transpose(1, 2), probs, out=acc[: b * h * e_v * nk].view(b * h, e_v, nk)))
+            if rowsum is not None:
+                product = torch.mul(grads, probs, out=spare)
+                positive = torch.clamp(product, min=0, out=grads) if wanted else None
+            else:
+                positive = torch.mul(grads, probs, out=spare).clamp_(min=0) if wanted else None
             if wanted:
                 # Eq. 5 for these queries: E_h[(∇A ⊙ A)⁺], the mean left to the row update in row mode.
-                positive = torch.mul(grads, probs, out=spare).clamp_(min=0)
                 if update is not None:
                     update[:, :nk] += torch.bmm(row_h[:, :, sl], positive).view(b, h, nk).sum(dim=1).div_(h).to(update.dtype)
                 elif abar is not None:
                     abar[:, sl, :nk] = positive.view(b, h, rows, nk).mean(dim=1)
                     if nk < n_k:
                         abar[:, sl, nk:] = 0.0
-            # dS = A ⊙ (∇A − rowsum(∇A ⊙ A)): softmax's own backward kernel, one pass.
-            dscores = torch.ops.aten._softmax_backward_data.out(grads, probs, -1, dtype, grad_input=spare)
+            # dS = A ⊙ (∇A − rowsum(∇A ⊙ A)): from the product, or softmax's own backward kernel.
+            if rowsum is not None:
+                dscores = product.addcmul_(probs, rowsum[:, sl, None], value=-1.0)
+            else:
+                dscores = torch.ops.aten._softmax_backward_data.out(grads, probs, -1, dtype, grad_input=spare)
             dq[:, sl] = torch.bmm(dscores, kf[:, :nk])
             dkt[:, :, :nk].add_(torch.bmm(qc.transpose(1, 2), dscores, out=acc[: b * h * e * nk].view(b * h, e, nk)))
             if dbias is not None:

@@ -7,7 +7,7 @@ from lightning_gae import lean, rules
 from lightning_gae.capture import AttentionRecorder, explicit_scaled_dot_product_attention
 from lightning_gae.lean import LeanCall, LeanState, lean_attention
 from tests.helpers.models import TinySeq2Seq, TinyViT
-from tests.helpers.private import _explain
+from tests.helpers.private import _chunks, _explain, _LeanAttention
 
 CASES = {
     "plain": {},
@@ -50,6 +50,7 @@ def test_lean_attention_gradients_and_abar_equal_the_explicit_ones(case, gqa, ch
     if chunk_queries is not None:
         # b * h * chunk * n_k scores per chunk: 6 queries go as 4 then 2, through the reused buffers.
         monkeypatch.setattr(lean, "_CHUNK_ELEMENTS", 2 * 4 * chunk_queries * 6)
+        monkeypatch.setattr(lean, "_MIN_QUERIES", 1)
     q, k, v, kwargs = _inputs(case, gqa)
     if gqa:
         kwargs["enable_gqa"] = True
@@ -113,6 +114,7 @@ def test_causal_without_a_mask_takes_no_bias_and_equals_the_explicit_attention(m
     """is_causal alone: no N x N bias is built (the fused kernel and the chunks skip what it hides), also
     for fewer queries than keys (top-left aligned), chunk by chunk."""
     monkeypatch.setattr(lean, "_CHUNK_ELEMENTS", 2 * 4 * 2 * 6)   # two queries of six keys per chunk at most
+    monkeypatch.setattr(lean, "_MIN_QUERIES", 1)
     g = torch.Generator().manual_seed(4)
     q = torch.randn(2, 4, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
     k, v = (torch.randn(2, 4, 6, 5, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
@@ -138,9 +140,10 @@ def test_causal_lm_lean_equals_recorded(monkeypatch):
     explained: the lean path, in causal chunks of a few queries, equals the recorded probabilities' GAE."""
     transformers = pytest.importorskip("transformers")
     monkeypatch.setattr(lean, "_CHUNK_ELEMENTS", 4 * 3 * 11)   # chunks of 3 queries at most
+    monkeypatch.setattr(lean, "_MIN_QUERIES", 1)
     causal = []
-    apply = lean._LeanAttention.apply
-    monkeypatch.setattr(lean._LeanAttention, "apply", lambda *a: causal.append(a[-1]) or apply(*a))
+    apply = _LeanAttention.apply
+    monkeypatch.setattr(_LeanAttention, "apply", lambda *a: causal.append(a[-1]) or apply(*a))
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, intermediate_size=64, initializer_range=0.3,
@@ -152,3 +155,18 @@ def test_causal_lm_lean_equals_recorded(monkeypatch):
     full = _explain(model, {"input_ids": ids}, None, ("gae",), "last", None, None, lean=False)["gae"]
     torch.testing.assert_close(lean_exp.tokens, full.tokens, rtol=1e-4, atol=1e-7)
     assert full.tokens.abs().sum() > 0
+
+
+@pytest.mark.parametrize("n", [1024, 4096, 8192])
+def test_causal_chunks_cover_every_query_once_within_their_budget(n):
+    """The backward's plan for 8 heads: chunks follow each other, hold no more scores than allowed, end their keys
+    at their last query, and a causal mask's plan needs fewer chunks than the keys-for-all plan."""
+    limits = torch.arange(1, n + 1)
+    spans = _chunks(8, n, n, limits)
+    assert spans[0][0] == 0 and spans[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    budget = max(lean._CHUNK_ELEMENTS, 8 * n * lean._MIN_QUERIES)
+    assert all(8 * (stop - start) * keys <= budget and keys == stop for start, stop, keys in spans)
+    uniform = _chunks(8, n, n, None)
+    assert all(keys == n for _, _, keys in uniform)
+    assert len(spans) < len(uniform) if n >= 4096 else len(spans) <= len(uniform)
