@@ -15,11 +15,11 @@ def test_quick_bench_writes_every_case_and_method(tmp_path, capsys):
     main(["bench", "--quick", "--output", str(output)])
     rows = json.loads(output.read_text())["results"]
     for row in rows:
-        assert set(row) == {"case", "method", "batch", "tokens", "seconds", "peak_memory_mb"}
+        assert set(row) == {"case", "method", "batch", "tokens", "seconds", "peak_memory_mb", "cpu_seconds"}
         assert isinstance(row["case"], str) and isinstance(row["method"], str)
         assert isinstance(row["batch"], int) and isinstance(row["tokens"], int)
         assert row["batch"] > 0 and row["tokens"] > 0
-        assert row["seconds"] > 0 and row["peak_memory_mb"] > 0
+        assert row["seconds"] > 0 and row["peak_memory_mb"] > 0 and row["cpu_seconds"] > 0
     expected = {(c.name, m) for c in bench.quick_cases() for m in c.methods}
     assert {(r["case"], r["method"]) for r in rows} == expected
     assert len(rows) == len(expected)
@@ -68,14 +68,17 @@ def test_ratio_report_reads_targets_in_their_direction():
     model = dict(forward_backward=1.0, gae=2.0, gae_matrix=3.0, per_sample_loop=8.0, rollout=1.0,
                  saliency=4.0, integrated_gradients=40.0)
     report = bench.ratio_report(rows("vit", 64, 257, **model) + rows("bert", 1, 2049, **model)
-                                + rows("main_job", 64, 17, fit_without_callback=10.0, fit_with_callback=10.8))
+                                + [{**row, "cpu_seconds": {"fit_without_callback": 20.0}.get(row["method"], 23.0)}
+                                   for row in rows("main_job", 64, 17, fit_without_callback=10.0, fit_with_callback=10.8)])
     lines = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines()}
     assert "| 0.50 | <= 1.0 | yes |" in lines["gae / saliency (vit batch 64, N=257)"]
     assert "| 2.00 | <= 1.2 | no |" in lines["gae / forward_backward (vit batch 64, N=257)"]
     assert "| 20.00 | >= 35 | no |" in lines["integrated_gradients / gae (vit batch 64, N=257)"]
     assert "| 4.00 | >= 3 | yes |" in lines["per_sample_loop / gae (vit batch 64, N=257)"]
     assert "| 2.00 | <= 1.5 | no |" in lines["peak memory gae / forward_backward (bert batch 1, N=2049)"]
-    assert "| 1.08 | <= 1.10 | yes |" in lines["main_job fit_with_callback / fit_without_callback"]
+    # CPU seconds where the rows have them (the main job's here): the same ratio in the last column, else "-".
+    assert "| 1.08 | <= 1.10 | yes | 1.15 |" in lines["main_job fit_with_callback / fit_without_callback"]
+    assert "| 0.50 | <= 1.0 | yes | - |" in lines["gae / saliency (vit batch 64, N=257)"]
     assert "| vit | 64 | 257 | 1 s / 100 MB | 2.00x / 2.00x |" in report
 
 
