@@ -275,17 +275,19 @@ def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
         bars.writing = True
         _write_comparison(output, args, result, labels, picture)
         return
-    query = None
+    query = groups = None
     rows = _answer_rows(model, inputs, labels, truth, callback)
     if rows is not None:
-        # A causal LM: one sample per answer token, read at the position that predicts it (as the callback scores it).
-        model, inputs, labels, truth, given = rows
+        # A causal LM: one sample per answer token, read at the position that predicts it (as the callback scores it),
+        # the standard errors over prompts (a prompt's answer rows are left out together).
+        model, inputs, labels, truth, given, groups = rows
         query = "last"
     modality = given if given is not None else infer_modality(model, inputs)
 
     result = compare(model, inputs, labels, methods=args.methods, metrics=args.metrics or COMPARE_METRICS,
                      modality=modality, batch_size=args.batch_size, seed=args.seed, protocol=args.protocol,
-                     ground_truth=truth, progress=bars, query=query, recall=rows is not None and truth is not None)
+                     ground_truth=truth, progress=bars, query=query, recall=rows is not None and truth is not None,
+                     groups=groups)
     first = map_tensors(inputs, lambda t: t[:_GRID_SAMPLES])
     picture = comparison_grid(model, first, methods=args.methods, modality=modality, seed=args.seed, query=query)
     bars.writing = True
@@ -294,7 +296,8 @@ def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
 
 def _answer_rows(model: Any, inputs: Any, labels: Any, truth: Any, callback: Any) -> tuple[Any, ...] | None:
     """A causal LM's samples as one row per answer token: ``(model read at the readout, inputs, answer tokens,
-    ground truth per row, modality keeping the readout)``; None for other models (or ``answer_tokens: false``)."""
+    ground truth per row, modality keeping the readout, each row's prompt)``; None for other models (or
+    ``answer_tokens: false``)."""
     from lightning_gae.answers import NextTokenLogits
     from lightning_gae.callbacks._answers import answer_samples, has_answer_labels, holds_causal_lm, keep_readout
     from lightning_gae.callbacks._samples import Samples
@@ -306,7 +309,7 @@ def _answer_rows(model: Any, inputs: Any, labels: Any, truth: Any, callback: Any
         return None
     rows, _ = answer_samples(samples, range(len(samples)))
     modality = callback.modality if callback is not None and callback.modality is not None else TextTokens()
-    return NextTokenLogits(model), rows.inputs, rows.labels, rows.truth, keep_readout(modality)
+    return NextTokenLogits(model), rows.inputs, rows.labels, rows.truth, keep_readout(modality), rows.groups
 
 
 def _write_comparison(output: Path, args: argparse.Namespace, result: Any, labels: Any, picture: Any) -> None:

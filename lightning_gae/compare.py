@@ -160,6 +160,7 @@ def compare(
     progress: Progress | None = None,
     query: Any = None,
     recall: bool = False,
+    groups: Sequence[int] | Tensor | None = None,
 ) -> Comparison:
     r"""Score every attribution method with every perturbation metric on the same samples and targets.
 
@@ -227,6 +228,9 @@ def compare(
         recall: also score text ``ground_truth`` with :class:`~lightning_gae.metrics.RationaleRecall`
             (``recall_{top1,hit_at_k,mass}``: does the most relevant token, or one of the top k, lie in it, and how
             much of the positive relevance).
+        groups: one label per sample for samples that are not independent (the answer rows of one prompt share
+            their prompt's label): the standard errors leave out a group at a time (a delete-a-group jackknife), the
+            values are still over every sample. None: every sample on its own.
 
     Returns:
         A :class:`Comparison`; ``to_markdown()`` and ``to_dict()`` give the table.
@@ -288,6 +292,9 @@ def compare(
     truth = truth_score(modality) if ground_truth is not None else None
     if recall and (ground_truth is None or not isinstance(modality, RECALL.modality)):
         raise ValueError("compare(recall=True) scores text rationales: pass ground_truth=[N, T] and a TextTokens modality")
+    if groups is not None and torch.as_tensor(groups).numel() != total:
+        raise ValueError(f"compare(groups=...) has {torch.as_tensor(groups).numel()} labels for {total} samples: pass one "
+                         "label per sample (e.g. the prompt of each answer row), or None")
 
     progress = progress or _silent
     results: dict[str, dict[str, float]] = {}
@@ -301,6 +308,7 @@ def compare(
         recall_metric = RECALL.metric(modality) if recall else None
         options = {} if query is None or method in CAPTUM_METHODS else {"query": query}
         scores = SampleScores()
+        scores.groups = None if groups is None else torch.as_tensor(groups)
         seconds = 0.0
         for index, start in enumerate(starts):
             stop = min(start + batch_size, total)

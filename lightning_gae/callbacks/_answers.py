@@ -58,14 +58,16 @@ def row_name(sample: int, number: int) -> str:
 def answer_samples(samples: Samples, indices: Sequence[int], ignore_index: int = IGNORE_INDEX) -> tuple[Samples, list[str]]:
     """One sample per answer token of ``samples`` (validation indices ``indices``), and each row's name.
 
-    The labels become the answer tokens ``[R]``; ground truth and keyed tensors are repeated per row.
+    The labels become the answer tokens ``[R]``; ground truth and keyed tensors are repeated per row, and each
+    row's group is its prompt's validation index (a prompt's answer tokens are not independent samples).
     """
     rows = answer_rows(samples.inputs, samples.labels, ignore_index)
     source = rows.sample.cpu()
     repeat = lambda t: None if t is None else t[source]  # noqa: E731
     names = [row_name(int(indices[s]), int(n)) for s, n in zip(source.tolist(), rows.number.tolist())]
+    prompts = torch.as_tensor([int(i) for i in indices], dtype=torch.long)
     return Samples(inputs=rows.inputs, labels=rows.labels.cpu(), truth=repeat(samples.truth),
-                   keyed={k: v[source] for k, v in samples.keyed.items()}), names
+                   keyed={k: v[source] for k, v in samples.keyed.items()}, groups=prompts[source]), names
 
 
 _READOUT_CLASSES: dict[type, type] = {}

@@ -124,12 +124,15 @@ class Samples:
         truth: the single ground truth of each sample (masks ``[n, H, W]``, rationales ``[n, T]``, features
             ``[n, F]``), or None.
         keyed: every ground truth a mapping batch carried, by key (models with several token sets score each set).
+        groups: ``[n]``, the samples that are not independent share a label (a causal LM's answer tokens: their
+            prompt's validation index), so that standard errors leave them out together; None: all independent.
     """
 
     inputs: Any
     labels: Tensor | None
     truth: Tensor | None
     keyed: dict[str, Tensor]
+    groups: Tensor | None = None
 
     def __len__(self) -> int:
         return display_input(self.inputs).shape[0]
@@ -145,6 +148,7 @@ class Samples:
             labels=None if self.labels is None else self.labels[start:stop],
             truth=None if self.truth is None else self.truth[start:stop],
             keyed={k: v[start:stop] for k, v in self.keyed.items()},
+            groups=None if self.groups is None else self.groups[start:stop],
         )
 
     def subset(self, index: Sequence[int]) -> Samples:
@@ -155,6 +159,7 @@ class Samples:
             labels=None if self.labels is None else self.labels[rows],
             truth=None if self.truth is None else self.truth[rows],
             keyed={k: v[rows] for k, v in self.keyed.items()},
+            groups=None if self.groups is None else self.groups[rows],
         )
 
 

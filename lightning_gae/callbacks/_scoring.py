@@ -62,7 +62,8 @@ def relevance_scalars(method: str, tokens: Tensor, previous: Tensor | None, top_
 def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explains_prediction: bool, modality: Modality,
                  module: LightningModule, cache: dict[str, Metric], max_batch: int,
                  extra_truth: Sequence[TruthScore] = (),
-                 share: Callable[[SampleScores], SampleScores] | None = None) -> tuple[dict[str, float], Curves]:
+                 share: Callable[[SampleScores], SampleScores] | None = None,
+                 groups: Tensor | None = None) -> tuple[dict[str, float], Curves]:
     """Each metric and method over every batch, with its standard error (``<tag>/stderr``) and the number of samples
     scored (``faithfulness_samples``), and the metrics' curves.
 
@@ -71,7 +72,8 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
     is the accuracy), otherwise by the *target* protocol on the explained class. A batch's ground truth is scored by
     the modality's entry of :data:`~lightning_gae.token_sets.GROUND_TRUTH` when its dims fit, and by each of
     ``extra_truth`` (e.g. the recall of a causal LM's answer rows). ``share`` turns the per-sample states of
-    ``batches`` into those of every sample scored (on several ranks: every rank's part).
+    ``batches`` into those of every sample scored (on several ranks: every rank's part). ``groups`` labels
+    every sample scored (after ``share``), the samples of one group left out together by the standard errors.
     """
     scores = SampleScores()
     for inputs, scored, target, labels, truth in batches:
@@ -98,6 +100,7 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
                 scores.add_updates(entry.name, method, metric, entry.update_args(modality, inputs, attributions, truth))
     if share is not None:
         scores = share(scores)
+    scores.groups = groups
     out: dict[str, float] = {}
     counts = set()
     for method, columns in scores.columns().items():

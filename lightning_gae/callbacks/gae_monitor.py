@@ -81,7 +81,7 @@ def _writers(trainer: Trainer) -> list[Any]:
 
 
 # What rank zero reads from the validation set and every rank then tracks and scores.
-_SHARED = ("sample_indices", "_inputs", "_labels", "_truth", "_keyed", "_scored", "_interim", "_row_names")
+_SHARED = ("sample_indices", "_inputs", "_labels", "_truth", "_keyed", "_groups", "_scored", "_interim", "_row_names")
 
 
 class GAECallback(Callback):
@@ -334,6 +334,8 @@ class GAECallback(Callback):
         self._inputs: Any = None
         self._labels: Tensor | None = None
         self._truth: Tensor | None = None
+        # The samples' groups (a causal LM's answer rows: their prompt), left out together by the standard errors.
+        self._groups: Tensor | None = None
         # The faithfulness subset (None with metric_samples=0: the displayed samples are scored), and the part of it
         # fit scores before the final weights (None: all of it).
         self._scored: Samples | None = None
@@ -451,7 +453,7 @@ class GAECallback(Callback):
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         # The metric objects hold the module; the next fit or validate reads its own samples.
-        self._inputs = self._labels = self._truth = self._modality = self._sets = self._last = None
+        self._inputs = self._labels = self._truth = self._groups = self._modality = self._sets = self._last = None
         self._scored = self._interim = None
         self._row_names = self._readout = None
         self._keyed = {}
@@ -543,6 +545,7 @@ class GAECallback(Callback):
         if self._scored is not None:
             self._interim = interim_part(self._scored, self.metric_interim_samples, self.seed + 2)
         self._inputs, self._labels, self._truth, self._keyed = tracked.inputs, tracked.labels, tracked.truth, tracked.keyed
+        self._groups = tracked.groups
         if self.target == "label" and self._labels is None:
             raise ValueError("GAECallback(target='label'): the batches carry no labels; pass batch_labels=... or use target='pred'")
 
@@ -732,7 +735,8 @@ class GAECallback(Callback):
             try:
                 # Every rank scores its part of the subset.
                 scalars = Lockstep(trainer, pl_module).run(lambda: self._finite(self._faithfulness(
-                    pl_module, self._scored_batches(trainer, pl_module, self._scored), len(self._scored)), step),
+                    pl_module, self._scored_batches(trainer, pl_module, self._scored), len(self._scored),
+                    self._scored.groups), step),
                     every_rank=True)
                 if trainer.is_global_zero:
                     for logger in trainer.loggers:
@@ -903,21 +907,21 @@ class GAECallback(Callback):
         if self.random_baseline:
             scored["random"] = random_attribution(first.tokens, self.seed)
         scored_on = ""
-        shared = None
+        shared, groups = None, self._groups
         if self._scored is None or views is not None:
             # Models with several token sets score no perturbation metric; their ground truth is per set.
             # metric_samples=0: the displayed samples are scored, at every step (they are few).
             batches: Iterable[ScoredBatch] = [(inputs, scored, first.target, self._labels, self._truth)]
             scored_on = f"the {len(self.sample_indices)} tracked validation samples at step {step}"
         elif subset is not None:
-            batches, shared = self._scored_batches(trainer, pl_module, subset), len(subset)
+            batches, shared, groups = self._scored_batches(trainer, pl_module, subset), len(subset), subset.groups
             final = ", the final weights" if trainer.state.fn == "fit" and final_explanation(trainer) else ""
             scored_on = f"{len(subset)} validation samples{final} at step {step}"
             if subset is self._scored:
                 self._last_scored = (trainer.state.fn.value, step)
         else:
             batches = []
-        scalars.update(self._faithfulness(pl_module, batches, shared))
+        scalars.update(self._faithfulness(pl_module, batches, shared, groups))
         if views is not None:
             scalars.update(set_truth_scalars(explanations, rows, self._sets, views, self._keyed, pl_module,
                                              self._metric_objects))
@@ -962,17 +966,17 @@ class GAECallback(Callback):
             yield inputs, scored, first.target, labels, truth
 
     def _faithfulness(self, pl_module: LightningModule, batches: Iterable[ScoredBatch],
-                      shared: int | None = None) -> dict[str, float]:
+                      shared: int | None = None, groups: Tensor | None = None) -> dict[str, float]:
         """Each metric and method over every batch with its standard error; keeps the curves for the GAE tab.
 
         ``shared``: the batches are this rank's part of a subset of that many samples; the other ranks' samples are
-        gathered first.
+        gathered first. ``groups``: the scored samples' groups (a causal LM's prompts), left out whole by the errors.
         """
         share = None if shared is None else (lambda scores: gather_scores(scores, shared))
         # A causal LM's answer rows are scored through the logits at their readout, and their ground truth by recall too.
         module, extra = (pl_module, ()) if self._readout is None else (self._readout, (RECALL,))
         scalars, self._curves = faithfulness(batches, self.metrics, self.target == "pred", self._modality, module,
-                                             self._metric_objects, self.metric_max_batch, extra, share)
+                                             self._metric_objects, self.metric_max_batch, extra, share, groups)
         return scalars
 
     def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation],

@@ -30,7 +30,8 @@ def per_sample_states(metric: Metric, update: Callable[[int], None], count: int)
     return states
 
 
-def value_and_stderr(metric: Metric, samples: Sequence[Mapping[str, Tensor]]) -> tuple[dict[str, float], dict[str, float]]:
+def value_and_stderr(metric: Metric, samples: Sequence[Mapping[str, Tensor]],
+                     groups: Sequence[int] | Tensor | None = None) -> tuple[dict[str, float], dict[str, float]]:
     r"""The metric over all samples and its jackknife standard error, from one state per sample.
 
     Every state of the library's metrics is a sum over samples (that is how they sync across
@@ -40,6 +41,11 @@ def value_and_stderr(metric: Metric, samples: Sequence[Mapping[str, Tensor]]) ->
     :math:`s / \sqrt{n}` for a mean over samples (the perturbation AUCs, AP, AUPRC) and also
     covers ratios over pooled counts (pixel accuracy, mIoU). Returns ``{key: value}`` and
     ``{key: se}`` (key ``""`` for a scalar metric).
+
+    ``groups`` (one label per sample) makes it a delete-a-group jackknife: samples that are not independent
+    of each other (the answer tokens of one prompt) share a label and are left out together, so the error
+    is over the :math:`G` groups, :math:`\mathrm{se}^2 = \frac{G - 1}{G} \sum_g (\theta_{(g)} - \bar\theta)^2`,
+    and the value is still over all samples. With every sample its own group it is the plain jackknife.
     """
     def computed(states: Mapping[str, Tensor]) -> dict[str, float]:
         for name, value in states.items():
@@ -49,20 +55,31 @@ def value_and_stderr(metric: Metric, samples: Sequence[Mapping[str, Tensor]]) ->
         return {key: float(v) for key, v in out.items()} if isinstance(out, dict) else {"": float(out)}
 
     n = len(samples)
+    label = None if groups is None else torch.as_tensor(groups).flatten().cpu()
+    if label is not None and label.numel() != n:
+        raise ValueError(f"value_and_stderr: groups has {label.numel()} labels for {n} samples; pass one per sample")
+    if label is not None and len(label.unique()) == n:
+        label = None  # every sample its own group: the plain jackknife
     per_sample_values = getattr(metric, "per_sample_values", None)
-    if per_sample_values is not None:
+    if per_sample_values is not None and label is None:
         # A mean over samples: the jackknife reduces to the own values' standard deviation over sqrt(n),
         # without a compute() per left-out sample.
         own = per_sample_values({name: torch.stack([s[name] for s in samples]) for name in samples[0]})
         spread = float(own.std()) / math.sqrt(n) if n > 1 else math.nan
         return {"": float(own.mean())}, {"": spread}
-    total = {name: torch.stack([s[name] for s in samples]).sum(dim=0) for name in samples[0]}
+    stacked = {name: torch.stack([s[name] for s in samples]) for name in samples[0]}
+    total = {name: value.sum(dim=0) for name, value in stacked.items()}
     value = computed(total)
-    leave_one_out = [computed({name: total[name] - s[name] for name in total}) for s in samples]
+    if label is None:
+        left_out = [{name: total[name] - s[name] for name in total} for s in samples]
+    else:
+        left_out = [{name: total[name] - stacked[name][label == g].sum(dim=0) for name in total} for g in label.unique()]
+    leave_out = [computed(states) for states in left_out]
+    g = len(leave_out)
     stderr = {}
     for key in value:
-        others = torch.tensor([v[key] for v in leave_one_out], dtype=torch.float64)
-        stderr[key] = math.sqrt((n - 1) / n * float(((others - others.mean()) ** 2).sum())) if n > 1 else math.nan
+        others = torch.tensor([v[key] for v in leave_out], dtype=torch.float64)
+        stderr[key] = math.sqrt((g - 1) / g * float(((others - others.mean()) ** 2).sum())) if g > 1 else math.nan
     metric.reset()
     return value, stderr
 
@@ -91,6 +108,9 @@ class SampleScores:
     def __init__(self) -> None:
         self._states: dict[tuple[str, str], list[dict[str, Tensor]]] = {}
         self._metrics: dict[tuple[str, str], Metric] = {}
+        self.groups: Tensor | None = None
+        """One label per sample, in the order added (or gathered), for samples that are not independent (the
+        answer tokens of one prompt share a label): standard errors leave each group out whole."""
 
     def add_perturbation(self, name: str, method: str, metric: Metric, inputs: Any, attributions: Tensor,
                          target: Any) -> None:
@@ -133,7 +153,7 @@ class SampleScores:
 
     def results(self) -> dict[tuple[str, str], tuple[dict[str, float], dict[str, float]]]:
         """``(name, method) -> ({key: value}, {key: standard error})``; key ``""`` for a scalar metric."""
-        return {key: value_and_stderr(self._metrics[key], states) for key, states in self._states.items()}
+        return {key: value_and_stderr(self._metrics[key], states, self.groups) for key, states in self._states.items()}
 
     def columns(self) -> dict[str, dict[str, Score]]:
         """Method -> column -> its :class:`Score`; a metric with several values (a dict) gives the columns

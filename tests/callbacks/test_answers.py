@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -29,7 +30,15 @@ def _recall_oracle(rows, rationales, ids, masks):
         hit.append(float(any(truth[t] for t in ranked[: len(wanted)])))
         positive = sum(max(row[t], 0.0) for t in keep)
         mass.append(sum(max(row[t], 0.0) for t in wanted) / positive if positive > 0 else 0.0)
-    return {"top1": sum(top1) / len(top1), "hit_at_k": sum(hit) / len(hit), "mass": sum(mass) / len(mass)}
+    return {"top1": top1, "hit_at_k": hit, "mass": mass}
+
+
+def _grouped_stderr(values, groups):
+    """The delete-a-group jackknife of a mean, written out: each prompt's rows left out together."""
+    labels = sorted(set(groups))
+    left_out = [statistics.fmean(v for v, g in zip(values, groups) if g != label) for label in labels]
+    centre = statistics.fmean(left_out)
+    return math.sqrt((len(labels) - 1) / len(labels) * sum((t - centre) ** 2 for t in left_out))
 
 
 def test_each_answer_token_is_a_row_logged_and_scored_for_recall(tmp_path):
@@ -51,7 +60,7 @@ def test_each_answer_token_is_a_row_logged_and_scored_for_recall(tmp_path):
     scalars = events.scalar_values()
     for method in ("gae", "attnlrp"):
         expected = explain_answers(model, inputs, batch["labels"], method=method, target="pred")
-        rows, truths, ids, masks = [], [], [], []
+        rows, truths, ids, masks, groups = [], [], [], [], []
         for b, prompt in enumerate(prompts):
             for j in range(int(expected.valid[b].sum())):
                 name = f"val_{prompt}/answer_{j + 1}"
@@ -64,6 +73,7 @@ def test_each_answer_token_is_a_row_logged_and_scored_for_recall(tmp_path):
                     answer = int(expected.answers[b, j])
                     assert f"label {answer} ({VOCAB[answer]})" in table
                 rows.append(expected.relevance[b, j].tolist())
+                groups.append(prompt)
                 truths.append(batch["rationales"][b].tolist())
                 ids.append(batch["input_ids"][b].tolist())
                 position = int(expected.positions[b, j])
@@ -71,8 +81,12 @@ def test_each_answer_token_is_a_row_logged_and_scored_for_recall(tmp_path):
             assert not any(t.startswith(f"{metadata.TAG_PREFIX}/relevance/{method}/val_{prompt}/answer_"
                                         f"{int(expected.valid[b].sum()) + 1}") for t in tags)
         oracle = _recall_oracle(rows, truths, ids, masks)
-        for key, value in oracle.items():
-            assert scalars[f"recall_{key}/{method}"][-1] == pytest.approx(value, abs=1e-5)
+        for key, values in oracle.items():
+            assert scalars[f"recall_{key}/{method}"][-1] == pytest.approx(statistics.fmean(values), abs=1e-5)
+            # The standard error is over prompts: a prompt's answer tokens are left out together.
+            if len(set(values)) > 1:
+                assert scalars[f"recall_{key}/{method}/stderr"][-1] == pytest.approx(_grouped_stderr(values, groups),
+                                                                                      abs=1e-5)
         assert math.isfinite(scalars[f"positive_perturbation_auc/{method}"][-1])
 
 
