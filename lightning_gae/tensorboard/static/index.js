@@ -558,6 +558,11 @@ function methodColour(method) {
   return palette[(i < 0 ? order.length : i) % palette.length];
 }
 
+// Room for a legend of these method names right of a chart: its line, a gap and the longest name.
+function legendWidth(methods) {
+  return 40 + 7 * Math.max(0, ...methods.map((m) => m.length));
+}
+
 function legend(chart, methods, x, y) {
   methods.forEach((method, i) => {
     const colour = css(methodColour(method));
@@ -584,9 +589,11 @@ function ticks(lo, hi, count) {
 // One metric over training: a line per method through its value at every step it was scored, each point with its
 // standard error as a bar. The y axis spans every value and bar (nothing is clipped as an outlier).
 function historyChart(entry) {
-  const [width, height, left, right, top, bottom] = [460, 260, 48, 120, 24, 40];
-  const chart = svg("svg", {width: String(width), height: String(height), class: "gae-history", "data-metric": entry.metric});
   const methods = Object.keys(entry.methods).sort((a, b) => (a === "random") - (b === "random"));
+  // The legend sits right of the plot, as wide as the longest method name (integrated_gradients included).
+  const right = Math.max(120, legendWidth(methods));
+  const [width, height, left, top, bottom] = [340 + right, 260, 48, 24, 40];
+  const chart = svg("svg", {width: String(width), height: String(height), class: "gae-history", "data-metric": entry.metric});
   const ends = [];
   for (const m of methods) {
     entry.methods[m].values.forEach((v, j) => {
@@ -648,9 +655,11 @@ function historyChart(entry) {
 // --- faithfulness curves ------------------------------------------------------------------------
 
 function curveChart(metric, byMethod) {
-  const [width, height, left, right, top, bottom] = [400, 250, 44, 24, 24, 40];
-  const chart = svg("svg", {width: String(width), height: String(height), class: "gae-curve", "data-metric": metric});
   const methods = Object.keys(byMethod).sort((a, b) => (a === "random") - (b === "random") || a.localeCompare(b));
+  // The legend sits right of the plot (inside it, it covered the curves' ends).
+  const right = legendWidth(methods);
+  const [width, height, left, top, bottom] = [376 + right, 250, 44, 24, 40];
+  const chart = svg("svg", {width: String(width), height: String(height), class: "gae-curve", "data-metric": metric});
   const all = methods.flatMap((m) => byMethod[m].values.filter((v) => v !== null));
   const ymax = Math.max(1, ...all);
   const x = (f) => left + f * (width - left - right);
@@ -677,7 +686,7 @@ function curveChart(metric, byMethod) {
     chart.append(svg("polyline", {points: points.join(" "), fill: "none", stroke: css(colour), "stroke-width": "2",
                                   "stroke-dasharray": method === "random" ? "5 4" : "none", "data-method": method}));
   }
-  legend(chart, methods, width - right - 110, top + 4);
+  legend(chart, methods, width - right + 12, top + 4);
   return chart;
 }
 
