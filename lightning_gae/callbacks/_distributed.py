@@ -27,12 +27,13 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, Strategy
 from torch import Tensor, nn
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from lightning_gae._structures import map_tensors
+from lightning_gae.callbacks._fsdp1 import FSDP1
 from lightning_gae.metrics._stderr import SampleScores
 
 __all__ = ["Lockstep", "RankFailed", "check_strategy", "from_rank_zero", "gather_scores", "random_rows", "subset_part"]
@@ -50,15 +51,6 @@ def check_strategy(strategy: Strategy) -> None:
     Raises:
         ValueError: ``FSDPStrategy``, DeepSpeed stage 3, or ``ModelParallelStrategy`` with tensor parallelism.
     """
-    if isinstance(strategy, FSDPStrategy):
-        raise ValueError(
-            f"GAECallback cannot run with {type(strategy).__name__} (FSDP1): it wraps the LightningModule itself in the root "
-            "FullyShardedDataParallel unit, so the module's own forward, which the explanations call, finds its "
-            "parameters sharded, and FSDP1 cannot recover from an explanation that fails halfway. Shard with FSDP2 "
-            "instead: strategy=ModelParallelStrategy(data_parallel_size=<processes>, tensor_parallel_size=1) and "
-            "torch.distributed.fsdp.fully_shard on the blocks and the model in configure_model(); or train with "
-            "strategy='ddp'."
-        )
     if isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3:
         raise ValueError(
             "GAECallback cannot run with DeepSpeed ZeRO stage 3: its parameters are fetched by hooks on every "
@@ -143,6 +135,8 @@ class Lockstep:
         self.rank = trainer.global_rank
         self.device = trainer.strategy.root_device
         self.units = _sharded_units(module) if self.distributed else []
+        # FSDP1 (FSDPStrategy): its units wrap the module itself, so they are looked for in the strategy's model.
+        self.fsdp1 = FSDP1.find(trainer.strategy.model, module)
         if self.units and not hasattr(self.units[0], "reset_iter_state"):
             raise ValueError(f"GAECallback under FSDP2 needs torch's FSDPModule.reset_iter_state() (torch "
                              f"{torch.__version__} has none), which restores the sharded model's state after an "
@@ -154,7 +148,7 @@ class Lockstep:
     @property
     def sharded(self) -> bool:
         """Whether the model has sharded units, whose forwards need every rank."""
-        return bool(self.units)
+        return bool(self.units) or (self.distributed and self.fsdp1 is not None)
 
     def _agree(self, code: int) -> tuple[int, int]:
         """The lowest and highest code the ranks said."""
@@ -174,8 +168,19 @@ class Lockstep:
         Raises:
             Exception: ``work``'s own error on the rank it failed on; :class:`RankFailed` on the other ranks.
         """
+        if self.fsdp1 is None:
+            return self._run(work, every_rank)
+        with self.fsdp1.explaining():
+            return self._run(work, every_rank)
+
+    def _run(self, work: Callable[[], T], every_rank: bool) -> T:
         if not (self.distributed and every_rank):
-            return work()
+            try:
+                return work()
+            except BaseException:
+                if self.fsdp1 is not None:
+                    self.fsdp1.reset()
+                raise
         token = _ACTIVE.set(self)
         self._entered = False
         error: BaseException | None = None
@@ -199,6 +204,8 @@ class Lockstep:
         if self._entered:
             for root in self.roots:
                 root.reset_iter_state()
+            if self.fsdp1 is not None:
+                self.fsdp1.reset()
         if error is not None:
             raise error
         rank = next((r for r, e in enumerate(errors) if e is not None), None)
@@ -212,6 +219,8 @@ class Lockstep:
             # prepend: before FSDP's own hooks, which all-gather in the forward and register the backward's.
             handles.append(unit.register_forward_pre_hook(self._enter_unit, prepend=True))
             handles.append(unit.register_forward_hook(self._guard_backward, prepend=True))
+        if self.distributed and self.fsdp1 is not None:
+            handles += self.fsdp1.guard(self._enter_unit, self.guard)
         try:
             yield
         finally:
