@@ -5,6 +5,7 @@ import json
 import math
 import os
 import warnings
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -191,27 +192,42 @@ def test_nan_logits_skip_the_step_with_one_warning_and_nothing_non_finite_is_log
 # --- sharded strategies ----------------------------------------------------------------------------
 
 
-def test_fsdp1_on_one_process_explains_through_the_root_unit(tmp_path, make_trainer, read_events):
-    # FSDPStrategy wraps the LightningModule itself in the root unit (and each block in its own); the explanations
-    # run through it. Two processes, where the parameters are sharded: tests/callbacks/test_multiprocess.py.
+@contextmanager
+def _own_process_group():
+    """Lightning sets up a one-process group and its environment for FSDP: leave none to later tests."""
     environment = dict(os.environ)
-    callback = GAECallback(num_samples=2, metric_samples=8)
-    trainer = make_trainer(tmp_path, [callback], strategy=CPUFSDPStrategy(auto_wrap_policy={Block}), devices=1)
     try:
-        with no_skipped_explanation():
-            trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+        yield
     finally:
-        # Lightning set up a one-process group and its environment for FSDP: leave none to later tests.
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         os.environ.clear()
         os.environ.update(environment)
+
+
+def test_fsdp1_on_one_process_explains_through_the_root_unit(tmp_path, make_trainer, read_events):
+    # FSDPStrategy wraps the LightningModule itself in the root unit (and each block in its own); the explanations
+    # run through it. Two processes, where the parameters are sharded: tests/callbacks/test_multiprocess.py.
+    callback = GAECallback(num_samples=2, metric_samples=8)
+    trainer = make_trainer(tmp_path, [callback], strategy=CPUFSDPStrategy(auto_wrap_policy={Block}), devices=1)
+    with _own_process_group(), no_skipped_explanation():
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     assert trainer.state.finished
     acc = read_events(trainer.logger.log_dir)
     for sample in callback.sample_indices:
         assert acc.image_steps(heatmap_tag(sample)) == EPOCH_END_STEPS
     scored = {step for tag, values in acc.scalar_events().items() if "perturbation_auc" in tag for step, _ in values}
     assert scored == set(EPOCH_END_STEPS)
+
+
+def test_the_lrp_methods_under_fsdp1_are_refused_in_setup_with_the_reason(tmp_path, make_trainer):
+    callback = GAECallback(methods=("gae", "attnlrp"))
+    trainer = make_trainer(tmp_path, [callback], strategy=CPUFSDPStrategy(), devices=1, logger=False)
+    with _own_process_group(), pytest.raises(ValueError, match=r"GAECallback\(methods=\['gae', 'attnlrp'\]\) cannot run "
+                                                              r"\['attnlrp'\] under CPUFSDPStrategy \(FSDP1\): .*in-place "
+                                                              r"copies.*methods=\['gae'\].*strategy='ddp'"):
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    assert trainer.global_step == 0
 
 
 TENSOR_PARALLEL_SCRIPT = """

@@ -1,7 +1,8 @@
-"""GAECallback under several processes: DDP, FSDP2 (ModelParallelStrategy with fully_shard) and ddp_spawn on two
-CPU processes. Rank zero alone logs; every rank tracks the samples one process would pick and scores its half of
-the faithfulness subset, which one process with the same weights scores alike; under FSDP2 every rank takes part
-in each explanation, and one that fails on rank 1 only is skipped by all. Also the pickling ddp_spawn needs."""
+"""GAECallback under several processes: DDP, FSDP2 (ModelParallelStrategy with fully_shard), FSDP1 (FSDPStrategy)
+and ddp_spawn on two CPU processes. Rank zero alone logs; every rank tracks the samples one process would pick and
+scores its half of the faithfulness subset, which one process with the same weights scores alike; under FSDP2 and
+FSDP1 every rank takes part in each explanation, and one that fails on rank 1 only is skipped by all. Also the
+pickling ddp_spawn needs."""
 
 import json
 import pickle
