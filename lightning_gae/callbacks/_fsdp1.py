@@ -50,6 +50,8 @@ _MISSING = object()
 
 
 def _kept_grad(param: Tensor) -> Callable[[], None]:
+    """What puts ``param.grad`` back, if the block replaced it (the same tensor is not assigned again: between
+    micro-batches a flat parameter's gradient is unsharded while the parameter is sharded)."""
     grad = param.grad
 
     def restore() -> None:
@@ -60,6 +62,7 @@ def _kept_grad(param: Tensor) -> Callable[[], None]:
 
 
 def _kept_flat(flat: Tensor) -> Callable[[], None]:
+    """What puts back a flat parameter's gradient and FSDP1's bookkeeping of it."""
     restore_grad = _kept_grad(flat)
     saved = getattr(flat, "_saved_grad_shard", _MISSING)
     called = flat._post_backward_called
@@ -95,10 +98,10 @@ class FSDP1:
     @classmethod
     def find(cls, model: nn.Module | None, module: nn.Module) -> FSDP1 | None:
         """The FSDP1 units of ``model`` (the strategy's model, which wraps ``module``), or None when it has none."""
+        if model is None or not torch.distributed.is_available():
+            return None
         from torch.distributed.fsdp import FullyShardedDataParallel
 
-        if model is None:
-            return None
         units = FullyShardedDataParallel.fsdp_modules(model)
         if not units:
             return None
