@@ -208,7 +208,8 @@ def _own_process_group():
 def test_fsdp1_on_one_process_explains_through_the_root_unit(tmp_path, make_trainer, read_events):
     # FSDPStrategy wraps the LightningModule itself in the root unit (and each block in its own); the explanations
     # run through it. Two processes, where the parameters are sharded: tests/callbacks/test_multiprocess.py.
-    callback = GAECallback(num_samples=2, metric_samples=8)
+    # A block's modules are then at model.blocks.<i>._fsdp_wrapped_module.<name>, which the glob's * matches.
+    callback = GAECallback(num_samples=2, metric_samples=8, attention_modules=["model.blocks.*.attn"])
     trainer = make_trainer(tmp_path, [callback], strategy=CPUFSDPStrategy(auto_wrap_policy={Block}), devices=1)
     with _own_process_group(), no_skipped_explanation():
         trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
