@@ -155,7 +155,7 @@ class Lockstep:
                              f"{torch.__version__} has none), which restores the sharded model's state after an "
                              "explanation fails halfway; upgrade torch or train with strategy='ddp'")
         self.roots = _roots(module, self.units)
-        # Whether a sharded unit's forward started in the block: FSDP2 has state to reset only then.
+        # Whether a sharded unit's forward started in the block: FSDP (2 or 1) has state to reset only then.
         self._entered = False
 
     @property
