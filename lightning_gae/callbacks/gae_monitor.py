@@ -81,7 +81,7 @@ def _writers(trainer: Trainer) -> list[Any]:
 
 
 # What rank zero reads from the validation set and every rank then tracks and scores.
-_SHARED = ("sample_indices", "_inputs", "_labels", "_truth", "_keyed", "_scored", "_row_names")
+_SHARED = ("sample_indices", "_inputs", "_labels", "_truth", "_keyed", "_scored", "_interim", "_row_names")
 
 
 class GAECallback(Callback):

@@ -326,7 +326,7 @@ FSDP1_SCRIPT = """
     between = dict(use_orig_params=False, fails={1: "forward"}, accumulate_grad_batches=2, limit_train_batches=6,
                    val_check_interval=3)
     accumulated = GAECallback(num_samples=2, sample_indices=callback.sample_indices, methods=("gae", "rollout"),
-                              metric_samples=16, metric_max_batch=4)
+                              metric_samples=16, metric_interim_samples=8, metric_max_batch=4)
     _, acc_model, acc_weights, acc_metrics = fit(root, [accumulated], name="accumulated", **between)
     _, acc_plain, acc_plain_weights, acc_plain_metrics = fit(root, [], **between)
     if trainer.is_global_zero:
@@ -407,6 +407,10 @@ def test_fsdp1_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path
     for sample in ranks[0]["samples"]:
         assert accumulated.image_steps(heatmap_tag(sample)) == [2, 4, 5]
     assert _once_each(accumulated)
+    # The interim part (8 of the 16, the same samples on both ranks) at the second explanation step, all of them at
+    # the last; no other step skipped.
+    assert [(e.step, e.value) for e in accumulated.Scalars("faithfulness_samples")] == [(4, 8.0), (5, 16.0)]
+    assert done.stderr.count("was skipped") == 3
     alone = _one_process(tmp_path / "single_accumulated", tmp_path / "accumulated.pt", single, make_trainer, read_events)
     for sample in ranks[0]["samples"]:
         for method in ("gae", "rollout"):
