@@ -1,4 +1,4 @@
-"""What GAECallback's faithfulness subset costs on one process and on several (DDP or FSDP2, CPU, gloo).
+"""What GAECallback's faithfulness subset costs on one process and on several (DDP, FSDP2 or FSDP1, CPU, gloo).
 
 Run from the root of a checkout::
 
@@ -11,8 +11,10 @@ its subset on them when fit ends: 256 samples,
 the methods ``gae``, ``rollout`` and ``raw_attention`` and the random baseline, positive and negative
 perturbation AUC, 256 inputs per forward. What is measured is that scoring (``on_train_end``): the
 wall-clock seconds on rank zero, which waits for the gather of every rank's part, and the CPU seconds of
-the busiest rank. ``--processes N`` runs with ``strategy="ddp"`` or ``ModelParallelStrategy`` with
-``fully_shard`` on every block and the ViT; the one process is the plain unsharded model. Each process
+the busiest rank. ``--processes N`` runs with ``strategy="ddp"``, ``ModelParallelStrategy`` with
+``fully_shard`` on every block and the ViT (``fsdp2``), or ``FSDPStrategy`` with every block in its own unit
+(``fsdp1``; on a CPU through the tests' ``CPUFSDPStrategy``, as Lightning refuses the exact class there); the one
+process is the plain unsharded model. Each process
 gets one OpenMP thread, so N processes use N cores as N devices would; runs alternate between 1 and N
 processes, and the medians and their ratios are printed with the scores of the last run of each (the
 same on any number of processes). On a machine busier than its cores the wall-clock ratio says little;
@@ -81,8 +83,15 @@ def _score_once(processes: int, strategy: str, vit: dict, weights: str, out: str
     sharded = processes > 1 and strategy == "fsdp2"
     model = (ShardedViT if sharded else ViTClassifier)(**vit, lr=0.0)
     model.load_state_dict(torch.load(weights))
-    chosen = ("auto" if processes == 1 else "ddp" if strategy == "ddp"
-              else ModelParallelStrategy(data_parallel_size=processes, tensor_parallel_size=1))
+    if processes == 1 or strategy == "ddp":
+        chosen = "auto" if processes == 1 else "ddp"
+    elif strategy == "fsdp2":
+        chosen = ModelParallelStrategy(data_parallel_size=processes, tensor_parallel_size=1)
+    else:
+        from recipes.vit import Block
+        from tests.helpers.trainer import CPUFSDPStrategy
+
+        chosen = CPUFSDPStrategy(auto_wrap_policy={Block})
     callback = Timed(num_samples=1, every_n_epochs=None, every_n_train_steps=10**6,
                      methods=("gae", "rollout", "raw_attention"), print_summary=False)
     with tempfile.TemporaryDirectory(prefix="lightning-gae-subset-") as root:
@@ -115,7 +124,7 @@ def _run(processes: int, strategy: str, vit: list[str], weights: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--strategy", choices=("ddp", "fsdp2"), default="fsdp2")
+    parser.add_argument("--strategy", choices=("ddp", "fsdp2", "fsdp1"), default="fsdp2")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dim", type=int, default=64, help="the ViT's width (the main job's: 64)")
     parser.add_argument("--depth", type=int, default=4, help="its blocks (the main job's: 4)")

@@ -1,19 +1,22 @@
 """GAECallback on several processes: which strategies it runs under, and how the ranks explain together.
 
 With the whole model on every rank (DDP, DeepSpeed stage 1 and 2) rank zero explains the tracked samples
-alone. With a model sharded by FSDP2 (``ModelParallelStrategy``, ``fully_shard`` in ``configure_model``)
-every forward all-gathers each sharded unit's parameters from every rank, so every rank runs each
-explanation's forwards and backwards, on the same samples. Either way the faithfulness subset is split:
-each rank scores its contiguous part, and the per-sample states are gathered with torchmetrics' sync
-(list states, ``dist_reduce_fx="cat"``), so every rank ends with the states one process would have.
+alone. With a sharded model every forward all-gathers each sharded unit's parameters from every rank, so
+every rank runs each explanation's forwards and backwards, on the same samples: FSDP2
+(``ModelParallelStrategy``, ``fully_shard`` in ``configure_model``), whose units sit inside the module, and
+FSDP1 (``FSDPStrategy``), whose root unit wraps the module itself, so the explanations' calls of the module go
+through that root (:mod:`._fsdp1`). Either way the faithfulness subset is split: each rank scores its contiguous
+part, and the per-sample states are gathered with torchmetrics' sync (list states, ``dist_reduce_fx="cat"``),
+so every rank ends with the states one process would have.
 
 A failure on one rank must not leave the others waiting in a collective. :class:`Lockstep` runs the
 callback's work as one block on every rank and agrees on the outcome: before each collective inside the
 block (a sharded unit's forward or backward, the gather) the ranks all-reduce what each is about to do,
 so a rank that failed is met at its next such point, every rank leaves the block together, FSDP's
-per-iteration state is reset, and every rank raises (the failing one its own error, the others
-:class:`RankFailed`). What FSDP2 does inside its own collectives (an allocation that fails on one rank
-only) is beyond this: such a rank stops the run as a failing training step would.
+per-iteration state is reset (FSDP2's ``reset_iter_state``; for FSDP1 its end-of-backward callback, run by
+hand), and every rank raises (the failing one its own error, the others :class:`RankFailed`). What FSDP
+does inside its own collectives (an allocation that fails on one rank only) is beyond this: such a rank
+stops the run as a failing training step would.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from lightning_gae._structures import map_tensors
+from lightning_gae.callbacks._fsdp1 import FSDP1
+from lightning_gae.explain import LRP_METHODS
 from lightning_gae.metrics._stderr import SampleScores
 
 __all__ = ["Lockstep", "RankFailed", "check_strategy", "from_rank_zero", "gather_scores", "random_rows", "subset_part"]
@@ -44,28 +49,28 @@ _FAILED, _DONE, _RUN = 0, 1, 2
 _ACTIVE: ContextVar[Lockstep | None] = ContextVar("lightning_gae_lockstep", default=None)
 
 
-def check_strategy(strategy: Strategy) -> None:
+def check_strategy(strategy: Strategy, methods: Sequence[str] = ()) -> None:
     """Refuse, naming what to use instead, the strategies the callback cannot explain under.
 
     Raises:
-        ValueError: ``FSDPStrategy``, DeepSpeed stage 3, or ``ModelParallelStrategy`` with tensor parallelism.
+        ValueError: DeepSpeed stage 3, ``ModelParallelStrategy`` with tensor parallelism, or the LRP ``methods``
+            under ``FSDPStrategy``.
     """
-    if isinstance(strategy, FSDPStrategy):
+    lrp = [m for m in methods if m in LRP_METHODS]
+    if isinstance(strategy, FSDPStrategy) and lrp:
         raise ValueError(
-            f"GAECallback cannot run with {type(strategy).__name__} (FSDP1): it wraps the LightningModule itself in the root "
-            "FullyShardedDataParallel unit, so the module's own forward, which the explanations call, finds its "
-            "parameters sharded, and FSDP1 cannot recover from an explanation that fails halfway. Shard with FSDP2 "
-            "instead: strategy=ModelParallelStrategy(data_parallel_size=<processes>, tensor_parallel_size=1) and "
-            "torch.distributed.fsdp.fully_shard on the blocks and the model in configure_model(); or train with "
-            "strategy='ddp'."
+            f"GAECallback(methods={list(methods)}) cannot run {lrp} under {type(strategy).__name__} (FSDP1): these "
+            "methods run the forward under their own rule for every tensor operation, and FSDP1 gathers the sharded "
+            "parameters inside the forward with in-place copies that have none (UnsupportedOperation). Drop them "
+            f"(methods={[m for m in methods if m not in LRP_METHODS] or ['gae']}), or train with strategy='ddp'."
         )
     if isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3:
         raise ValueError(
             "GAECallback cannot run with DeepSpeed ZeRO stage 3: its parameters are fetched by hooks on every "
             "submodule in an order DeepSpeed traces from the training steps, which an explanation's forwards and "
             "backwards do not follow, and it has no recovery from an explanation that fails halfway. Use DeepSpeed "
-            "stage 1 or 2 (the whole model on every rank), or FSDP2: ModelParallelStrategy(data_parallel_size="
-            "<processes>, tensor_parallel_size=1) with fully_shard in configure_model()."
+            "stage 1 or 2 (the whole model on every rank), FSDP2: ModelParallelStrategy(data_parallel_size="
+            "<processes>, tensor_parallel_size=1) with fully_shard in configure_model(), or FSDPStrategy (FSDP1)."
         )
     if isinstance(strategy, ModelParallelStrategy):
         try:
@@ -143,18 +148,20 @@ class Lockstep:
         self.rank = trainer.global_rank
         self.device = trainer.strategy.root_device
         self.units = _sharded_units(module) if self.distributed else []
+        # FSDP1 (FSDPStrategy): its units wrap the module itself, so they are looked for in the strategy's model.
+        self.fsdp1 = FSDP1.find(trainer.strategy.model, module)
         if self.units and not hasattr(self.units[0], "reset_iter_state"):
             raise ValueError(f"GAECallback under FSDP2 needs torch's FSDPModule.reset_iter_state() (torch "
                              f"{torch.__version__} has none), which restores the sharded model's state after an "
                              "explanation fails halfway; upgrade torch or train with strategy='ddp'")
         self.roots = _roots(module, self.units)
-        # Whether a sharded unit's forward started in the block: FSDP2 has state to reset only then.
+        # Whether a sharded unit's forward started in the block: FSDP (2 or 1) has state to reset only then.
         self._entered = False
 
     @property
     def sharded(self) -> bool:
         """Whether the model has sharded units, whose forwards need every rank."""
-        return bool(self.units)
+        return bool(self.units) or (self.distributed and self.fsdp1 is not None)
 
     def _agree(self, code: int) -> tuple[int, int]:
         """The lowest and highest code the ranks said."""
@@ -174,8 +181,19 @@ class Lockstep:
         Raises:
             Exception: ``work``'s own error on the rank it failed on; :class:`RankFailed` on the other ranks.
         """
+        if self.fsdp1 is None:
+            return self._run(work, every_rank)
+        with self.fsdp1.explaining():
+            return self._run(work, every_rank)
+
+    def _run(self, work: Callable[[], T], every_rank: bool) -> T:
         if not (self.distributed and every_rank):
-            return work()
+            try:
+                return work()
+            except BaseException:
+                if self.fsdp1 is not None:
+                    self.fsdp1.reset()
+                raise
         token = _ACTIVE.set(self)
         self._entered = False
         error: BaseException | None = None
@@ -199,6 +217,8 @@ class Lockstep:
         if self._entered:
             for root in self.roots:
                 root.reset_iter_state()
+            if self.fsdp1 is not None:
+                self.fsdp1.reset()
         if error is not None:
             raise error
         rank = next((r for r, e in enumerate(errors) if e is not None), None)
@@ -212,6 +232,8 @@ class Lockstep:
             # prepend: before FSDP's own hooks, which all-gather in the forward and register the backward's.
             handles.append(unit.register_forward_pre_hook(self._enter_unit, prepend=True))
             handles.append(unit.register_forward_hook(self._guard_backward, prepend=True))
+        if self.distributed and self.fsdp1 is not None:
+            handles += self.fsdp1.guard(self._enter_unit, self.guard)
         try:
             yield
         finally:

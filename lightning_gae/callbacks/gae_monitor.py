@@ -122,14 +122,17 @@ class GAECallback(Callback):
     Explanations never change what the run computes. The samples are read once, before the loops
     start, through a private single-process DataLoader over the validation dataset (never the
     Trainer's own loader, whose persistent workers would be reset). The explanations run in eval
-    mode on copies of the samples with ``autograd.grad`` (no ``.grad`` is touched), and the
+    mode on copies of the samples with ``autograd.grad`` (no ``.grad`` is touched; under FSDP1, whose
+    backward hooks set the sharded gradients aside, they are put back), and the
     global torch, numpy and Python RNGs are restored after every read and explanation.
 
     On several processes rank zero reads the samples and sends them to the others, and alone draws and
     logs. Under DDP it explains alone (the others join at the steps that score the subset); under FSDP2
-    (``ModelParallelStrategy`` with ``fully_shard``) every rank takes part in each explanation. The faithfulness subset is split across the ranks and its
-    per-sample states gathered, so its values and standard errors are one process's. An explanation that
-    fails on one rank is skipped by every rank (README, "Several processes: DDP and FSDP2").
+    (``ModelParallelStrategy`` with ``fully_shard``) and FSDP1 (``FSDPStrategy``, explained through the root
+    unit it wraps the module in) every rank takes part in each explanation. The faithfulness subset is split
+    across the ranks and its per-sample states gathered, so its values and standard errors are one process's.
+    An explanation that fails on one rank is skipped by every rank (README, "Several processes: DDP, FSDP2
+    and FSDP1").
 
     Whatever can be checked is checked when ``fit`` starts (for ``validate``: when validation
     starts), by reading the samples and explaining them once: collection, the model's forward on
@@ -243,9 +246,9 @@ class GAECallback(Callback):
         ValueError: in ``setup``: an unknown method, metric or Captum baseline, a bad schedule,
             target, ``dataloader_idx``, ``heatmap_scale`` or ``evolution_length``, a ``TabularTokens``
             without ``means`` while perturbation ``metrics`` are on (a removed feature needs a value),
-            or a strategy it cannot explain under (``FSDPStrategy``, DeepSpeed stage 3,
-            ``ModelParallelStrategy`` with tensor parallelism; FSDP2 and DDP are supported, see the README's
-            section on multi-process training).
+            or a strategy it cannot explain under (DeepSpeed stage 3, ``ModelParallelStrategy`` with tensor
+            parallelism, the LRP methods under ``FSDPStrategy``; DDP, FSDP2 and FSDP1 are supported, see the
+            README's section on multi-process training).
             When ``fit`` starts (``validate``: when validation starts): no validation dataloader,
             no ``dataloader_idx`` among them, a ``sample_indices`` outside the samples read,
             ``target="label"`` without labels, a model that cannot be explained on the samples
@@ -436,7 +439,7 @@ class GAECallback(Callback):
         if isinstance(index, bool) or not isinstance(index, (int, str)) or (isinstance(index, int) and index < 0):
             raise ValueError(f"GAECallback(dataloader_idx={index!r}): use a position 0, 1, ... or the key of a "
                              "mapping of validation dataloaders")
-        check_strategy(trainer.strategy)
+        check_strategy(trainer.strategy, self.methods)
         if self._views is None:
             self._views = self._new_views()
         if stage == "fit":

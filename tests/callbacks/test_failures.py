@@ -1,23 +1,24 @@
 """What cannot work stops the run in setup, before the first step, with the fix; what fails mid-run (a model that
 stops exposing attention, NaN logits) warns once and training goes on; sharded strategies are refused."""
 
+import json
 import math
 import os
 import warnings
+from contextlib import contextmanager
 
 import pytest
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gae import ImageTokens
 from lightning_gae.callbacks import GAECallback
 from recipes.digits import DigitsDataModule
-from recipes.vit import ViTClassifier
+from recipes.vit import Block, ViTClassifier
 from tests.helpers.models import small_vit
-from tests.helpers.trainer import heatmap_tag
+from tests.helpers.trainer import EPOCH_END_STEPS, CPUFSDPStrategy, heatmap_tag, no_skipped_explanation
 
 
 @pytest.mark.parametrize(
@@ -191,28 +192,78 @@ def test_nan_logits_skip_the_step_with_one_warning_and_nothing_non_finite_is_log
 # --- sharded strategies ----------------------------------------------------------------------------
 
 
-class CPUFSDPStrategy(FSDPStrategy):
-    """Lightning's FSDPStrategy; Lightning refuses the exact class on a CPU accelerator, not a subclass.
-
-    The callback refuses it in ``setup``, before the strategy would shard the model.
-    """
-
-
-def test_fsdp_is_refused_in_setup_with_the_reason(tmp_path, make_trainer):
+@contextmanager
+def _own_process_group():
+    """Lightning sets up a one-process group and its environment for FSDP: leave none to later tests."""
     environment = dict(os.environ)
-    trainer = make_trainer(tmp_path, [GAECallback()], strategy=CPUFSDPStrategy(), devices=1, logger=False)
     try:
-        with pytest.raises(ValueError, match=r"GAECallback cannot run with CPUFSDPStrategy \(FSDP1\): it wraps the "
-                                             r"LightningModule itself.*ModelParallelStrategy\(data_parallel_size=.*"
-                                             r"fully_shard.*strategy='ddp'"):
-            trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+        yield
     finally:
-        # Lightning set up a one-process group and its environment for FSDP: leave none to later tests.
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
         os.environ.clear()
         os.environ.update(environment)
+
+
+def test_fsdp1_on_one_process_explains_through_the_root_unit(tmp_path, make_trainer, read_events):
+    # FSDPStrategy wraps the LightningModule itself in the root unit (and each block in its own); the explanations
+    # run through it. Two processes, where the parameters are sharded: tests/callbacks/test_multiprocess.py.
+    # A block's modules are then at model.blocks.<i>._fsdp_wrapped_module.<name>, which the glob's * matches.
+    callback = GAECallback(num_samples=2, metric_samples=8, attention_modules=["model.blocks.*.attn"])
+    trainer = make_trainer(tmp_path, [callback], strategy=CPUFSDPStrategy(auto_wrap_policy={Block}), devices=1)
+    with _own_process_group(), no_skipped_explanation():
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    assert trainer.state.finished
+    acc = read_events(trainer.logger.log_dir)
+    for sample in callback.sample_indices:
+        assert acc.image_steps(heatmap_tag(sample)) == EPOCH_END_STEPS
+    scored = {step for tag, values in acc.scalar_events().items() if "perturbation_auc" in tag for step, _ in values}
+    assert scored == set(EPOCH_END_STEPS)
+
+
+def test_the_lrp_methods_under_fsdp1_are_refused_in_setup_with_the_reason(tmp_path, make_trainer):
+    callback = GAECallback(methods=("gae", "attnlrp"))
+    trainer = make_trainer(tmp_path, [callback], strategy=CPUFSDPStrategy(), devices=1, logger=False)
+    with _own_process_group(), pytest.raises(ValueError, match=r"GAECallback\(methods=\['gae', 'attnlrp'\]\) cannot run "
+                                                              r"\['attnlrp'\] under CPUFSDPStrategy \(FSDP1\): .*in-place "
+                                                              r"copies.*methods=\['gae'\].*strategy='ddp'"):
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     assert trainer.global_step == 0
+
+
+TENSOR_PARALLEL_SCRIPT = """
+    import json, sys
+    import torch
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from lightning_gae.callbacks import GAECallback
+    from recipes.digits import DigitsDataModule
+    from tests.helpers.models import small_vit
+
+    trainer = Trainer(logger=False, callbacks=[GAECallback()], accelerator="cpu", devices=2, max_epochs=1,
+                      strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),
+                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    try:
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+        stopped = None
+    except ValueError as err:
+        stopped = str(err)
+    with open(f"{sys.argv[1]}/rank_{trainer.global_rank}.json", "w") as f:
+        json.dump({"stopped": stopped, "steps": trainer.global_step}, f)
+"""
+
+
+@pytest.mark.slow
+def test_tensor_parallelism_is_refused_in_setup_with_the_reason(tmp_path, run_script):
+    # What stays refused: tensor parallelism (the explanations read whole attention maps) and DeepSpeed stage 3
+    # (not installable here: it needs CUDA).
+    run_script(TENSOR_PARALLEL_SCRIPT)
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank_{rank}.json").read_text())
+        assert result["steps"] == 0
+        assert result["stopped"].startswith("GAECallback cannot run with ModelParallelStrategy(tensor_parallel_size=2): "
+                                            "tensor parallelism splits every layer's computation across ranks")
+        assert "ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)" in result["stopped"]
 
 
 class DigitsWithBrokenSamples(DigitsDataModule):

@@ -1,7 +1,8 @@
-"""GAECallback under several processes: DDP, FSDP2 (ModelParallelStrategy with fully_shard) and ddp_spawn on two
-CPU processes. Rank zero alone logs; every rank tracks the samples one process would pick and scores its half of
-the faithfulness subset, which one process with the same weights scores alike; under FSDP2 every rank takes part
-in each explanation, and one that fails on rank 1 only is skipped by all. Also the pickling ddp_spawn needs."""
+"""GAECallback under several processes: DDP, FSDP2 (ModelParallelStrategy with fully_shard), FSDP1 (FSDPStrategy)
+and ddp_spawn on two CPU processes. Rank zero alone logs; every rank tracks the samples one process would pick and
+scores its half of the faithfulness subset, which one process with the same weights scores alike; under FSDP2 and
+FSDP1 every rank takes part in each explanation, and one that fails on rank 1 only is skipped by all. Also the
+pickling ddp_spawn needs."""
 
 import json
 import pickle
@@ -265,6 +266,156 @@ def test_fsdp2_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path
             np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
     expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
     assert {tag: values[-1][1] for tag, values in scores.items()} == pytest.approx(expected, abs=1e-6)
+
+    # A check that cannot pass on rank 1 stops rank 1 with its error, and rank 0 with rank 1's.
+    cannot = ("ValueError: GAECallback: the tracked validation samples cannot be explained, so the run stops before "
+              "training (RuntimeError: forced on rank 1).")
+    assert ranks[1]["stopped"] == cannot and ranks[0]["stopped"] == f"RankFailed: on rank 1: {cannot}"
+
+
+FSDP1_SCRIPT = """
+    import json, sys
+    import torch
+    from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from lightning_gae.callbacks import GAECallback
+    from recipes.digits import DigitsDataModule
+    from recipes.vit import Block
+    from tests.helpers.models import RankOneFails
+    from tests.helpers.trainer import CPUFSDPStrategy, ScoredRows
+
+    class FailingViT(RankOneFails):
+        \"\"\"Explaining fails on rank 1 at the global steps ``fails`` names (in the forward or the backward).\"\"\"
+
+        fails = {1: "forward", 2: "backward"}
+
+        def on_train_batch_start(self, batch, batch_idx):
+            self.failing = self.fails.get(self.global_step)
+
+    def fit(root, callbacks, name="tb", use_orig_params=True, fails=None, **kwargs):
+        seed_everything(0)
+        model = FailingViT(dim=32, depth=2, heads=2)
+        if fails is not None:
+            model.fails = fails
+        # FSDP1 on every block (auto_wrap_policy) and, as Lightning wraps it, on the LightningModule itself.
+        settings = dict(max_epochs=2, limit_train_batches=2, limit_val_batches=1) | kwargs
+        trainer = Trainer(default_root_dir=root, logger=TensorBoardLogger(root, name=name) if callbacks else False,
+                          callbacks=callbacks, strategy=CPUFSDPStrategy(auto_wrap_policy={Block}, use_orig_params=use_orig_params),
+                          accelerator="cpu", devices=2, enable_progress_bar=False, enable_model_summary=False,
+                          enable_checkpointing=False, **settings)
+        trainer.fit(model, DigitsDataModule(batch_size=32))
+        # The whole weights on every rank (Lightning's full state dict of FSDP1 crashes on a CPU).
+        with FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False):
+            weights = {n.replace("_fsdp_wrapped_module.", ""): p.detach().clone() for n, p in model.named_parameters()}
+        return trainer, model, weights, {name: float(value) for name, value in trainer.callback_metrics.items()}
+
+    def same(a, b):
+        return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    root = sys.argv[1]
+    callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "rollout"), metric_samples=16,
+                           metric_max_batch=4)
+    rows = ScoredRows()
+    trainer, model, weights, metrics = fit(root, [rows, callback, rows.after])
+    _, plain, plain_weights, plain_metrics = fit(root, [])
+
+    # use_orig_params=False, and gradient accumulation over 2 batches with a validation after the 3rd of 6 batches,
+    # between two micro-batches (Lightning runs the first in FSDP1's no_sync): its explanation fails on rank 1 at
+    # global step 1 and succeeds at step 4 (in the second epoch).
+    between = dict(use_orig_params=False, fails={1: "forward"}, accumulate_grad_batches=2, limit_train_batches=6,
+                   val_check_interval=3)
+    accumulated = GAECallback(num_samples=2, sample_indices=callback.sample_indices, methods=("gae", "rollout"),
+                              metric_samples=16, metric_interim_samples=8, metric_max_batch=4)
+    _, acc_model, acc_weights, acc_metrics = fit(root, [accumulated], name="accumulated", **between)
+    _, acc_plain, acc_plain_weights, acc_plain_metrics = fit(root, [], **between)
+    if trainer.is_global_zero:
+        torch.save(weights, f"{root}/weights.pt")
+        torch.save(acc_weights, f"{root}/accumulated.pt")
+
+    # The check when validation starts fails on rank 1 only (before FSDP1 ever ran a forward): every rank stops.
+    failing = FailingViT(dim=32, depth=2, heads=2)
+    failing.failing = "forward"
+    check = Trainer(logger=False, callbacks=[GAECallback(num_samples=2, metric_samples=4)], accelerator="cpu", devices=2,
+                    strategy=CPUFSDPStrategy(auto_wrap_policy={Block}), limit_val_batches=1, enable_progress_bar=False,
+                    enable_model_summary=False)
+    try:
+        check.validate(failing, DigitsDataModule(batch_size=32))
+        stopped = None
+    except Exception as err:
+        stopped = f"{type(err).__name__}: {err}"
+    with open(f"{root}/rank_{trainer.global_rank}.json", "w") as f:
+        json.dump({"finished": trainer.state.finished, "samples": callback.sample_indices, "rows": rows.calls,
+                   "losses": [model.losses, plain.losses, acc_model.losses, acc_plain.losses],
+                   "metrics": [metrics, plain_metrics, acc_metrics, acc_plain_metrics],
+                   "same_weights": [same(weights, plain_weights), same(acc_weights, acc_plain_weights)],
+                   "stopped": stopped}, f)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_fsdp1_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path, run_script, make_trainer,
+                                                                        read_events):
+    done = run_script(FSDP1_SCRIPT, timeout=400)
+    ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["finished"] for r in ranks)
+    # The callback changes nothing the runs compute: each rank's losses, the logged metrics and the final weights
+    # equal those of the same run without it, past the explanations that failed on rank 1, and with gradient
+    # accumulation past explanations between two micro-batches (one of which failed).
+    for rank in ranks:
+        assert rank["losses"][0] == rank["losses"][1] and len(rank["losses"][0]) == 4
+        assert rank["losses"][2] == rank["losses"][3] and len(rank["losses"][2]) == 12
+        assert rank["metrics"][0] == rank["metrics"][1] and "val_loss" in rank["metrics"][0]
+        assert rank["metrics"][2] == rank["metrics"][3]
+        assert rank["same_weights"] == [True, True]
+    assert ranks[0]["samples"] == ranks[1]["samples"]
+
+    # Explained at global steps 1 to 4, logged at 0 to 3: at 1 and 2 it failed on rank 1 (in the forward inside
+    # the root unit, then in the backward), and every rank skipped it. With accumulation: at step 1, logged at 1.
+    assert done.stderr.count("GAECallback: explanation at step 1 failed and was skipped (on rank 1: "
+                             "RuntimeError: forced on rank 1)") == 2
+    assert done.stderr.count("GAECallback: explanation at step 2 failed and was skipped (on rank 1: "
+                             "RuntimeError: forced on rank 1, in the backward)") == 1
+    acc = read_events(tmp_path / "tb" / "version_0")
+    for sample in ranks[0]["samples"]:
+        assert acc.image_steps(heatmap_tag(sample)) == [0, 3]
+    # Everything once, from rank zero: the pictures, the GAE tab's tensors, the Text tab's faithfulness table.
+    assert _once_each(acc)
+    assert [e.step for e in acc.Tensors("gae_faithfulness")] == [0, 3]
+    scores = _scores(acc)
+    assert {steps for values in scores.values() for steps, _ in values} == {0, 3} and len(scores) == 12
+    assert [c["explained"] for c in ranks[0]["rows"]] == [c["explained"] for c in ranks[1]["rows"]] == [10, 10]
+    assert [c["perturbed"] for c in ranks[0]["rows"]] == [c["perturbed"] for c in ranks[1]["rows"]]
+    assert all(c["perturbed"] > 0 for c in ranks[0]["rows"])
+
+    # One unsharded process with the final weights: the same relevance, the same values and standard errors.
+    single = GAECallback(num_samples=2, sample_indices=ranks[0]["samples"], methods=("gae", "rollout"),
+                         metric_samples=16, metric_max_batch=4)
+    alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
+    for sample in ranks[0]["samples"]:
+        for method in ("gae", "rollout"):
+            tag = f"gae_dashboard/relevance/{method}/val_{sample}"
+            np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
+    expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
+    assert {tag: values[-1][1] for tag, values in scores.items()} == pytest.approx(expected, abs=1e-6)
+
+    # use_orig_params=False with accumulation: explained at the validations after batches 3 and 6 of each epoch
+    # (global steps 1, 3, 4, 6; logged at 1, 3, 4, 6 less the failed one), the last like one unsharded process.
+    accumulated = read_events(tmp_path / "accumulated" / "version_0")
+    for sample in ranks[0]["samples"]:
+        assert accumulated.image_steps(heatmap_tag(sample)) == [2, 4, 5]
+    assert _once_each(accumulated)
+    # The interim part (8 of the 16, the same samples on both ranks) at the second explanation step, all of them at
+    # the last; no other step skipped.
+    assert [(e.step, e.value) for e in accumulated.Scalars("faithfulness_samples")] == [(4, 8.0), (5, 16.0)]
+    assert done.stderr.count("was skipped") == 3
+    alone = _one_process(tmp_path / "single_accumulated", tmp_path / "accumulated.pt", single, make_trainer, read_events)
+    for sample in ranks[0]["samples"]:
+        for method in ("gae", "rollout"):
+            tag = f"gae_dashboard/relevance/{method}/val_{sample}"
+            np.testing.assert_allclose(accumulated.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
 
     # A check that cannot pass on rank 1 stops rank 1 with its error, and rank 0 with rank 1's.
     cannot = ("ValueError: GAECallback: the tracked validation samples cannot be explained, so the run stops before "

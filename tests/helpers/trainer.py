@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import FSDPStrategy
 
 # Lightning logs at `_batches_that_stepped`, which a validation at the end of an epoch still sees one
 # below global_step (it is incremented after the validation); self.log("val_loss") lands there, and so
@@ -118,3 +119,26 @@ class _CloseCount(Callback):
 
     def on_train_end(self, *args: Any) -> None:
         self.rows._close()
+
+
+class CPUFSDPStrategy(FSDPStrategy):
+    """Lightning's ``FSDPStrategy`` (FSDP1) on a CPU accelerator: Lightning refuses the exact class there, not a subclass.
+
+    Lightning passes FSDP1 ``device_id=root_device.index``, None on a CPU, and torch then looks for an accelerator;
+    this wraps the LightningModule as Lightning does (``auto_wrap_policy``, ``use_orig_params`` and the rest from the
+    strategy's arguments) with ``device_id=torch.device("cpu")``, and leaves the remaining steps to Lightning.
+    """
+
+    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+            return super()._setup_model(model)
+        model = FullyShardedDataParallel(module=model, cpu_offload=self.cpu_offload, mixed_precision=self.mixed_precision_config,
+                                         sharding_strategy=self.sharding_strategy, device_id=torch.device("cpu"), **self.kwargs)
+        # Lightning's steps after wrapping; without the policy, which it would warn about on a wrapped model.
+        kwargs, self.kwargs = self.kwargs, {k: v for k, v in self.kwargs.items() if k != "auto_wrap_policy"}
+        try:
+            return super()._setup_model(model)
+        finally:
+            self.kwargs = kwargs
