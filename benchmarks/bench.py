@@ -56,7 +56,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,8 @@ FLOW_METHODS: tuple[str, ...] = ("forward_backward", "gae", "rollout", "attentio
 """The ``flow`` cases: attention flow (one max flow per token and sample) per token count, one sample."""
 LRP_BENCH_METHODS: tuple[str, ...] = ("attnlrp", "transformer_attribution")
 LLAMA_METHODS: tuple[str, ...] = ("forward_backward", "gae", "rollout", "attnlrp")
+SELECTABLE_CASES = ("vit", "bert", "llama")
+"""The cases whose methods ``--methods`` selects (``forward_backward`` and ``gae``, the floors, always run)."""
 """The ``llama`` cases (a decoder-only LM at batch 1, long prompts): the last position's next-token logit."""
 """Beside the model methods in the ViT and BERT cases: the LRP family (:data:`lightning_gae.LRP_METHODS`)."""
 _IG_STEPS = 50
@@ -98,13 +100,19 @@ class Case:
     batch: int
     tokens: int
     size: dict[str, Any] = field(default_factory=dict)
+    only: tuple[str, ...] | None = None
+    """The model cases' methods to measure besides ``forward_backward`` and ``gae`` (None: all of them)."""
 
     @property
     def methods(self) -> tuple[str, ...]:
         if self.name in ("vit", "bert"):
             # The LRP methods beside GAE (their forward computes different gradients: their own passes).
-            return (*MODEL_METHODS, *LRP_BENCH_METHODS)
-        return {"main_job": FIT_METHODS, "flow": FLOW_METHODS, "llama": LLAMA_METHODS}.get(self.name, MODEL_METHODS)
+            methods = (*MODEL_METHODS, *LRP_BENCH_METHODS)
+        else:
+            methods = {"main_job": FIT_METHODS, "flow": FLOW_METHODS, "llama": LLAMA_METHODS}.get(self.name, MODEL_METHODS)
+        if self.only is None or self.name not in SELECTABLE_CASES:
+            return methods
+        return tuple(m for m in methods if m in ("forward_backward", "gae") or m in self.only)
 
 
 _VIT = {"dim": 192, "depth": 6, "heads": 3}
@@ -133,9 +141,13 @@ def quick_cases(config: str | Path = _MAIN_CONFIG) -> list[Case]:
     ]
 
 
-def select_cases(cases: Sequence[Case], names: Sequence[str], tokens: Sequence[int] | None = None) -> list[Case]:
-    """The cases of the kinds in ``names`` and, with ``tokens``, of those token counts only."""
-    return [c for c in cases if c.name in names and (tokens is None or c.tokens in tokens)]
+def select_cases(cases: Sequence[Case], names: Sequence[str], tokens: Sequence[int] | None = None,
+                 methods: Sequence[str] | None = None) -> list[Case]:
+    """The cases of the kinds in ``names`` and, with ``tokens``, of those token counts only; with ``methods``, the
+    model cases measure those besides ``forward_backward`` and ``gae`` (e.g. the long prompts without the methods
+    whose memory grows as N²)."""
+    chosen = [c for c in cases if c.name in names and (tokens is None or c.tokens in tokens)]
+    return chosen if methods is None else [replace(c, only=tuple(methods)) for c in chosen]
 
 
 def _main_job_case(config: str | Path, max_epochs: int | None) -> Case:
@@ -522,8 +534,9 @@ def ratio_report(rows: Sequence[dict]) -> str:
     for name in ("vit", "bert"):
         for batch, tokens in _settings(rows, name):
             floor = found[(name, batch, tokens, "forward_backward")]
-            cells = [f"{found[(name, batch, tokens, m)]['seconds'] / floor['seconds']:.2f}x / "
-                     f"{found[(name, batch, tokens, m)]['peak_memory_mb'] / floor['peak_memory_mb']:.2f}x" for m in others]
+            at = [found.get((name, batch, tokens, m)) for m in others]  # a method left out by --methods: "-"
+            cells = [f"{r['seconds'] / floor['seconds']:.2f}x / {r['peak_memory_mb'] / floor['peak_memory_mb']:.2f}x"
+                     if r else "-" for r in at]
             lines.append(f"| {name} | {batch} | {tokens} | {floor['seconds']:.3g} s / {floor['peak_memory_mb']:.0f} MB | "
                          + " | ".join(cells) + " |")
     lines += ["", "Cells: time / peak memory, each relative to forward_backward of the same row.", ""]
@@ -555,11 +568,12 @@ def ratio_report(rows: Sequence[dict]) -> str:
                   "rollout / forward_backward | attnlrp / forward_backward (time, memory) |",
                   "| --- | ---: | ---: | ---: | ---: | ---: |"]
         for batch, tokens in llamas:
-            at = {m: found[("llama", batch, tokens, m)] for m in LLAMA_METHODS}
+            at = {m: found.get(("llama", batch, tokens, m)) for m in LLAMA_METHODS}
             floor = at["forward_backward"]
-            cell = lambda m: f"{at[m]['seconds'] / floor['seconds']:.2f}x, {at[m]['peak_memory_mb'] / floor['peak_memory_mb']:.2f}x"  # noqa: E731
-            lines.append(f"| llama | {batch} | {tokens} | {cell('gae')} | {at['rollout']['seconds'] / floor['seconds']:.2f}x "
-                         f"| {cell('attnlrp')} |")
+            cell = lambda m: "-" if at[m] is None else (  # noqa: E731
+                f"{at[m]['seconds'] / floor['seconds']:.2f}x, {at[m]['peak_memory_mb'] / floor['peak_memory_mb']:.2f}x")
+            rollout = "-" if at["rollout"] is None else f"{at['rollout']['seconds'] / floor['seconds']:.2f}x"
+            lines.append(f"| llama | {batch} | {tokens} | {cell('gae')} | {rollout} | {cell('attnlrp')} |")
         lines.append("")
 
     targets: list[tuple[str, tuple[float, float | None], str]] = []
@@ -568,8 +582,11 @@ def ratio_report(rows: Sequence[dict]) -> str:
     def ratio(key_a: tuple, key_b: tuple, measure: str = "seconds") -> float:
         return found[key_a][measure] / found[key_b][measure]
 
-    def both(key_a: tuple, key_b: tuple, measure: str = "seconds") -> tuple[float, float | None]:
-        """The ratio, and for times the same ratio in CPU seconds (None for memory or rows without them)."""
+    def both(key_a: tuple, key_b: tuple, measure: str = "seconds") -> tuple[float, float | None] | None:
+        """The ratio, and for times the same ratio in CPU seconds (None for memory or rows without them); None when
+        a method was not measured (``--methods``)."""
+        if key_a not in found or key_b not in found:
+            return None
         cpu = found[key_a].get("cpu_seconds"), found[key_b].get("cpu_seconds")
         in_cpu = cpu[0] / cpu[1] if measure == "seconds" and None not in cpu and cpu[1] > 0 else None
         return ratio(key_a, key_b, measure), in_cpu
@@ -607,7 +624,10 @@ def ratio_report(rows: Sequence[dict]) -> str:
     # The same ratios in CPU seconds, which another job on the machine moves less than wall seconds (rows written
     # before the benchmark recorded them have none).
     lines += ["| target | measured | wanted | met | in CPU seconds |", "| --- | ---: | ---: | --- | ---: |"]
-    for label, (value, cpu), wanted in targets:
+    for label, measured, wanted in targets:
+        if measured is None:
+            continue
+        value, cpu = measured
         bound = float(wanted.split()[1])
         met = value <= bound if wanted.startswith("<=") else value >= bound
         cpu_cell = "-" if cpu is None else f"{cpu:.2f}"
@@ -628,6 +648,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="run only these case kinds")
     parser.add_argument("--tokens", type=int, nargs="+",
                         help="run only the settings with these token counts N (e.g. --cases llama --tokens 1024 4096)")
+    parser.add_argument("--methods", nargs="*", choices=[m for m in (*MODEL_METHODS, *LRP_BENCH_METHODS) if m not in ("forward_backward", "gae")],
+                        help="the vit, bert and llama cases measure only these besides forward_backward and gae; none "
+                             "named: those two alone (e.g. --cases llama --tokens 8192 --methods, without the N^2 memory "
+                             "of rollout and attnlrp)")
     parser.add_argument("--repeats", type=int, help="timed repeats after the warm-up (default 3, 1 with --quick)")
     parser.add_argument("--budget", type=float, default=60.0,
                         help="a method stops repeating once its timed calls took this many seconds (default 60)")
@@ -638,7 +662,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--repeats must be >= 1; got {args.repeats}")
     if not Path(args.config).is_file():
         parser.error(f"--config {args.config} does not exist; give the main job's LightningCLI YAML")
-    cases = select_cases((quick_cases if args.quick else full_cases)(args.config), args.cases, args.tokens)
+    cases = select_cases((quick_cases if args.quick else full_cases)(args.config), args.cases, args.tokens, args.methods)
     if not cases:
         parser.error(f"no {' or '.join(args.cases)} case has N in {args.tokens}; the settings are listed in "
                      "benchmarks/bench.py (full_cases, quick_cases)")

@@ -112,3 +112,22 @@ def test_integrated_gradients_runs_in_internal_batches_of_about_64x257_tokens():
     bench._model_methods(subject, target)["integrated_gradients"]()
     assert max(rows) * case.tokens <= 64 * 257
     assert sum(rows) == 2 * 50 and len(rows) == 7
+
+
+def test_methods_selects_what_the_model_cases_measure_besides_the_floors():
+    chosen = bench.select_cases(bench.full_cases(), ["llama", "main_job"], None, ["rollout"])
+    llama = [c for c in chosen if c.name == "llama"]
+    assert llama and all(c.methods == ("forward_backward", "gae", "rollout") for c in llama)
+    # The main job's fits are not model methods: unchanged.
+    assert [c.methods for c in chosen if c.name == "main_job"] == [bench.FIT_METHODS]
+    # A method left out reads "-" in the tables, and the targets that need it are left out, not failed.
+    report = bench.ratio_report([{"case": "llama", "method": m, "batch": 1, "tokens": 8192, "seconds": t, "peak_memory_mb": 100.0}
+                                 for m, t in (("forward_backward", 2.0), ("gae", 2.5), ("rollout", 9.0))]
+                                + [{"case": "vit", "method": m, "batch": 64, "tokens": 257, "seconds": t, "peak_memory_mb": 100.0}
+                                   for m, t in (("forward_backward", 1.0), ("gae", 0.9))])
+    assert "| llama | 1 | 8192 | 1.25x, 1.00x | 4.50x | - |" in report
+    assert "| vit | 64 | 257 | 1 s / 100 MB | 0.90x / 1.00x | - | - | - | - | - |" in report
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines()}
+    assert "| 1.25 | <= 1.5 | yes |" in lines["llama gae / forward_backward (batch 1, N=8192)"]
+    assert "| 0.90 | <= 1.2 | yes |" in lines["gae / forward_backward (vit batch 64, N=257)"]
+    assert not any(label.startswith("gae / saliency") for label in lines)
