@@ -292,8 +292,9 @@ def compare(
     truth = truth_score(modality) if ground_truth is not None else None
     if recall and (ground_truth is None or not isinstance(modality, RECALL.modality)):
         raise ValueError("compare(recall=True) scores text rationales: pass ground_truth=[N, T] and a TextTokens modality")
-    if groups is not None and torch.as_tensor(groups).numel() != total:
-        raise ValueError(f"compare(groups=...) has {torch.as_tensor(groups).numel()} labels for {total} samples: pass one "
+    groups = None if groups is None else torch.as_tensor(groups)
+    if groups is not None and groups.numel() != total:
+        raise ValueError(f"compare(groups=...) has {groups.numel()} labels for {total} samples: pass one "
                          "label per sample (e.g. the prompt of each answer row), or None")
 
     progress = progress or _silent
@@ -308,7 +309,7 @@ def compare(
         recall_metric = RECALL.metric(modality) if recall else None
         options = {} if query is None or method in CAPTUM_METHODS else {"query": query}
         scores = SampleScores()
-        scores.groups = None if groups is None else torch.as_tensor(groups)
+        scores.groups = groups
         seconds = 0.0
         for index, start in enumerate(starts):
             stop = min(start + batch_size, total)

@@ -83,6 +83,13 @@ class RelevanceSegmentation(DictMetric):
         return _relevance_segmentation_compute(self.confusion, self.ap_sum, self.ap_count)
 
 
+def _top_k(k: int | None) -> int | None:
+    """``k`` of the rationale metrics, checked: at least 1, or None for each sample's rationale length."""
+    if k is not None and k < 1:
+        raise ValueError(f"k must be >= 1 (or None for the rationale's length); got {k}")
+    return k
+
+
 class RationaleAgreement(DictMetric):
     r"""Token relevance against ground-truth rationale tokens (ERASER): top-k token F1 and AUPRC.
 
@@ -104,9 +111,7 @@ class RationaleAgreement(DictMetric):
 
     def __init__(self, k: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if k is not None and k < 1:
-            raise ValueError(f"k must be >= 1 (or None for the rationale's length); got {k}")
-        self.k = k
+        self.k = _top_k(k)
         self.add_state("f1_sum", default=torch.tensor(0.0, dtype=torch.float32), dist_reduce_fx="sum")
         self.add_state("auprc_sum", default=torch.tensor(0.0, dtype=torch.float32), dist_reduce_fx="sum")
         self.add_state("count", default=torch.tensor(0), dist_reduce_fx="sum")
@@ -145,9 +150,7 @@ class RationaleRecall(DictMetric):
 
     def __init__(self, k: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if k is not None and k < 1:
-            raise ValueError(f"k must be >= 1 (or None for the rationale's length); got {k}")
-        self.k = k
+        self.k = _top_k(k)
         for name in ("top1_sum", "hit_sum", "mass_sum"):
             self.add_state(name, default=torch.tensor(0.0, dtype=torch.float32), dist_reduce_fx="sum")
         self.add_state("count", default=torch.tensor(0), dist_reduce_fx="sum")

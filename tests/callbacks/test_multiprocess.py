@@ -108,6 +108,37 @@ def _once_each(acc) -> bool:
     return set(counts.values()) == {1}
 
 
+def _sharded_run_like_one_process(acc, ranks, tmp_path, make_trainer, read_events) -> GAECallback:
+    """The sharded scripts' run (FSDP2, FSDP1): explained at global steps 1 to 4, logged at 0 to 3, 1 and 2 failed on
+    rank 1. Checks what rank zero logged, the rows each rank scored, and one unsharded process with the final weights;
+    returns that process's callback."""
+    for sample in ranks[0]["samples"]:
+        assert acc.image_steps(heatmap_tag(sample)) == [0, 3]
+    # Everything once, from rank zero: the pictures, the GAE tab's tensors, the Text tab's faithfulness table.
+    assert _once_each(acc)
+    assert [e.step for e in acc.Tensors("gae_faithfulness")] == [0, 3]
+    # The subset (16 samples, fewer than an interim part: all of them) scored at the first explanation step and the
+    # last (the third failed on rank 1), each rank explaining the 2 tracked samples and half of the 16, and
+    # perturbing as many.
+    scores = _scores(acc)
+    assert {steps for values in scores.values() for steps, _ in values} == {0, 3} and len(scores) == 12
+    assert [c["explained"] for c in ranks[0]["rows"]] == [c["explained"] for c in ranks[1]["rows"]] == [10, 10]
+    assert [c["perturbed"] for c in ranks[0]["rows"]] == [c["perturbed"] for c in ranks[1]["rows"]]
+    assert all(c["perturbed"] > 0 for c in ranks[0]["rows"])
+
+    # One unsharded process with the final weights: the same relevance, the same values and standard errors.
+    single = GAECallback(num_samples=2, sample_indices=ranks[0]["samples"], methods=("gae", "rollout"),
+                         metric_samples=16, metric_max_batch=4)
+    alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
+    for sample in ranks[0]["samples"]:
+        for method in ("gae", "rollout"):
+            tag = f"gae_dashboard/relevance/{method}/val_{sample}"
+            np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
+    expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
+    assert {tag: values[-1][1] for tag, values in scores.items()} == pytest.approx(expected, abs=1e-6)
+    return single
+
+
 @pytest.mark.slow
 def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path, run_script, make_trainer, read_events):
     # Its own session: on a hang, the rank the launcher started is killed along with rank 0.
@@ -242,30 +273,7 @@ def test_fsdp2_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path
     event_dirs = {p.parent for p in tmp_path.rglob("events.out.tfevents.*") if p.parent.parent.name != "methods"}
     assert len(event_dirs) == 1
     acc = read_events(next(iter(event_dirs)))
-    for sample in ranks[0]["samples"]:
-        assert acc.image_steps(heatmap_tag(sample)) == [0, 3]
-    # Everything once, from rank zero: the pictures, the GAE tab's tensors, the Text tab's faithfulness table.
-    assert _once_each(acc)
-    assert [e.step for e in acc.Tensors("gae_faithfulness")] == [0, 3]
-    # The subset (16 samples, fewer than an interim part: all of them) scored at the first explanation step and the
-    # last (the third failed on rank 1), each rank explaining the 2 tracked samples and half of the 16, and
-    # perturbing as many.
-    scores = _scores(acc)
-    assert {steps for values in scores.values() for steps, _ in values} == {0, 3} and len(scores) == 12
-    assert [c["explained"] for c in ranks[0]["rows"]] == [c["explained"] for c in ranks[1]["rows"]] == [10, 10]
-    assert [c["perturbed"] for c in ranks[0]["rows"]] == [c["perturbed"] for c in ranks[1]["rows"]]
-    assert all(c["perturbed"] > 0 for c in ranks[0]["rows"])
-
-    # One unsharded process with the final weights: the same relevance, the same values and standard errors.
-    single = GAECallback(num_samples=2, sample_indices=ranks[0]["samples"], methods=("gae", "rollout"),
-                         metric_samples=16, metric_max_batch=4)
-    alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
-    for sample in ranks[0]["samples"]:
-        for method in ("gae", "rollout"):
-            tag = f"gae_dashboard/relevance/{method}/val_{sample}"
-            np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
-    expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
-    assert {tag: values[-1][1] for tag, values in scores.items()} == pytest.approx(expected, abs=1e-6)
+    _sharded_run_like_one_process(acc, ranks, tmp_path, make_trainer, read_events)
 
     # A check that cannot pass on rank 1 stops rank 1 with its error, and rank 0 with rank 1's.
     cannot = ("ValueError: GAECallback: the tracked validation samples cannot be explained, so the run stops before "
@@ -379,27 +387,7 @@ def test_fsdp1_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path
     assert done.stderr.count("GAECallback: explanation at step 2 failed and was skipped (on rank 1: "
                              "RuntimeError: forced on rank 1, in the backward)") == 1
     acc = read_events(tmp_path / "tb" / "version_0")
-    for sample in ranks[0]["samples"]:
-        assert acc.image_steps(heatmap_tag(sample)) == [0, 3]
-    # Everything once, from rank zero: the pictures, the GAE tab's tensors, the Text tab's faithfulness table.
-    assert _once_each(acc)
-    assert [e.step for e in acc.Tensors("gae_faithfulness")] == [0, 3]
-    scores = _scores(acc)
-    assert {steps for values in scores.values() for steps, _ in values} == {0, 3} and len(scores) == 12
-    assert [c["explained"] for c in ranks[0]["rows"]] == [c["explained"] for c in ranks[1]["rows"]] == [10, 10]
-    assert [c["perturbed"] for c in ranks[0]["rows"]] == [c["perturbed"] for c in ranks[1]["rows"]]
-    assert all(c["perturbed"] > 0 for c in ranks[0]["rows"])
-
-    # One unsharded process with the final weights: the same relevance, the same values and standard errors.
-    single = GAECallback(num_samples=2, sample_indices=ranks[0]["samples"], methods=("gae", "rollout"),
-                         metric_samples=16, metric_max_batch=4)
-    alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
-    for sample in ranks[0]["samples"]:
-        for method in ("gae", "rollout"):
-            tag = f"gae_dashboard/relevance/{method}/val_{sample}"
-            np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
-    expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
-    assert {tag: values[-1][1] for tag, values in scores.items()} == pytest.approx(expected, abs=1e-6)
+    single = _sharded_run_like_one_process(acc, ranks, tmp_path, make_trainer, read_events)
 
     # use_orig_params=False with accumulation: explained at the validations after batches 3 and 6 of each epoch
     # (global steps 1, 3, 4, 6; logged at 1, 3, 4, 6 less the failed one), the last like one unsharded process.
