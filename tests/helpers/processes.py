@@ -14,12 +14,34 @@ from recipes.tensorboard_screenshots import free_port, get_json, tensorboard_ser
 
 ROOT = Path(__file__).resolve().parents[2]
 
-__all__ = ["ROOT", "free_port", "get_json", "interrupt_python", "python_env", "run_python", "run_script", "tensorboard_server"]
+__all__ = ["ROOT", "free_port", "get_json", "interrupt_python", "leave_together", "python_env", "run_python", "run_script",
+           "tensorboard_server"]
 
 
 def python_env() -> dict[str, str]:
     """This environment with the repository first on PYTHONPATH and one OpenMP thread per process."""
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+
+def leave_together() -> None:
+    """The end of a multi-process script, on every rank: meet, tear the process group down, flush and exit at once,
+    not through the interpreter's finalization.
+
+    A gloo worker thread can still be releasing the last collectives it ran (a barrier holds the collectives before
+    it, whose tensors have Python objects) when the main thread finalizes; the thread then waits for the GIL that
+    Python has given up, is made to exit, and the process aborts: "terminate called without an active exception"
+    (gdb on the core: ``ProcessGroupGloo::runLoop`` -> ``~AsyncBarrierWork`` -> ``~AsyncAllgatherWork`` -> Python
+    decref -> ``take_gil`` -> ``pthread_exit`` -> ``std::terminate``). Seen in about one run of ten on a loaded
+    machine, after the script's work was done. ``os._exit`` leaves before any of that runs.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_python(args: Sequence[str], cwd: str | Path, timeout: float = 240,
