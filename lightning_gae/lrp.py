@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode, resolve_name
 
+from lightning_gae._fsdp2 import constant_parameters, fsdp2_units, unit_parameters
 from lightning_gae.capture import (
     explicit_multi_head_attention_forward,
     explicit_scaled_dot_product_attention,
@@ -491,14 +492,17 @@ class LRPCapture:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # The attribute paths functional_call swaps at, walked by nn.Module's own traversal: a wrapper that
         # reports its model's module names (the Captum classes' forward_func) keeps its real paths here.
+        # FSDP2 units gather their own parameters in the forward: they are held constant there (lightning_gae._fsdp2).
+        units = fsdp2_units(self.model)
         params: dict[str, Tensor] = {}
-        seen: set[int] = set()
+        seen: set[int] = unit_parameters(units)
         for prefix, module in nn.Module.named_modules(self.model):
             for name, param in module.named_parameters(recurse=False):
                 if id(param) not in seen:
                     seen.add(id(param))
                     params[f"{prefix}.{name}" if prefix else name] = param.detach()
-        return torch.func.functional_call(self.model, params, args, kwargs, strict=False)
+        with constant_parameters(units):
+            return torch.func.functional_call(self.model, params, args, kwargs, strict=False)
 
     def __enter__(self) -> LRPCapture:
         self.embeddings, self.attention, self._stack, self._units, self.num_tokens = [], [], [], 0, None

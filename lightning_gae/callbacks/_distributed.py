@@ -54,17 +54,10 @@ def check_strategy(strategy: Strategy, methods: Sequence[str] = ()) -> None:
 
     Raises:
         ValueError: DeepSpeed stage 3, ``ModelParallelStrategy`` with tensor parallelism, or the LRP ``methods``
-            under ``FSDPStrategy`` or ``ModelParallelStrategy``.
+            under ``FSDPStrategy`` (under FSDP2 they run on the gathered parameters held constant:
+            :mod:`lightning_gae._fsdp2`).
     """
     lrp = [m for m in methods if m in LRP_METHODS]
-    if isinstance(strategy, ModelParallelStrategy) and lrp:
-        raise ValueError(
-            f"GAECallback(methods={list(methods)}) cannot run {lrp} under {type(strategy).__name__} (FSDP2): these "
-            "methods run the forward under their own rule for every tensor operation, FSDP2's parameter gathering "
-            "included, and after such an explanation the next training step's backward found no gradient "
-            "('element 0 of tensors does not require grad', seen on two processes), which would stop training. Drop "
-            f"them (methods={[m for m in methods if m not in LRP_METHODS] or ['gae']}), or train with strategy='ddp'."
-        )
     if isinstance(strategy, FSDPStrategy) and lrp:
         raise ValueError(
             f"GAECallback(methods={list(methods)}) cannot run {lrp} under {type(strategy).__name__} (FSDP1): these "

@@ -247,7 +247,7 @@ class GAECallback(Callback):
             target, ``dataloader_idx``, ``heatmap_scale`` or ``evolution_length``, a ``TabularTokens``
             without ``means`` while perturbation ``metrics`` are on (a removed feature needs a value),
             or a strategy it cannot explain under (DeepSpeed stage 3, ``ModelParallelStrategy`` with tensor
-            parallelism, the LRP methods under ``FSDPStrategy`` or FSDP2; DDP, FSDP2 and FSDP1 are supported, see the
+            parallelism, the LRP methods under ``FSDPStrategy``; DDP, FSDP2 and FSDP1 are supported, see the
             README's section on multi-process training).
             When ``fit`` starts (``validate``: when validation starts): no validation dataloader,
             no ``dataloader_idx`` among them, a ``sample_indices`` outside the samples read,

@@ -19,7 +19,7 @@ from lightning_gae import ImageTokens
 from lightning_gae.callbacks import GAECallback
 from recipes.digits import DigitsDataModule
 from recipes.vit import Block, ViTClassifier
-from tests.helpers.models import small_vit
+from tests.helpers.models import RankOneFails, small_vit
 from tests.helpers.trainer import EPOCH_END_STEPS, CPUFSDPStrategy, heatmap_tag, no_skipped_explanation
 
 
@@ -233,18 +233,34 @@ def test_the_lrp_methods_under_fsdp1_are_refused_in_setup_with_the_reason(tmp_pa
     assert trainer.global_step == 0
 
 
-def test_the_lrp_methods_under_fsdp2_are_refused_in_setup_with_the_reason(tmp_path, make_trainer):
-    # On two processes an AttnLRP or Transformer Attribution explanation under FSDP2 left the next training step's
-    # backward without gradients (RuntimeError: element 0 of tensors does not require grad): refused until fixed.
-    callback = GAECallback(methods=("gae", "transformer_attribution"))
-    trainer = make_trainer(tmp_path, [callback], logger=False, devices=1,
-                           strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1))
-    with _own_process_group(), pytest.raises(ValueError, match=r"GAECallback\(methods=\['gae', 'transformer_attribution'\]\) "
-                                                              r"cannot run \['transformer_attribution'\] under "
-                                                              r"ModelParallelStrategy \(FSDP2\): .*methods=\['gae'\].*"
-                                                              r"strategy='ddp'"):
-        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
-    assert trainer.global_step == 0
+class _ShardedViT(RankOneFails):
+    """FSDP2 on every block and on the ViT (one process: a unit of one rank, gathered and initialized as on several)."""
+
+    def configure_model(self):
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+
+def test_the_lrp_methods_under_fsdp2_leave_training_as_it_was_on_one_process(tmp_path, make_trainer):
+    # The check when the fit starts is the units' first forward: it used to initialize them with the LRP forward's
+    # detached parameters, and the first training step's backward raised "element 0 of tensors does not require
+    # grad". Two processes, where the parameters are sharded: tests/callbacks/test_multiprocess.py.
+    losses = []
+    for callbacks in ([GAECallback(num_samples=2, methods=("gae", "attnlrp", "transformer_attribution"), metric_samples=4,
+                                   every_n_train_steps=1)], []):
+        torch.manual_seed(0)
+        model = _ShardedViT(dim=32, depth=2, heads=2)
+        trainer = make_trainer(tmp_path, callbacks, logger=False, devices=1,
+                               strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1))
+        with _own_process_group(), no_skipped_explanation():
+            trainer.fit(model, DigitsDataModule(batch_size=32))
+        assert trainer.state.finished
+        losses.append(model.losses)
+    assert losses[0] == losses[1] and len(losses[0]) == 4
 
 
 TENSOR_PARALLEL_SCRIPT = """
@@ -254,7 +270,7 @@ TENSOR_PARALLEL_SCRIPT = """
     from lightning.pytorch.strategies import ModelParallelStrategy
     from lightning_gae.callbacks import GAECallback
     from recipes.digits import DigitsDataModule
-    from tests.helpers.models import small_vit
+    from tests.helpers.models import RankOneFails, small_vit
 
     trainer = Trainer(logger=False, callbacks=[GAECallback()], accelerator="cpu", devices=2, max_epochs=1,
                       strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),

@@ -282,6 +282,86 @@ def test_fsdp2_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path
     assert ranks[1]["stopped"] == cannot and ranks[0]["stopped"] == f"RankFailed: on rank 1: {cannot}"
 
 
+LRP_FSDP2_SCRIPT = """
+    import json, sys
+    import torch
+    from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+    from lightning_gae.callbacks import GAECallback
+    from recipes.digits import DigitsDataModule
+    from tests.helpers.models import RankOneFails
+    from tests.helpers.processes import leave_together
+
+    class ShardedViT(RankOneFails):
+        def configure_model(self):
+            mesh = self.device_mesh["data_parallel"]
+            for block in self.model.blocks:
+                fully_shard(block, mesh=mesh)
+            fully_shard(self.model, mesh=mesh)
+
+    def fit(root, callbacks):
+        seed_everything(0)
+        model = ShardedViT(dim=32, depth=2, heads=2)
+        trainer = Trainer(default_root_dir=root, logger=TensorBoardLogger(root, name="tb") if callbacks else False,
+                          callbacks=callbacks, strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+                          accelerator="cpu", devices=2, max_epochs=2, limit_train_batches=2, limit_val_batches=1,
+                          enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+        trainer.fit(model, DigitsDataModule(batch_size=32))
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return trainer, model, weights
+
+    root = sys.argv[1]
+    callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "attnlrp", "transformer_attribution"),
+                           metric_samples=8, metric_max_batch=4)
+    trainer, model, weights = fit(root, [callback])
+    _, plain, plain_weights = fit(root, [])
+    if trainer.is_global_zero:
+        torch.save(weights, f"{root}/weights.pt")
+    with open(f"{root}/rank_{trainer.global_rank}.json", "w") as f:
+        json.dump({"finished": trainer.state.finished, "samples": callback.sample_indices,
+                   "losses": [model.losses, plain.losses], "same_weights": weights.keys() == plain_weights.keys()
+                   and all(torch.equal(weights[k], plain_weights[k]) for k in weights)}, f)
+    leave_together()
+"""
+
+
+@pytest.mark.slow
+def test_the_lrp_methods_under_fsdp2_train_on_and_explain_like_one_unsharded_process(tmp_path, run_script, make_trainer,
+                                                                                     read_events):
+    # The first explanation (the check when the fit starts) is the first forward of the sharded units, whose lazy
+    # initialization once adopted the detached parameters of the LRP forward as its sharded parameters: the next
+    # training step's backward then found no gradient. The later ones run after training steps, on the units'
+    # gathered parameters, which once carried relevance (UnsupportedOperation at the head's linear).
+    done = run_script(LRP_FSDP2_SCRIPT)
+    ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["finished"] for r in ranks) and "was skipped" not in done.stderr
+    # The callback changes nothing the run computes: the losses of each rank and the final weights.
+    for rank in ranks:
+        assert rank["losses"][0] == rank["losses"][1] and len(rank["losses"][0]) == 4
+    assert ranks[0]["same_weights"]
+    acc = read_events(tmp_path / "tb" / "version_0")
+    samples = ranks[0]["samples"]
+    for sample in samples:
+        assert acc.image_steps(heatmap_tag(sample)) == [0, 1, 2, 3]
+    assert _once_each(acc)
+
+    # One unsharded process with the final weights: the relevance and the faithfulness values of the last step.
+    single = GAECallback(num_samples=2, sample_indices=samples, methods=("attnlrp", "transformer_attribution"),
+                         metric_samples=8, metric_max_batch=4)
+    alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
+    for sample in samples:
+        for method in ("attnlrp", "transformer_attribution"):
+            tag = f"gae_dashboard/relevance/{method}/val_{sample}"
+            assert np.abs(alone.tensor(tag)).max() > 0
+            np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
+    expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
+    scores = {tag: values[-1][1] for tag, values in _scores(acc).items() if tag in expected}
+    assert len(expected) > 0 and scores == pytest.approx(expected, abs=1e-6)
+
+
 FSDP1_SCRIPT = """
     import json, sys
     import torch
