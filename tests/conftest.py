@@ -5,9 +5,16 @@ for module-level code and parametrisation); this file only exposes them.
 ``tensorboard`` server, the CLI over every config); a plain ``pytest`` runs everything.
 """
 
-import pytest
+import os
 
-from tests.helpers import events, processes, trainer
+# Triton kernels (lightning_gae/_triton_gae.py) run under Triton's CPU interpreter where there is no NVIDIA GPU. The
+# switch is read when Triton is imported, which importing torch may already do, so it is set before anything else.
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+from tests.helpers import events, processes, trainer  # noqa: E402
 
 
 @pytest.fixture(scope="session")
