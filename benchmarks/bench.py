@@ -75,6 +75,9 @@ FLOW_METHODS: tuple[str, ...] = ("forward_backward", "gae", "rollout", "attentio
 """The ``flow`` cases: attention flow (one max flow per token and sample) per token count, one sample."""
 LRP_BENCH_METHODS: tuple[str, ...] = ("attnlrp", "transformer_attribution")
 LLAMA_METHODS: tuple[str, ...] = ("forward_backward", "gae", "rollout", "attnlrp")
+KERNEL_BENCH_METHODS: tuple[str, ...] = ("gae_triton",)
+"""Measured only when ``--methods`` names them: ``gae`` with its row form as the Triton kernel (a GPU's, or
+Triton's CPU interpreter: ``LIGHTNING_GAE_KERNEL=triton``, :mod:`lightning_gae._triton_gae`)."""
 SELECTABLE_CASES = ("vit", "bert", "llama")
 """The cases whose methods ``--methods`` selects (``forward_backward`` and ``gae``, the floors, always run)."""
 """The ``llama`` cases (a decoder-only LM at batch 1, long prompts): the last position's next-token logit."""
@@ -112,7 +115,8 @@ class Case:
             methods = {"main_job": FIT_METHODS, "flow": FLOW_METHODS, "llama": LLAMA_METHODS}.get(self.name, MODEL_METHODS)
         if self.only is None or self.name not in SELECTABLE_CASES:
             return methods
-        return tuple(m for m in methods if m in ("forward_backward", "gae") or m in self.only)
+        kernels = tuple(m for m in KERNEL_BENCH_METHODS if m in self.only)
+        return tuple(m for m in methods if m in ("forward_backward", "gae") or m in self.only) + kernels
 
 
 _VIT = {"dim": 192, "depth": 6, "heads": 3}
@@ -365,9 +369,25 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
             return IntegratedGradients(subject.captum_forward).attribute(
                 x, target=target, additional_forward_args=extra, n_steps=_IG_STEPS, internal_batch_size=rows)
 
+    def gae_triton() -> object:
+        from lightning_gae._triton_gae import available
+
+        if not available():
+            raise RuntimeError("gae_triton needs Triton (CUDA builds of torch ship it): it would measure the chunks")
+        before = os.environ.get("LIGHTNING_GAE_KERNEL")
+        os.environ["LIGHTNING_GAE_KERNEL"] = "triton"
+        try:
+            return explain(model, inputs, target=target, query=subject.query)
+        finally:
+            if before is None:
+                del os.environ["LIGHTNING_GAE_KERNEL"]
+            else:
+                os.environ["LIGHTNING_GAE_KERNEL"] = before
+
     return {
         "forward_backward": forward_backward,
         "gae": lambda: explain(model, inputs, target=target, query=subject.query),
+        "gae_triton": gae_triton,
         "gae_matrix": lambda: gae_matrix_rows(model, inputs, target),
         "per_sample_loop": per_sample_loop,
         "rollout": lambda: explain(model, inputs, target=target, method="rollout", query=subject.query),
@@ -553,6 +573,19 @@ def ratio_report(rows: Sequence[dict]) -> str:
             vs_floor = [f"{r['seconds'] / floor['seconds']:.2f}x" if r else "-" for r in at]
             lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(vs_gae + vs_floor) + " |")
         lines.append("")
+    kernel = [(name, *st) for name in ("vit", "bert", "llama") for st in _settings(rows, name)
+              if (name, *st, "gae_triton") in found]
+    if kernel:
+        lines += ["| the Triton kernel | batch | N | gae_triton / gae (time, memory) | gae_triton / forward_backward "
+                  "(time, memory) | gae_triton / saliency (time) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for key in kernel:
+            fused, gae, floor = found[(*key, "gae_triton")], found[(*key, "gae")], found[(*key, "forward_backward")]
+            vs = [f"{fused['seconds'] / r['seconds']:.2f}x, {fused['peak_memory_mb'] / r['peak_memory_mb']:.2f}x"
+                  for r in (gae, floor)]
+            saliency = found.get((*key, "saliency"))
+            vs.append("-" if saliency is None else f"{fused['seconds'] / saliency['seconds']:.2f}x")
+            lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(vs) + " |")
+        lines.append("")
     flows = _settings(rows, "flow")
     if flows:
         lines += ["| attention flow, 1 sample | N | attention_flow | attention_flow / gae | attention_flow / rollout |",
@@ -648,7 +681,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="run only these case kinds")
     parser.add_argument("--tokens", type=int, nargs="+",
                         help="run only the settings with these token counts N (e.g. --cases llama --tokens 1024 4096)")
-    parser.add_argument("--methods", nargs="*", choices=[m for m in (*MODEL_METHODS, *LRP_BENCH_METHODS) if m not in ("forward_backward", "gae")],
+    parser.add_argument("--methods", nargs="*", choices=[m for m in (*MODEL_METHODS, *LRP_BENCH_METHODS, *KERNEL_BENCH_METHODS)
+                                                         if m not in ("forward_backward", "gae")],
                         help="the vit, bert and llama cases measure only these besides forward_backward and gae; none "
                              "named: those two alone (e.g. --cases llama --tokens 8192 --methods, without the N^2 memory "
                              "of rollout and attnlrp)")

@@ -11,11 +11,17 @@ for that chunk, with ``∇A = dO · Vᵀ``. What happens to ``Ā`` is the :class
   the layers last first, which is the row form's order, so nothing per layer is kept;
 * ``"store"``: ``Ā`` is kept (``[B, Nq, Nk]``, heads already averaged) for the matrix form of
   models with several token sets.
+
+With ``LIGHTNING_GAE_KERNEL=triton`` in the environment (and Triton importable), the row form runs as one Triton
+kernel per call instead of the chunks (:mod:`lightning_gae._triton_gae`: tiles of queries and keys, nothing
+``N x N``), where its masks allow (none, causal, or one additive bias per key); otherwise the chunks run. Opt-in
+until it has been measured on a GPU.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -53,6 +59,8 @@ class LeanState:
     # The backward's chunk buffers, shared by the calls (their backwards run one after another): fresh
     # N x N-sized blocks per layer would be paged in again by every layer.
     workspace: list[Tensor] = field(default_factory=list)
+    # The row form as one Triton kernel per call (see the module doc), read from the environment when made.
+    kernel: bool = field(default_factory=lambda: os.environ.get("LIGHTNING_GAE_KERNEL", "") == "triton")
 
     def buffers(self, size: int, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
         """Three flat buffers of at least ``size`` elements, reused from the previous call when they fit."""
@@ -120,6 +128,10 @@ class _LeanAttention(torch.autograd.Function):
         q, k, v, bias, out = ctx.saved_tensors
         state: LeanState = ctx.state
         scale = ctx.scale
+        if state.kernel and state.mode == "row" and (state.calls is None or ctx.call.index in state.calls):
+            done = _kernel_backward(ctx, q, k, v, bias, out, dout)
+            if done is not None:
+                return done
         dtype = torch.promote_types(q.dtype, torch.float32)
         b, h, n_q, e = q.shape
         n_k, e_v = k.shape[-2], v.shape[-1]
@@ -220,6 +232,55 @@ class _LeanAttention(torch.autograd.Function):
         dv = dvt.transpose(1, 2).reshape(b, h, n_k, e_v)
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype),
                 None if dbias is None else dbias.to(bias.dtype), None, None, None, None, None)
+
+
+def _key_bias(bias: Tensor | None, batch: int, n_k: int) -> Tensor | None | bool:
+    """``bias`` as one additive value per key ``[B, N_k]`` (None for no bias), or False where it varies by head or
+    query. A padding mask expanded over the queries (``[B, 1, N, N]``, as Hugging Face passes it) is one per key."""
+    if bias is None:
+        return None
+    if bias.dim() != 4 or bias.shape[1] != 1:
+        return False
+    if bias.shape[2] != 1:
+        with torch.no_grad():
+            if not all(bool((bias[:, :, i:i + 256] == bias[:, :, :1]).all()) for i in range(0, bias.shape[2], 256)):
+                return False
+    return bias[:, 0, 0, :].expand(batch, n_k)
+
+
+def _log_sum_exp(q: Tensor, k: Tensor, key_bias: Tensor | None, causal: bool, scale: float) -> Tensor:
+    """Each query's log-sum-exp of its scores ``[B, H, N_q]`` (what a fused forward keeps), a chunk of queries at a time."""
+    b, h, n_q, _ = q.shape
+    n_k = k.shape[-2]
+    lse = torch.empty(b, h, n_q, dtype=torch.float32, device=q.device)
+    step = max(1, _CHUNK_ELEMENTS // max(1, b * h * n_k))
+    for start in range(0, n_q, step):
+        stop = min(n_q, start + step)
+        s = torch.matmul(q[:, :, start:stop].float() * scale, k.float().transpose(-2, -1))
+        if key_bias is not None:
+            s = s + key_bias.float()[:, None, None, :]
+        if causal:
+            rows = torch.arange(start, stop, device=q.device)[:, None]
+            s = s.masked_fill(torch.arange(n_k, device=q.device)[None, :] > rows, -math.inf)
+        lse[:, :, start:stop] = torch.logsumexp(s, dim=-1)
+    return lse
+
+
+def _kernel_backward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, out: Tensor, dout: Tensor) -> tuple | None:
+    """The row form's backward as the Triton kernel, or None where it does not apply (then the chunks run)."""
+    # Imported here, at call time: Triton's import is slow, and only an opted-in backward needs it.
+    from lightning_gae._triton_gae import available, gae_attention_backward
+
+    key_bias = _key_bias(bias, q.shape[0], k.shape[-2])
+    if (not available() or key_bias is False or ctx.bias_grad or v.shape[-1] != q.shape[-1]
+            or q.shape[-2] != k.shape[-2]):
+        return None
+    state: LeanState = ctx.state
+    lse = _log_sum_exp(q, k, key_bias, ctx.causal, ctx.scale)
+    dq, dk, dv, update = gae_attention_backward(q, k, v, out, lse, dout, state.row, key_bias, ctx.causal, ctx.scale)
+    state.row = state.row + update.to(state.row.dtype)
+    state.order.append(ctx.call.index)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
 
 
 def _additive(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:

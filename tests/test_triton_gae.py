@@ -50,3 +50,40 @@ def test_the_kernel_equals_the_lean_backward(kind, shape):
         assert (ours - lean).abs().max().item() < 1e-3 * top, name
         assert (ours - ref).abs().max().item() < 1e-3 * top, name
     assert got[3].abs().max() > 1e-3
+
+
+def _bert(device):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, num_labels=2, attn_implementation="sdpa")
+    model = BertForSequenceClassification(config).to(device).eval()
+    ids = torch.randint(1, 100, (3, 21), device=device)
+    mask = torch.ones_like(ids)
+    mask[1, -6:] = 0  # padding
+    return model, {"input_ids": ids, "attention_mask": mask}
+
+
+def test_explain_runs_the_kernel_when_asked_and_gives_the_same_relevance(monkeypatch):
+    import lightning_gae as lg
+    from lightning_gae import _triton_gae
+    from recipes.vit import ViTClassifier
+
+    calls = []
+    kernel = _triton_gae.gae_attention_backward
+    monkeypatch.setattr(_triton_gae, "gae_attention_backward", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    torch.manual_seed(0)
+    vit = ViTClassifier(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=2).to(DEVICE).eval()
+    images = torch.randn(4, 1, 8, 8, device=DEVICE)
+    bert, tokens = _bert(DEVICE)
+    for model, inputs in ((vit, images), (bert, tokens)):
+        monkeypatch.delenv("LIGHTNING_GAE_KERNEL", raising=False)
+        chunks = lg.explain(model, inputs, method="gae")
+        before = len(calls)
+        monkeypatch.setenv("LIGHTNING_GAE_KERNEL", "triton")
+        fused = lg.explain(model, inputs, method="gae")
+        # One kernel call per attention layer, and the same relevance as the chunked backward.
+        assert len(calls) - before == 2
+        top = chunks.tokens.abs().max().item()
+        assert (fused.tokens - chunks.tokens).abs().max().item() < 1e-4 * top
