@@ -10,7 +10,8 @@ Status: the kernel's semantics equal :mod:`lightning_gae.lean`'s chunked backwar
 under Triton's CPU interpreter, ``TRITON_INTERPRET=1``, where ``triton`` is installed). It is not wired into
 ``lean_attention`` yet and has not run on a GPU: that, and its speed and memory against ``saliency`` and a
 training step, wait for a session with one (issue 24). Masks it takes: causal, and an additive bias per key
-(padding); others stay on the lean path.
+(padding); others stay on the lean path. Products in exact float32 by default (``precision="ieee"``); whether
+Tensor cores (``"tf32"``) keep the 1e-3 agreement is for the GPU run to find.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ if triton is not None:
     def _backward_kernel(Q, K, V, DO, LSE, D, ROW, KEY_BIAS, DQ, DK, DV, UPD,
                          heads, n_q, n_k, scale,
                          HAS_KEY_BIAS: tl.constexpr, CAUSAL: tl.constexpr,
-                         BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr):
+                         BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, E: tl.constexpr, E_PAD: tl.constexpr,
+                         PRECISION: tl.constexpr):
         pid_k = tl.program_id(0)
         bh = tl.program_id(1)
         b = bh // heads
@@ -66,18 +68,18 @@ if triton is not None:
             lse = tl.load(LSE + bh * n_q + offs_q, mask=q_in, other=float("inf"))
             d = tl.load(D + bh * n_q + offs_q, mask=q_in, other=0.0)
             r = tl.load(ROW + b * n_q + offs_q, mask=q_in, other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale + key_bias[None, :]
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale + key_bias[None, :]
             valid = q_in[:, None] & k_in[None, :] & (lse[:, None] != float("-inf"))
             if CAUSAL:
                 valid = valid & (offs_k[None, :] <= offs_q[:, None])
             # A query that sees no key has lse -inf and probabilities 0; masked keys have scores -inf.
             p = tl.where(valid, tl.exp(s - tl.where(valid, lse[:, None], 0.0)), 0.0)
-            dp = tl.dot(do, tl.trans(v))
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
             upd += tl.sum(r[:, None] * tl.maximum(dp * p, 0.0), axis=0)
             ds = p * (dp - d[:, None])
-            dv += tl.dot(tl.trans(p), do)
-            dk += tl.dot(tl.trans(ds), q)
-            dq = tl.dot(ds, k) * scale
+            dv += tl.dot(tl.trans(p), do, input_precision=PRECISION)
+            dk += tl.dot(tl.trans(ds), q, input_precision=PRECISION)
+            dq = tl.dot(ds, k, input_precision=PRECISION) * scale
             tl.atomic_add(DQ + bh * n_q * E + offs_q[:, None] * E + offs_e[None, :], dq, mask=qe_mask)
         tl.store(DK + bh * n_k * E + offs_k[:, None] * E + offs_e[None, :], dk * scale, mask=kv_mask)
         tl.store(DV + bh * n_k * E + offs_k[:, None] * E + offs_e[None, :], dv, mask=kv_mask)
@@ -86,12 +88,13 @@ if triton is not None:
 
 def gae_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, row: Tensor,
                            key_bias: Tensor | None = None, causal: bool = False, scale: float | None = None,
-                           block_q: int = 16, block_k: int = 16) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                           block_q: int = 16, block_k: int = 16, precision: str = "ieee") -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, update)`` of attention ``softmax(scale · q kᵀ + key_bias) v`` (``[B, H, N, E]``, one head
     dimension for q, k and v), given its output ``out``, each query's log-sum-exp ``lse [B, H, N_q]`` (-inf where a
     query sees no key), the output's gradient ``dout`` and the relevance row ``row [B, N_q]``; ``update [B, N_k]``
     is ``row · E_h[(∇A ⊙ A)⁺]``. ``key_bias [B, N_k]`` is added to every query's scores (-inf: padding); ``causal``
-    hides the keys after each query. Float32 accumulation; results in float32.
+    hides the keys after each query. Float32 accumulation; results in float32. ``precision``: Triton's
+    ``input_precision`` of the products, ``"ieee"`` (exact float32) or ``"tf32"`` (tensor cores, ~1e-3 relative).
     """
     if triton is None:
         raise RuntimeError("gae_attention_backward needs Triton (it ships with CUDA builds of torch; "
@@ -112,5 +115,5 @@ def gae_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Te
     _backward_kernel[grid](qf, kf, vf, dof, lse.float().contiguous(), d, row.float().contiguous(), bias,
                            dq, dk, dv, update, h, n_q, n_k, scale,
                            HAS_KEY_BIAS=key_bias is not None, CAUSAL=causal, BLOCK_Q=block_q, BLOCK_K=block_k,
-                           E=e, E_PAD=max(16, triton.next_power_of_2(e)))
+                           E=e, E_PAD=max(16, triton.next_power_of_2(e)), PRECISION=precision)
     return dq, dk, dv, update
