@@ -131,3 +131,24 @@ def test_methods_selects_what_the_model_cases_measure_besides_the_floors():
     assert "| 1.25 | <= 1.5 | yes |" in lines["llama gae / forward_backward (batch 1, N=8192)"]
     assert "| 0.90 | <= 1.2 | yes |" in lines["gae / forward_backward (vit batch 64, N=257)"]
     assert not any(label.startswith("gae / saliency") for label in lines)
+
+
+def test_gpu_sizes_and_the_kernels_table_and_targets():
+    # --sizes gpu: issue 24's sizes; --methods gae_triton adds the kernel (only when named) to the model cases.
+    cases = bench.select_cases(bench.gpu_cases(), ["vit", "bert", "llama"], None, ["gae_triton", "saliency"])
+    assert [(c.name, c.batch, c.tokens) for c in cases] == [("vit", 64, 197), ("bert", 8, 512), ("bert", 1, 4096),
+                                                            ("llama", 1, 8192)]
+    assert cases[0].methods == ("forward_backward", "gae", "saliency", "gae_triton")
+    assert "gae_triton" not in bench.select_cases(bench.gpu_cases(), ["vit"], None, None)[0].methods
+    rows = [{"case": "vit", "method": m, "batch": 64, "tokens": 197, "seconds": t, "peak_memory_mb": mb}
+            for m, t, mb in (("forward_backward", 1.0, 100.0), ("gae", 1.5, 120.0), ("saliency", 1.2, 110.0),
+                             ("gae_triton", 1.1, 105.0))]
+    rows += [{"case": "llama", "method": m, "batch": 1, "tokens": 8192, "seconds": t, "peak_memory_mb": mb}
+             for m, t, mb in (("forward_backward", 2.0, 1000.0), ("gae", 2.4, 1400.0), ("gae_triton", 2.2, 1300.0))]
+    report = bench.ratio_report(rows)
+    assert "| vit | 64 | 197 | 0.73x, 0.88x | 1.10x, 1.05x | 0.92x |" in report
+    assert "| llama | 1 | 8192 | 0.92x, 0.93x | 1.10x, 1.30x | - |" in report
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines()}
+    assert "| 0.92 | <= 1.0 | yes |" in lines["gae_triton / saliency (vit batch 64, N=197)"]
+    assert "| 1.30 | <= 1.2 | no |" in lines["peak memory gae_triton / forward_backward (llama batch 1, N=8192)"]
+    assert "gae_triton / saliency (llama batch 1, N=8192)" not in lines  # no saliency measured there
