@@ -121,12 +121,34 @@ class FSDP1:
         Restored last: after :meth:`reset`, which a failing block runs inside this one.
         """
         kept = self._keep_gradients()
+        # Before each unit's forward (prepended: before FSDP1's, which writes back changed parameters).
+        handles = [unit.register_forward_pre_hook(lambda unit, args: self._register_parameters([unit]), prepend=True)
+                   for unit in self.units]
         try:
             with self._through_root():
                 yield
         finally:
+            for hook in handles:
+                hook.remove()
+            self._register_parameters(self.units)
             for restore in kept:
                 restore()
+
+    @staticmethod
+    def _register_parameters(units: list[nn.Module]) -> None:
+        """Without sharding (``NO_SHARD``, which FSDP1 switches to on one process), the original parameters of idle
+        units registered on their modules again, as the post-backward hook that no explanation fires would have done.
+
+        A unit's pre-backward sets plain-tensor views into the flat parameter on its modules in their place. A
+        sharded unit's reshard puts the parameters back, and FSDP1's end of backward reshards every unit the block
+        left gathered, but it takes an unsharded flat parameter for resharded already. The next forward of the unit
+        (the block's next, or the training step's) then took each view for a parameter the user replaced and
+        adopted it for good (``_writeback_orig_params``): the optimizer's parameters received no gradient again.
+        """
+        for unit in units:
+            handle = unit._handle
+            if handle is not None and not handle.uses_sharded_strategy and unit.training_state.name == "IDLE":
+                handle._use_sharded_views()  # without sharding: the unsharded views, as parameters
 
     def _keep_gradients(self) -> list[Callable[[], None]]:
         """What restores, for every flat parameter, its sharded gradient (or, between two micro-batches of gradient
