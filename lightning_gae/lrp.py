@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode, resolve_name
 
+from lightning_gae._fsdp1 import constant_gathered, fsdp1_units, managed_parameters
 from lightning_gae._fsdp2 import constant_parameters, fsdp2_units, unit_parameters
 from lightning_gae.capture import (
     explicit_multi_head_attention_forward,
@@ -419,6 +420,7 @@ class LRPCapture:
         self._names = {m: n for n, m in model.named_modules(remove_duplicate=False)}
         self._stack: list[nn.Module] = []
         self._units = 0
+        self._suspended = 0  # > 0 while an FSDP1 unit's own code runs: all let through (lightning_gae._fsdp1)
         self._unit_input: Tensor | None = None
         self._exit: ExitStack | None = None
         self.embeddings: list[Tensor] = []
@@ -440,7 +442,7 @@ class LRPCapture:
 
     @property
     def _in_unit(self) -> bool:
-        return self._units > 0
+        return self._units > 0 or self._suspended > 0
 
     def _note_attention(self, kind: str, keys: int) -> None:
         # One entry per run of consecutive calls in a module (Q·Kᵀ and A·V of one eager attention are one).
@@ -493,15 +495,16 @@ class LRPCapture:
         # The attribute paths functional_call swaps at, walked by nn.Module's own traversal: a wrapper that
         # reports its model's module names (the Captum classes' forward_func) keeps its real paths here.
         # FSDP2 units gather their own parameters in the forward: they are held constant there (lightning_gae._fsdp2).
-        units = fsdp2_units(self.model)
+        # FSDP1 units likewise, and the mode lets their own gathering through (lightning_gae._fsdp1).
+        units, fsdp1 = fsdp2_units(self.model), fsdp1_units(self.model)
         params: dict[str, Tensor] = {}
-        seen: set[int] = unit_parameters(units)
+        seen: set[int] = unit_parameters(units) | managed_parameters(fsdp1)
         for prefix, module in nn.Module.named_modules(self.model):
             for name, param in module.named_parameters(recurse=False):
                 if id(param) not in seen:
                     seen.add(id(param))
                     params[f"{prefix}.{name}" if prefix else name] = param.detach()
-        with constant_parameters(units):
+        with constant_parameters(units), constant_gathered(self, fsdp1):
             return torch.func.functional_call(self.model, params, args, kwargs, strict=False)
 
     def __enter__(self) -> LRPCapture:

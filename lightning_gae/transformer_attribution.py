@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from lightning_gae import lrp
+from lightning_gae._fsdp1 import fsdp1_units, gather_again
 from lightning_gae.capture import explicit_multi_head_attention_forward, explicit_scaled_dot_product_attention
 
 __all__ = ["TransformerAttributionCapture", "attribution_row"]
@@ -493,6 +494,8 @@ def explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_la
         # The authors' one-hot relevance at the score: gradient 1/score in gradient form; plain: gradient 1.
         for plain, seed in ((False, safe_divide(torch.ones_like(score), score.detach())), (True, torch.ones_like(score))):
             capture.plain = plain
+            if plain:
+                gather_again(fsdp1_units(model))  # FSDP1 resharded its units at the end of the first pass
             grads = torch.autograd.grad(score, capture.probs, grad_outputs=seed, allow_unused=True, retain_graph=not plain)
             found.append([as_heads(torch.zeros_like(p) if g is None else g) for p, g in zip(capture.probs, grads)])
         lrp_grads, plain_grads = found

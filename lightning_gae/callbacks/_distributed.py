@@ -30,14 +30,13 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy, Strategy
 from torch import Tensor, nn
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from lightning_gae._structures import map_tensors
 from lightning_gae.callbacks._fsdp1 import FSDP1
-from lightning_gae.explain import LRP_METHODS
 from lightning_gae.metrics._stderr import SampleScores
 
 __all__ = ["Lockstep", "RankFailed", "check_strategy", "from_rank_zero", "gather_scores", "random_rows", "subset_part"]
@@ -49,22 +48,14 @@ _FAILED, _DONE, _RUN = 0, 1, 2
 _ACTIVE: ContextVar[Lockstep | None] = ContextVar("lightning_gae_lockstep", default=None)
 
 
-def check_strategy(strategy: Strategy, methods: Sequence[str] = ()) -> None:
+def check_strategy(strategy: Strategy) -> None:
     """Refuse, naming what to use instead, the strategies the callback cannot explain under.
 
     Raises:
-        ValueError: DeepSpeed stage 3, ``ModelParallelStrategy`` with tensor parallelism, or the LRP ``methods``
-            under ``FSDPStrategy`` (under FSDP2 they run on the gathered parameters held constant:
-            :mod:`lightning_gae._fsdp2`).
+        ValueError: DeepSpeed stage 3 or ``ModelParallelStrategy`` with tensor parallelism. (The LRP ``methods``
+            run under FSDP2 and FSDP1 on the gathered parameters held constant: :mod:`lightning_gae._fsdp2`,
+            :mod:`lightning_gae._fsdp1`.)
     """
-    lrp = [m for m in methods if m in LRP_METHODS]
-    if isinstance(strategy, FSDPStrategy) and lrp:
-        raise ValueError(
-            f"GAECallback(methods={list(methods)}) cannot run {lrp} under {type(strategy).__name__} (FSDP1): these "
-            "methods run the forward under their own rule for every tensor operation, and FSDP1 gathers the sharded "
-            "parameters inside the forward with in-place copies that have none (UnsupportedOperation). Drop them "
-            f"(methods={[m for m in methods if m not in LRP_METHODS] or ['gae']}), or train with strategy='ddp'."
-        )
     if isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3:
         raise ValueError(
             "GAECallback cannot run with DeepSpeed ZeRO stage 3: its parameters are fetched by hooks on every "

@@ -28,6 +28,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from lightning_gae._fsdp1 import through_root
+
 __all__ = ["FSDP1"]
 
 
@@ -190,7 +192,8 @@ class FSDP1:
 
         module._call_impl = call
         try:
-            yield
+            with through_root(root):
+                yield
         finally:
             del module._call_impl
 

@@ -439,7 +439,7 @@ class GAECallback(Callback):
         if isinstance(index, bool) or not isinstance(index, (int, str)) or (isinstance(index, int) and index < 0):
             raise ValueError(f"GAECallback(dataloader_idx={index!r}): use a position 0, 1, ... or the key of a "
                              "mapping of validation dataloaders")
-        check_strategy(trainer.strategy, self.methods)
+        check_strategy(trainer.strategy)
         if self._views is None:
             self._views = self._new_views()
         if stage == "fit":

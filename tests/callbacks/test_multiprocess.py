@@ -362,6 +362,76 @@ def test_the_lrp_methods_under_fsdp2_train_on_and_explain_like_one_unsharded_pro
     assert len(expected) > 0 and scores == pytest.approx(expected, abs=1e-6)
 
 
+LRP_FSDP1_SCRIPT = """
+    import json, sys
+    import torch
+    from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from lightning_gae.callbacks import GAECallback
+    from recipes.digits import DigitsDataModule
+    from recipes.vit import Block
+    from tests.helpers.models import RankOneFails
+    from tests.helpers.processes import leave_together
+    from tests.helpers.trainer import CPUFSDPStrategy
+
+    def fit(root, callbacks):
+        seed_everything(0)
+        model = RankOneFails(dim=32, depth=2, heads=2)
+        trainer = Trainer(default_root_dir=root, logger=TensorBoardLogger(root, name="tb") if callbacks else False,
+                          callbacks=callbacks, strategy=CPUFSDPStrategy(auto_wrap_policy={Block}), accelerator="cpu",
+                          devices=2, max_epochs=2, limit_train_batches=2, limit_val_batches=1, enable_progress_bar=False,
+                          enable_model_summary=False, enable_checkpointing=False)
+        trainer.fit(model, DigitsDataModule(batch_size=32))
+        with FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False):
+            weights = {n.replace("_fsdp_wrapped_module.", ""): p.detach().clone() for n, p in model.named_parameters()}
+        return trainer, model, weights
+
+    root = sys.argv[1]
+    callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "attnlrp", "transformer_attribution"),
+                           metric_samples=8, metric_max_batch=4)
+    trainer, model, weights = fit(root, [callback])
+    _, plain, plain_weights = fit(root, [])
+    if trainer.is_global_zero:
+        torch.save(weights, f"{root}/weights.pt")
+    with open(f"{root}/rank_{trainer.global_rank}.json", "w") as f:
+        json.dump({"finished": trainer.state.finished, "samples": callback.sample_indices,
+                   "losses": [model.losses, plain.losses], "same_weights": weights.keys() == plain_weights.keys()
+                   and all(torch.equal(weights[k], plain_weights[k]) for k in weights)}, f)
+    leave_together()
+"""
+
+
+@pytest.mark.slow
+def test_the_lrp_methods_under_fsdp1_train_on_and_explain_like_one_unsharded_process(tmp_path, run_script, make_trainer,
+                                                                                     read_events):
+    # FSDP1 gathers a unit's parameters inside its forward, which ran under the LRP rules: UnsupportedOperation at
+    # its in-place copies, or at the head's linear on the gathered views that carried relevance.
+    done = run_script(LRP_FSDP1_SCRIPT)
+    ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["finished"] for r in ranks) and "was skipped" not in done.stderr
+    for rank in ranks:
+        assert rank["losses"][0] == rank["losses"][1] and len(rank["losses"][0]) == 4
+    assert ranks[0]["same_weights"]
+    acc = read_events(tmp_path / "tb" / "version_0")
+    samples = ranks[0]["samples"]
+    for sample in samples:
+        assert acc.image_steps(heatmap_tag(sample)) == [0, 1, 2, 3]
+    assert _once_each(acc)
+
+    single = GAECallback(num_samples=2, sample_indices=samples, methods=("attnlrp", "transformer_attribution"),
+                         metric_samples=8, metric_max_batch=4)
+    alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
+    for sample in samples:
+        for method in ("attnlrp", "transformer_attribution"):
+            tag = f"gae_dashboard/relevance/{method}/val_{sample}"
+            assert np.abs(alone.tensor(tag)).max() > 0
+            np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
+    expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
+    scores = {tag: values[-1][1] for tag, values in _scores(acc).items() if tag in expected}
+    assert len(expected) > 0 and scores == pytest.approx(expected, abs=1e-6)
+
+
 FSDP1_SCRIPT = """
     import json, sys
     import torch
