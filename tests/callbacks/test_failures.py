@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+import lightning_gae as lg
 from lightning_gae import ImageTokens
 from lightning_gae.callbacks import GAECallback
 from recipes.digits import DigitsDataModule
@@ -363,8 +364,14 @@ def test_the_lrp_methods_under_fsdp1_train_as_without_the_callback_and_explain_l
     alone_trainer = make_trainer(tmp_path / "single", [single], limit_val_batches=1)
     alone_trainer.validate(model, DigitsDataModule(batch_size=32))
     alone = read_events(alone_trainer.logger.log_dir)
-    for sample in callback.sample_indices:
-        for method in methods[1:]:
+    data = DigitsDataModule(batch_size=32)
+    data.setup("fit")
+    x = torch.stack([data.val_set[i][0] for i in callback.sample_indices])
+    for method in methods[1:]:
+        # lightning_gae.explain on the unwrapped model, the tracked samples as one batch.
+        tokens = lg.explain(model.eval(), x, method=method).tokens
+        for k, sample in enumerate(callback.sample_indices):
             tag = f"gae_dashboard/relevance/{method}/val_{sample}"
             assert np.abs(alone.tensor(tag)).max() > 0
             np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
+            np.testing.assert_allclose(acc.tensor(tag), tokens[k].numpy(), rtol=0, atol=1e-5)
