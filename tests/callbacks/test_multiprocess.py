@@ -282,6 +282,53 @@ def test_fsdp2_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path
     assert ranks[1]["stopped"] == cannot and ranks[0]["stopped"] == f"RankFailed: on rank 1: {cannot}"
 
 
+# The LRP runs' common part, after each script's fit(root, callbacks) -> (trainer, model, full weights): one fit with
+# gae, attnlrp and transformer_attribution at every step, one without the callback, what the test compares.
+_LRP_RUN = """
+    root = sys.argv[1]
+    callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "attnlrp", "transformer_attribution"),
+                           metric_samples=8, metric_max_batch=4)
+    trainer, model, weights = fit(root, [callback])
+    _, plain, plain_weights = fit(root, [])
+    if trainer.is_global_zero:
+        torch.save(weights, f"{root}/weights.pt")
+    with open(f"{root}/rank_{trainer.global_rank}.json", "w") as f:
+        json.dump({"finished": trainer.state.finished, "samples": callback.sample_indices,
+                   "losses": [model.losses, plain.losses], "same_weights": weights.keys() == plain_weights.keys()
+                   and all(torch.equal(weights[k], plain_weights[k]) for k in weights)}, f)
+    leave_together()
+"""
+
+
+def _lrp_run_like_one_process(done, tmp_path, make_trainer, read_events):
+    """The checks of an ``_LRP_RUN`` script's run: nothing skipped, each rank's losses and the final weights equal the
+    run's without the callback, every event once, and the LRP relevance and faithfulness of one unsharded process."""
+    ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["finished"] for r in ranks) and "was skipped" not in done.stderr
+    # The callback changes nothing the run computes: the losses of each rank and the final weights.
+    for rank in ranks:
+        assert rank["losses"][0] == rank["losses"][1] and len(rank["losses"][0]) == 4
+    assert ranks[0]["same_weights"]
+    acc = read_events(tmp_path / "tb" / "version_0")
+    samples = ranks[0]["samples"]
+    for sample in samples:
+        assert acc.image_steps(heatmap_tag(sample)) == [0, 1, 2, 3]
+    assert _once_each(acc)
+
+    # One unsharded process with the final weights: the relevance and the faithfulness values of the last step.
+    single = GAECallback(num_samples=2, sample_indices=samples, methods=("attnlrp", "transformer_attribution"),
+                         metric_samples=8, metric_max_batch=4)
+    alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
+    for sample in samples:
+        for method in ("attnlrp", "transformer_attribution"):
+            tag = f"gae_dashboard/relevance/{method}/val_{sample}"
+            assert np.abs(alone.tensor(tag)).max() > 0
+            np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
+    expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
+    scores = {tag: values[-1][1] for tag, values in _scores(acc).items() if tag in expected}
+    assert len(expected) > 0 and scores == pytest.approx(expected, abs=1e-6)
+
+
 LRP_FSDP2_SCRIPT = """
     import json, sys
     import torch
@@ -312,20 +359,7 @@ LRP_FSDP2_SCRIPT = """
         trainer.fit(model, DigitsDataModule(batch_size=32))
         weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return trainer, model, weights
-
-    root = sys.argv[1]
-    callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "attnlrp", "transformer_attribution"),
-                           metric_samples=8, metric_max_batch=4)
-    trainer, model, weights = fit(root, [callback])
-    _, plain, plain_weights = fit(root, [])
-    if trainer.is_global_zero:
-        torch.save(weights, f"{root}/weights.pt")
-    with open(f"{root}/rank_{trainer.global_rank}.json", "w") as f:
-        json.dump({"finished": trainer.state.finished, "samples": callback.sample_indices,
-                   "losses": [model.losses, plain.losses], "same_weights": weights.keys() == plain_weights.keys()
-                   and all(torch.equal(weights[k], plain_weights[k]) for k in weights)}, f)
-    leave_together()
-"""
+""" + _LRP_RUN
 
 
 @pytest.mark.slow
@@ -336,30 +370,7 @@ def test_the_lrp_methods_under_fsdp2_train_on_and_explain_like_one_unsharded_pro
     # training step's backward then found no gradient. The later ones run after training steps, on the units'
     # gathered parameters, which once carried relevance (UnsupportedOperation at the head's linear).
     done = run_script(LRP_FSDP2_SCRIPT)
-    ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
-    assert all(r["finished"] for r in ranks) and "was skipped" not in done.stderr
-    # The callback changes nothing the run computes: the losses of each rank and the final weights.
-    for rank in ranks:
-        assert rank["losses"][0] == rank["losses"][1] and len(rank["losses"][0]) == 4
-    assert ranks[0]["same_weights"]
-    acc = read_events(tmp_path / "tb" / "version_0")
-    samples = ranks[0]["samples"]
-    for sample in samples:
-        assert acc.image_steps(heatmap_tag(sample)) == [0, 1, 2, 3]
-    assert _once_each(acc)
-
-    # One unsharded process with the final weights: the relevance and the faithfulness values of the last step.
-    single = GAECallback(num_samples=2, sample_indices=samples, methods=("attnlrp", "transformer_attribution"),
-                         metric_samples=8, metric_max_batch=4)
-    alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
-    for sample in samples:
-        for method in ("attnlrp", "transformer_attribution"):
-            tag = f"gae_dashboard/relevance/{method}/val_{sample}"
-            assert np.abs(alone.tensor(tag)).max() > 0
-            np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
-    expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
-    scores = {tag: values[-1][1] for tag, values in _scores(acc).items() if tag in expected}
-    assert len(expected) > 0 and scores == pytest.approx(expected, abs=1e-6)
+    _lrp_run_like_one_process(done, tmp_path, make_trainer, read_events)
 
 
 LRP_FSDP1_SCRIPT = """
@@ -386,20 +397,7 @@ LRP_FSDP1_SCRIPT = """
         with FullyShardedDataParallel.summon_full_params(trainer.strategy.model, writeback=False):
             weights = {n.replace("_fsdp_wrapped_module.", ""): p.detach().clone() for n, p in model.named_parameters()}
         return trainer, model, weights
-
-    root = sys.argv[1]
-    callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "attnlrp", "transformer_attribution"),
-                           metric_samples=8, metric_max_batch=4)
-    trainer, model, weights = fit(root, [callback])
-    _, plain, plain_weights = fit(root, [])
-    if trainer.is_global_zero:
-        torch.save(weights, f"{root}/weights.pt")
-    with open(f"{root}/rank_{trainer.global_rank}.json", "w") as f:
-        json.dump({"finished": trainer.state.finished, "samples": callback.sample_indices,
-                   "losses": [model.losses, plain.losses], "same_weights": weights.keys() == plain_weights.keys()
-                   and all(torch.equal(weights[k], plain_weights[k]) for k in weights)}, f)
-    leave_together()
-"""
+""" + _LRP_RUN
 
 
 @pytest.mark.slow
@@ -408,28 +406,7 @@ def test_the_lrp_methods_under_fsdp1_train_on_and_explain_like_one_unsharded_pro
     # FSDP1 gathers a unit's parameters inside its forward, which ran under the LRP rules: UnsupportedOperation at
     # its in-place copies, or at the head's linear on the gathered views that carried relevance.
     done = run_script(LRP_FSDP1_SCRIPT)
-    ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
-    assert all(r["finished"] for r in ranks) and "was skipped" not in done.stderr
-    for rank in ranks:
-        assert rank["losses"][0] == rank["losses"][1] and len(rank["losses"][0]) == 4
-    assert ranks[0]["same_weights"]
-    acc = read_events(tmp_path / "tb" / "version_0")
-    samples = ranks[0]["samples"]
-    for sample in samples:
-        assert acc.image_steps(heatmap_tag(sample)) == [0, 1, 2, 3]
-    assert _once_each(acc)
-
-    single = GAECallback(num_samples=2, sample_indices=samples, methods=("attnlrp", "transformer_attribution"),
-                         metric_samples=8, metric_max_batch=4)
-    alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
-    for sample in samples:
-        for method in ("attnlrp", "transformer_attribution"):
-            tag = f"gae_dashboard/relevance/{method}/val_{sample}"
-            assert np.abs(alone.tensor(tag)).max() > 0
-            np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
-    expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
-    scores = {tag: values[-1][1] for tag, values in _scores(acc).items() if tag in expected}
-    assert len(expected) > 0 and scores == pytest.approx(expected, abs=1e-6)
+    _lrp_run_like_one_process(done, tmp_path, make_trainer, read_events)
 
 
 FSDP1_SCRIPT = """
