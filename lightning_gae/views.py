@@ -90,6 +90,8 @@ class StepViews:
         self.evolution_length = evolution_length
         self.alpha = alpha
         self._history: dict[int, deque[tuple[int, dict[str, np.ndarray]]]] = {}
+        # Per sample: the header of its newest column and how many columns came since its strip was last drawn.
+        self._unseen: dict[int, tuple[str, int]] = {}
         self._fixed: dict[str, tuple[float, float]] = {}
 
     # --- relevance in the units a person sees ---------------------------------------------------
@@ -205,19 +207,34 @@ class StepViews:
             return visualize.feature_table(modality.feature_names, columns, values=shown[k].float().numpy(), header=header)
         raise ValueError(f"TensorBoardViews draws ImageTokens, TextTokens and TabularTokens; got {type(modality).__name__}")
 
-    def _evolution(self, modality: ImageTokens, x: Tensor, index: int, step: int, shown_maps: Mapping[str, np.ndarray],
-                   ranges: Mapping[str, list[tuple[float, float, bool]]], k: int, header: str) -> np.ndarray:
+    def _add_column(self, modality: ImageTokens, x: Tensor, index: int, step: int, shown_maps: Mapping[str, np.ndarray],
+                    ranges: Mapping[str, list[tuple[float, float, bool]]], k: int, header: str) -> None:
+        """This step's column of sample ``index``'s evolution strip (drawn by :meth:`_evolution`)."""
         image = modality.display_image(x).numpy()
         cells = {m: visualize.heatmap_panel(image, maps[k], _EVOLUTION_PX, ranges[m][k][:2], alpha=self.alpha)
                  for m, maps in shown_maps.items()}
-        history = self._history.setdefault(index, deque(maxlen=self.evolution_length))
-        history.append((step, cells))
+        self._history.setdefault(index, deque(maxlen=self.evolution_length)).append((step, cells))
+        self._unseen[index] = (header, self._unseen.get(index, ("", 0))[1] + 1)
+
+    def _strip_due(self, index: int, last: bool) -> bool:
+        """Whether sample ``index``'s strip is drawn now: at the last step of a run (``last``) when it has a column
+        not drawn yet, or once ``evolution_length`` new columns have come, so that strips a slider steps through
+        show each step once."""
+        unseen = self._unseen.get(index, ("", 0))[1]
+        return unseen >= self.evolution_length or (last and unseen > 0)
+
+    def _evolution(self, index: int) -> np.ndarray:
+        """Sample ``index``'s strip: methods x its last ``evolution_length`` columns, oldest first."""
+        history = self._history[index]
+        header = self._unseen.get(index, ("", 0))[0]
+        self._unseen[index] = (header, 0)
+        cells = history[-1][1]
         # Empty columns first: the newest step is always the rightmost, and the picture never changes size.
         slots: list[tuple[int, dict[str, np.ndarray]] | None] = [None] * (self.evolution_length - len(history)) + list(history)
         shape = next(iter(cells.values())).shape[:2]
-        grid = [[None if slot is None else slot[1].get(m) for slot in slots] for m in shown_maps]
+        grid = [[None if slot is None else slot[1].get(m) for slot in slots] for m in cells]
         titles = ["" if slot is None else f"step {slot[0]}" for slot in slots]
-        return visualize.evolution_grid(grid, list(shown_maps), titles, shape, header)
+        return visualize.evolution_grid(grid, list(cells), titles, shape, header)
 
     def _markdown(self, modality: Modality, shown: Tensor, inputs: Any, k: int, shown_maps: Mapping[str, np.ndarray],
                   header: str) -> str:

@@ -25,14 +25,18 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str
     return [line(header), *(line(row) for row in rows)]
 
 
+_ENDED = {"fit": "the fit ended", "validate": "the validation ended", "test": "the test ended"}
+
+
 def _direction(metric: str) -> str:
     higher = getattr(PERTURBATION_METRICS.get(metric), "higher_is_better", None)
     return "" if higher is None else (" ↑" if higher else " ↓")
 
 
 def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None, scored_on: str,
-               not_scored: str, logs: Sequence[tuple[str, str]], no_logs: str) -> str:
-    """The lines printed when a fit ends.
+               not_scored: str, logs: Sequence[tuple[str, str]], no_logs: str, after_scores: Sequence[str] = (),
+               stage: str = "fit") -> str:
+    """The lines printed when a fit (or a validation, a test) ends.
 
     Args:
         metrics: name -> value, what ``trainer.callback_metrics`` holds.
@@ -41,8 +45,10 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
         not_scored: why there are no ``scores``.
         logs: ``(log_dir, save_dir)`` of every logger that writes TensorBoard event files.
         no_logs: why ``logs`` is empty.
+        after_scores: lines printed under the faithfulness table (e.g. how to score more samples).
+        stage: ``"fit"``, ``"validate"`` or ``"test"``: the run that ended.
     """
-    lines = ["", "GAECallback: the fit ended"]
+    lines = ["", f"GAECallback: {_ENDED.get(stage, f'the {stage} ended')}"]
     if metrics:
         lines += ["metrics (trainer.callback_metrics):",
                   *text_table(["name", "value"], [[name, f"{value:.4g}"] for name, value in sorted(metrics.items())])]
@@ -55,7 +61,7 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
         names, rows = found
         floor = "; random is the floor" if any(row[0] == "random" for row in rows) else ""
         lines += [f"faithfulness ({scored_on}; value ± standard error{floor}):",
-                  *text_table(["method", *(name + _direction(name) for name in names)], rows)]
+                  *text_table(["method", *(name + _direction(name) for name in names)], rows), *after_scores]
     if logs:
         for log_dir, _ in logs:
             lines.append(f"event files: {log_dir}")

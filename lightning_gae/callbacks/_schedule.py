@@ -2,10 +2,11 @@
 
 Scoring is the callback's expensive part: every perturbation metric runs 9 forward passes per sample
 and scored method. So ``fit`` scores a fixed part of the subset at the scheduled explanation steps
-(the first and every ``metric_every_n_explanations``-th after it) and the whole subset once, on the
-final weights. The part is the same samples at every step, so two points of a curve differ by the
-weights, not by the samples; each point is an honest score of the samples it was scored on, logged
-with its standard error and their number (``faithfulness_samples``).
+(the first and every ``metric_every_n_explanations``-th after it) and on its final weights, and
+``validate``/``test`` score the whole subset. The part is the same samples at every point of fit's
+curve, so two points differ by the weights, not by the samples (the curve has no jump at its end); each
+point is an honest score of the samples it was scored on, logged with its standard error and their
+number (``faithfulness_samples``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from lightning.pytorch import Trainer
 
 from lightning_gae.callbacks._samples import Samples, balanced_choice
 
-__all__ = ["final_explanation", "interim_part", "subset_due"]
+__all__ = ["final_explanation", "fit_part", "interim_part", "subset_due"]
 
 
 def interim_part(subset: Samples, size: int, seed: int) -> Samples | None:
@@ -41,12 +42,19 @@ def subset_due(trainer: Trainer, count: int, every: int | None, subset: Samples,
                interim: Samples | None) -> Samples | None:
     """The samples the ``count``-th explanation step (from 0) scores, or None.
 
-    ``validate``/``test`` score the whole ``subset`` at every explanation. ``fit`` scores ``interim`` (or the
-    whole subset when there is no part) at the first explanation step and every ``every``-th after it (None:
-    never), and the whole subset at its last explanation step, whether scheduled or not.
+    ``validate``/``test`` score the whole ``subset`` at every explanation. ``fit`` scores :func:`fit_part` at the
+    first explanation step and every ``every``-th after it (None: never), and at its last explanation step,
+    whether scheduled or not.
     """
-    if trainer.state.fn != "fit" or final_explanation(trainer):
+    if trainer.state.fn != "fit":
         return subset
+    if final_explanation(trainer):
+        return fit_part(subset, interim)
     if every is None or count % every:
         return None
+    return fit_part(subset, interim)
+
+
+def fit_part(subset: Samples, interim: Samples | None) -> Samples:
+    """What ``fit`` scores: the part ``interim``, or the whole ``subset`` when there is no part."""
     return subset if interim is None else interim

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -41,7 +42,7 @@ from lightning_gae.callbacks._samples import (
 from lightning_gae.answers import NextTokenLogits
 from lightning_gae.callbacks._answers import answer_samples, has_answer_labels, holds_causal_lm, keep_readout
 from lightning_gae.callbacks._report import fit_report
-from lightning_gae.callbacks._schedule import final_explanation, interim_part, subset_due
+from lightning_gae.callbacks._schedule import final_explanation, fit_part, interim_part, subset_due
 from lightning_gae.callbacks._scoring import (
     Curves,
     ScoredBatch,
@@ -53,7 +54,7 @@ from lightning_gae.explain import LRP_METHODS, METHODS, Explanation, explain_met
 from lightning_gae.metrics import PERTURBATION_METRICS, random_attribution
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.streams import Streams
-from lightning_gae.tensorboard.summary import Scale, SetInput, TensorBoardViews, faithfulness_rows
+from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, Scale, SetInput, TensorBoardViews, faithfulness_rows
 from lightning_gae.token_sets import (
     RECALL,
     is_sequence_output,
@@ -105,8 +106,8 @@ class GAECallback(Callback):
       negative perturbation AUC, :mod:`lightning_gae.metrics`); and, when the batches carry ground
       truth, ``segmentation_{pixel_accuracy,miou,mean_ap}/<method>`` (image masks) or
       ``rationale_{token_f1,auprc}/<method>`` (rationale tokens), scored on a subset of
-      ``metric_samples`` validation samples: by default a fixed part of it (``metric_interim_samples``)
-      at every second explanation step and all of it on the final weights, so ``fit`` draws a curve
+      ``metric_samples`` validation samples: in ``fit`` a fixed part of it (``metric_interim_samples``)
+      at every second explanation step and on the final weights, so ``fit`` draws a curve
       (``faithfulness_samples`` says how many samples each point was scored on); every method's
       scalars also go to a run of its own (``methods/<method>``, tags ``gae_faithfulness/<metric>``
       and ``gae_relevance/<scalar>``), so that TensorBoard draws each method in its own colour, and a
@@ -163,7 +164,8 @@ class GAECallback(Callback):
         seed: seed of the sample choice.
         attention_modules: passed to :func:`~lightning_gae.explain`.
         query: passed to :func:`~lightning_gae.explain` (0: CLS; ``"last"`` for decoders).
-        evolution_length: how many past heatmaps an evolution strip shows.
+        evolution_length: how many past heatmaps an evolution strip shows; a sample's strip is written every
+            ``evolution_length`` explanation steps and at the last one of a run (``fit``'s, or a validation).
         top_fraction: the share of tokens counted as "top" by the overlap and concentration scalars.
         log_sanity_check: also explain during Lightning's sanity check.
         dataloader_idx: which validation dataloader the samples come from: its position (in the
@@ -197,16 +199,16 @@ class GAECallback(Callback):
             at every explanation step).
         metric_every_n_explanations: when ``fit`` scores the faithfulness subset, its expensive part
             (``len(metrics)`` x scored methods x samples x 9 forward passes): at the first explanation
-            step and every ``n``-th after it (default 2; 1: every step) on its part of
-            ``metric_interim_samples``, and on all ``metric_samples`` at the last explanation step (or when
-            fit ends between explanation steps: the final weights are always scored, once). None scores the
-            final weights only. ``validate``/``test`` score all of it at every explanation. On the main job
-            (10 explanation steps) the defaults give 6 points per fit: 5 on 32 samples, the last on 256.
-        metric_interim_samples: how many of the ``metric_samples`` the scheduled steps before the last one
-            score (default 32: a seeded part, stratified by class when there are labels, the same samples at
-            every step, so that the points of a curve differ by the weights, not by the samples). Its
-            standard errors are about ``sqrt(metric_samples / metric_interim_samples)`` times those of the
-            final point. 0, or at least ``metric_samples``, scores all of them at every scheduled step.
+            step and every ``n``-th after it (default 2; 1: every step), and at the last explanation step
+            (or when fit ends between explanation steps: the final weights are always scored, once), on its
+            part of ``metric_interim_samples``. None scores the final weights only. ``validate``/``test``
+            score all ``metric_samples`` at every explanation (the summary printed when fit ends says how).
+            On the main job (10 explanation steps) the defaults give 6 points per fit, all on 32 samples.
+        metric_interim_samples: how many of the ``metric_samples`` ``fit`` scores (default 32: a seeded part,
+            stratified by class when there are labels, the same samples at every step, the final weights'
+            included, so that the points of a curve differ by the weights, not by the samples). Its standard
+            errors are about ``sqrt(metric_samples / metric_interim_samples)`` times those of ``validate``.
+            0, or at least ``metric_samples``, scores all of them at every scheduled step and at the last.
         set_inputs: for several token sets, which model input each set's tokens come from: the
             key of a mapping input or the position in a tuple input, e.g. ``{"encoder": 0, "decoder": 1}``
             or ``{"text_model": "input_ids", "image_model": "pixel_values"}``. None finds the one input
@@ -720,7 +722,13 @@ class GAECallback(Callback):
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # The faithfulness subset on the final weights, unless the last explanation step scored these weights.
+        if trainer.is_global_zero and self._views is not None and self._explanation_count:
+            # Evolution strips still due (fit ended between the steps they are written at), at their newest column's step.
+            try:
+                self._views.write_strips(_writers(trainer), self._last_step)
+            except Exception as err:  # noqa: BLE001 - nor may a picture take the end of training down
+                self._warn_once(str(err), f"GAECallback: writing the evolution strips when fit ended failed ({err})")
+        # fit's part of the faithfulness subset on the final weights, unless the last explanation step scored them.
         if self._scored is None or self._sets is not None:
             return
         if (not self.metrics and self._scored.truth is None) or _only_dummy_loggers(trainer):
@@ -736,16 +744,16 @@ class GAECallback(Callback):
         # explain() and the metrics put the module in eval mode themselves: at the end of fit it is in training mode.
         with isolate_rng():
             try:
-                # Every rank scores its part of the subset.
+                # Every rank scores its share of the samples.
+                part = fit_part(self._scored, self._interim)
                 scalars = Lockstep(trainer, pl_module).run(lambda: self._finite(self._faithfulness(
-                    pl_module, self._scored_batches(trainer, pl_module, self._scored), len(self._scored),
-                    self._scored.groups), step),
+                    pl_module, self._scored_batches(trainer, pl_module, part), len(part), part.groups), step),
                     every_rank=True)
                 if trainer.is_global_zero:
                     for logger in trainer.loggers:
                         logger.log_metrics(scalars, step=step)
                     self._views.write_scores(_writers(trainer), step, scalars, self._curves)
-                self._remember(scalars, f"{len(self._scored)} validation samples, the final weights at step {step}")
+                self._remember(scalars, f"{len(part)} validation samples, the final weights at step {step}")
             except Exception as err:  # noqa: BLE001 - nor may scoring take the end of training down
                 reason = str(err) if isinstance(err, RankFailed) else f"{type(err).__name__}: {err}"
                 self._not_scored = f"scoring failed when fit ended: {reason}"
@@ -754,8 +762,25 @@ class GAECallback(Callback):
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._print_report(trainer)
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.state.fn == "validate" and not trainer.sanity_checking:
+            self._print_report(trainer)
+
+    @override
+    def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._print_report(trainer)
+
+    def _print_report(self, trainer: Trainer) -> None:
+        """The summary of a run (fit, validate or test) on rank zero: kept in ``summary``, printed unless
+        ``print_summary=False``. A validation or test reports only what it scored itself."""
         if not trainer.is_global_zero:
             return
+        stage = trainer.state.fn.value
+        if stage != "fit" and (self._last_scored is None or self._last_scored[0] != stage):
+            self._reported = self._not_scored = None
         metrics = {name: float(value) for name, value in trainer.callback_metrics.items()
                    if isinstance(value, Tensor) and value.numel() == 1}
         scored_on, scores = self._reported if self._reported is not None else ("", None)
@@ -763,9 +788,28 @@ class GAECallback(Callback):
         logs = [(str(lg.log_dir), str(lg.save_dir)) for lg in trainer.loggers
                 if not isinstance(lg, DummyLogger) and hasattr(lg.experiment, "add_image")
                 and getattr(lg, "log_dir", None) and lg.save_dir]
-        self.summary = fit_report(metrics, scores, scored_on, self._why_not_scored(trainer), logs, self._why_no_logs(trainer))
+        hint = self._whole_subset_hint(trainer, scores, logs) if stage == "fit" else []
+        self.summary = fit_report(metrics, scores, scored_on, self._why_not_scored(trainer), logs, self._why_no_logs(trainer),
+                                  hint, stage)
         if self.print_summary:
             print(self.summary)
+
+    def _whole_subset_hint(self, trainer: Trainer, scores: Mapping[str, float] | None,
+                           logs: Sequence[tuple[str, str]]) -> list[str]:
+        """How to score the whole subset, when the fit's last faithfulness scored only its part. (Rank zero alone:
+        ``trainer.log_dir`` would broadcast, so the loggers' own ``logs`` are read.)"""
+        if self._scored is None or not scores or scores.get(FAITHFULNESS_SAMPLES, len(self._scored)) >= len(self._scored):
+            return []
+        lines = [f"these are {int(scores[FAITHFULNESS_SAMPLES])} of the {len(self._scored)} samples of the faithfulness "
+                 f"subset (metric_interim_samples); validating scores all of them:"]
+        checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
+        configs = [Path(log_dir, "config.yaml") for log_dir, _ in logs if Path(log_dir, "config.yaml").is_file()]
+        if checkpoint and configs:
+            # LightningCLI saved the run's config there; its validate subcommand reads it back.
+            lines.append(f"  lightning-gae validate --config {configs[0]} --ckpt_path {checkpoint}")
+        else:
+            lines.append(f"  trainer.validate(model, datamodule{', ckpt_path=' + repr(checkpoint) if checkpoint else ''})")
+        return lines
 
     def _why_not_scored(self, trainer: Trainer) -> str:
         if self._not_scored is not None:
@@ -774,6 +818,8 @@ class GAECallback(Callback):
             return "fast_dev_run replaces the loggers with no-op ones, so the callback explains nothing"
         if not self.metrics and self._truth is None and not self._keyed:
             return "metrics=() and the validation batches carry no ground truth"
+        if trainer.state.fn != "fit":
+            return "no explanation of this run scored the samples"
         return "no explanation step scored the samples and none was due when training ended"
 
     @staticmethod
@@ -920,8 +966,7 @@ class GAECallback(Callback):
             batches, shared, groups = self._scored_batches(trainer, pl_module, subset), len(subset), subset.groups
             final = ", the final weights" if trainer.state.fn == "fit" and final_explanation(trainer) else ""
             scored_on = f"{len(subset)} validation samples{final} at step {step}"
-            if subset is self._scored:
-                self._last_scored = (trainer.state.fn.value, step)
+            self._last_scored = (trainer.state.fn.value, step)
         else:
             batches = []
         scalars.update(self._faithfulness(pl_module, batches, shared, groups))
@@ -995,6 +1040,7 @@ class GAECallback(Callback):
                 sample_indices=self._shown, explanations=explanations, maps=maps, scalars=scalars,
                 curves=self._curves, labels=self._labels,
                 class_names=class_names(trainer), sets=views, rows=rows,
+                last=trainer.state.fn != "fit" or final_explanation(trainer),
             )
 
     # --- checkpointing --------------------------------------------------------------------------

@@ -213,6 +213,7 @@ class TensorBoardViews(StepViews):
         class_names: Sequence[str] | None = None,
         sets: Mapping[str, SetInput] | None = None,
         rows: Mapping[str, Mapping[str, Tensor]] | None = None,
+        last: bool = True,
     ) -> None:
         """Write one step.
 
@@ -233,6 +234,9 @@ class TensorBoardViews(StepViews):
                 explanations' ``relevance``); ``modality``, ``inputs`` and ``shown`` are then the query set's.
             rows: method -> set -> ``[B, T, N_set]``: the relevance of every position ``t`` of the
                 query set (a decoder) explained with ``query=t``, drawn as target x source matrices.
+            last: whether this is the last step of a run. An image's ``gae_evolution`` strip is written at
+                the last step and whenever ``evolution_length`` steps have come since its previous strip
+                (so the strips show every step once); :meth:`write_strips` writes those still due.
         """
         if not explanations:
             raise ValueError("TensorBoardViews.write needs at least one explanation")
@@ -262,7 +266,9 @@ class TensorBoardViews(StepViews):
             name = sample_tag(index)
             images = {f"gae_heatmaps/{name}": self._picture(modality, shown, inputs, k, shown_maps, ranges, header, scored)}
             if isinstance(modality, ImageTokens):
-                images[f"gae_evolution/{name}"] = self._evolution(modality, shown[k], index, step, shown_maps, ranges, k, header)
+                self._add_column(modality, shown[k], index, step, shown_maps, ranges, k, header)
+                if self._strip_due(index, last):
+                    images[f"gae_evolution/{name}"] = self._evolution(index)
             values.extend(_image_value(tag, bounded(picture)) for tag, picture in images.items())
             if not isinstance(modality, ImageTokens):
                 # TensorBoard's own text summary: SummaryWriter.add_text would append "/text_summary" to the tag.
@@ -277,6 +283,17 @@ class TensorBoardViews(StepViews):
                                               metadata.encode("relevance", sample=index, method=method, space=space,
                                                               order=order)))
         self._finish(writers, step, explanations, scalars, curves, values, inputs_values)
+
+    def write_strips(self, writers: Sequence[Any], step: int) -> None:
+        """The ``gae_evolution`` strips whose newest columns were not written yet (a run that ended between the
+        steps :meth:`write` writes them at), at ``step``."""
+        values = [_image_value(f"gae_evolution/{sample_tag(index)}", bounded(self._evolution(index)))
+                  for index in sorted(self._history) if self._strip_due(index, last=True)]
+        if not values:
+            return
+        for writer in writers:
+            writer._get_file_writer().add_summary(Summary(value=values), step)
+            writer.flush()
 
     def write_scores(self, writers: Sequence[Any], step: int, scalars: Mapping[str, float],
                      curves: Curves | None = None) -> None:

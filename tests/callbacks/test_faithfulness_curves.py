@@ -29,7 +29,7 @@ def _method_runs(log_dir):
 
 @pytest.mark.slow
 def test_the_main_job_at_its_defaults_logs_a_curve_of_at_least_five_points(tmp_path, read_events):
-    # The main job's config as the README runs it, its 30 epochs and 10 explanation steps, on 2 training batches
+    # The main job's config as the README runs it, its 30 epochs and 5 explanation steps, on 2 training batches
     # per epoch so that the test is quick: the callback's schedule is the config's and the callback's defaults.
     args = ["--config", str(ROOT / "configs" / "vit_digits.yaml"), f"--trainer.logger.init_args.save_dir={tmp_path}",
             "--trainer.enable_progress_bar=false", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
@@ -43,16 +43,19 @@ def test_the_main_job_at_its_defaults_logs_a_curve_of_at_least_five_points(tmp_p
     log_dir = cli.trainer.logger.log_dir
     acc = read_events(log_dir)
     pictures = acc.image_steps(f"gae_heatmaps/val_{callback.sample_indices[0]}")
-    assert len(pictures) == 10
+    assert len(pictures) == 5
     methods = (*callback.methods, "random")
     for metric in METRICS:
         for method in methods:
             steps = acc.scalar_steps(f"{metric}/{method}")
-            # Explanation steps 1, 3, 5, 7, 9 on the interim part, the last on the whole subset.
-            assert steps == [pictures[i] for i in (0, 2, 4, 6, 8, 9)], (metric, method)
+            # Every explanation step, the last included, on the same part of the subset: one continuous curve.
+            assert steps == pictures, (metric, method)
             assert acc.scalar_steps(f"{metric}/{method}/stderr") == steps
     counts = [(e.step, e.value) for e in acc.Scalars("faithfulness_samples")]
-    assert counts == [(s, 32.0) for s in pictures[0:9:2]] + [(pictures[-1], 256.0)]
+    assert counts == [(s, 32.0) for s in pictures]
+    # The summary printed when fit ends says how to score the whole subset of 256.
+    assert "these are 32 of the 256 samples of the faithfulness subset" in callback.summary
+    assert "trainer.validate(model, datamodule)" in callback.summary
     # Each method's own run holds the same values under one tag per metric, for the charts that compare methods.
     runs = _method_runs(log_dir)
     assert set(runs) == set(methods)
@@ -100,7 +103,7 @@ def test_interim_points_equal_a_dense_rescoring_of_the_samples_they_name(tmp_pat
               ("positive_perturbation_auc/gae", "positive_perturbation_auc/gae/stderr", "positive_perturbation_auc/random",
                "faithfulness_samples")}
     parts = []
-    for step, state, interim in snapshots.taken[:2]:
+    for step, state, interim in snapshots.taken:
         model = small_vit(dropout=0.0)
         model.load_state_dict(state)
         model.eval()
@@ -117,23 +120,28 @@ def test_interim_points_equal_a_dense_rescoring_of_the_samples_they_name(tmp_pat
         noise = random_attribution(torch.empty(len(labels), 17), gae.seed)
         floor = [_dense_auc(model, x[i], labels[i], noise[i]) for i in range(len(labels))]
         assert logged["positive_perturbation_auc/random"][step] == pytest.approx(sum(floor) / len(floor), abs=1e-4)
-    # The same samples at every interim step, stratified over the classes; the final weights on all 40.
-    assert torch.equal(parts[0], parts[1]) and len(set(parts[0].tolist())) == 10
-    final = snapshots.taken[-1][0]
-    assert logged["faithfulness_samples"][final] == 40.0
+    # The same samples at every step, the final weights' included, stratified over the classes.
+    assert len(parts) == 3 and all(torch.equal(parts[0], part) for part in parts)
+    assert len(set(parts[0].tolist())) == 10
 
 
-def test_a_fit_ending_on_max_steps_scores_all_samples_at_its_last_explanation(tmp_path, make_trainer, read_events):
+def test_a_fit_ending_on_max_steps_scores_its_part_at_its_last_explanation_and_validate_all(tmp_path, make_trainer,
+                                                                                            read_events):
     # Explanations every 2 optimizer steps up to max_steps=6: steps 2 and 4 are scheduled interim points, 6 the last.
     gae = GAECallback(num_samples=2, every_n_epochs=None, every_n_train_steps=2, metric_samples=24,
                       metric_interim_samples=8, metric_every_n_explanations=1, metrics=("positive_perturbation_auc",))
     trainer = make_trainer(tmp_path, [gae], max_epochs=5, max_steps=6, limit_train_batches=4)
-    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    model, data = small_vit(), DigitsDataModule(batch_size=32)
+    trainer.fit(model, data)
     acc = read_events(trainer.logger.log_dir)
-    assert [e.value for e in acc.Scalars("faithfulness_samples")] == [8.0, 8.0, 24.0]
+    assert [e.value for e in acc.Scalars("faithfulness_samples")] == [8.0, 8.0, 8.0]
     # Scored once per step: the final weights are not scored again when fit ends.
     steps = acc.scalar_steps("positive_perturbation_auc/gae")
     assert len(steps) == len(set(steps)) == 3
+    # validate() scores the whole subset, on the same weights, after them (its events in a file of their own).
+    trainer.validate(model, data)
+    counts = sorted((e.step, e.value) for e in read_events(trainer.logger.log_dir).Scalars("faithfulness_samples"))
+    assert counts[:3] == [(step, 8.0) for step in steps] and counts[3][0] >= steps[-1] and counts[3][1] == 24.0
 
 
 def test_the_custom_scalars_layout_charts_each_metric_with_every_method_as_its_own_run(tmp_path, make_trainer,

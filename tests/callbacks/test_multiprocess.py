@@ -12,9 +12,11 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch import Callback
 
+from lightning_gae import ImageTokens, explain
 from lightning_gae.callbacks import GAECallback
-from lightning_gae.metrics import random_attribution
+from lightning_gae.metrics import NegativePerturbationAUC, PositivePerturbationAUC, random_attribution
 from recipes.digits import DigitsDataModule
 from tests.helpers import processes
 from tests.helpers.private import _random_rows, _subset_part
@@ -89,13 +91,24 @@ def _scores(acc) -> dict[str, list[tuple[int, float]]]:
     return {tag: values for tag, values in acc.scalar_events().items() if "perturbation_auc" in tag}
 
 
-def _one_process(root, weights, callback, make_trainer, read_events):
-    """``callback`` in ``trainer.validate`` on one process, the recipe ViT with ``weights``; its events."""
+def _one_process(root, weights, callback, make_trainer, read_events, also=()):
+    """``callback`` (and the callbacks ``also``) in ``trainer.validate`` on one process, the recipe ViT with ``weights``;
+    its events."""
     model = small_vit()
     model.load_state_dict(torch.load(weights))
-    trainer = make_trainer(root, [callback], limit_val_batches=1)
+    trainer = make_trainer(root, [callback, *also], limit_val_batches=1)
     trainer.validate(model, DigitsDataModule(batch_size=32))
     return read_events(trainer.logger.log_dir)
+
+
+class KeepPart(Callback):
+    """The part of the faithfulness subset that ``gae`` (a GAECallback) scores in fit, kept past its teardown."""
+
+    def __init__(self, gae):
+        self.gae, self.part = gae, None
+
+    def on_validation_end(self, trainer, pl_module):
+        self.part = self.gae._interim
 
 
 def _once_each(acc) -> bool:
@@ -164,23 +177,33 @@ def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path, run_script,
     assert _once_each(acc)
     assert done.stderr.count("GAECallback: explanation at step 6 failed and was skipped (on rank 1: "
                              "RuntimeError: forced on rank 1)") == 1
-    # The faithfulness subset: its interim part (32 of the 64) at the first explanation step and every second after
-    # it (1, 3), all of it on the weights of the last step (5); each rank explains half of the samples (besides the
+    # The faithfulness subset's part that fit scores (32 of the 64) at the first explanation step and every second
+    # after it (1, 3), and on the weights of the last step (5); each rank explains half of the samples (besides the
     # 3 tracked ones) and perturbs as many.
     scores = _scores(acc)
     assert {steps for values in scores.values() for steps, _ in values} == {1, 3, 5} and len(scores) == 8
-    assert [e.value for e in acc.Scalars("faithfulness_samples")] == [32.0, 32.0, 64.0]
-    assert [c["explained"] for c in ranks[0]["rows"]] == [c["explained"] for c in ranks[1]["rows"]] == [19, 19, 35]
+    assert [e.value for e in acc.Scalars("faithfulness_samples")] == [32.0, 32.0, 32.0]
+    assert [c["explained"] for c in ranks[0]["rows"]] == [c["explained"] for c in ranks[1]["rows"]] == [19, 19, 19]
     assert [c["perturbed"] for c in ranks[0]["rows"]] == [c["perturbed"] for c in ranks[1]["rows"]]
     assert all(c["perturbed"] > 0 for c in ranks[0]["rows"])
 
-    # Each rank reads a shard of the validation set; the samples are nevertheless those one process picks,
-    # and one process scores them as the two did, standard errors included.
+    # Each rank reads a shard of the validation set; the samples are nevertheless those one process picks, and
+    # the two scored fit's part of them on the final weights as the metrics score those samples in one process.
     single = GAECallback(num_samples=3, metric_samples=64, metric_max_batch=32)
-    alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
+    kept = KeepPart(single)
+    _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events, also=[kept])
     assert samples == ranks[1]["samples"] == single.sample_indices
-    expected = {tag: values[-1][1] for tag, values in _scores(alone).items()}
-    assert {tag: values[-1][1] for tag, values in scores.items()} == pytest.approx(expected, abs=1e-6)
+    part = kept.part
+    assert len(part.labels) == 32
+    model = small_vit()
+    model.load_state_dict(torch.load(tmp_path / "weights.pt"))
+    model.eval()
+    tokens = explain(model, part.inputs).tokens
+    for name, metric in (("positive_perturbation_auc", PositivePerturbationAUC),
+                         ("negative_perturbation_auc", NegativePerturbationAUC)):
+        scoring = metric(model, ImageTokens(patch_size=2), protocol="predicted")
+        scoring.update(part.inputs, tokens, part.labels)
+        assert scores[f"{name}/gae"][-1][1] == pytest.approx(scoring.compute().item(), abs=1e-4)
 
 
 MODEL_PARALLEL_SCRIPT = """
@@ -523,9 +546,9 @@ def test_fsdp1_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path
     for sample in ranks[0]["samples"]:
         assert accumulated.image_steps(heatmap_tag(sample)) == [2, 4, 5]
     assert _once_each(accumulated)
-    # The interim part (8 of the 16, the same samples on both ranks) at the second explanation step, all of them at
-    # the last; no other step skipped.
-    assert [(e.step, e.value) for e in accumulated.Scalars("faithfulness_samples")] == [(4, 8.0), (5, 16.0)]
+    # The part fit scores (8 of the 16, the same samples on both ranks) at the second explanation step and the last;
+    # no other step skipped.
+    assert [(e.step, e.value) for e in accumulated.Scalars("faithfulness_samples")] == [(4, 8.0), (5, 8.0)]
     assert done.stderr.count("was skipped") == 3
     alone = _one_process(tmp_path / "single_accumulated", tmp_path / "accumulated.pt", single, make_trainer, read_events)
     for sample in ranks[0]["samples"]:

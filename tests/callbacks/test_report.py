@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 from lightning.pytorch import seed_everything
 
@@ -105,3 +106,33 @@ def test_scores_of_the_last_explanation_step_are_the_ones_printed(tmp_path, make
     assert f"faithfulness (the 3 tracked validation samples at step {last_step};" in out
     rows = dict((row[0], row[1]) for row in section(out, "faithfulness (")[1:])
     assert_printed_as_logged(str(value_and_error(rows["gae"])[0]), last, 4)
+
+
+def test_validate_after_fit_prints_the_whole_subset_it_scored_where_fit_printed_its_part(tmp_path, make_trainer,
+                                                                                       read_events, capsys):
+    seed_everything(0)
+    callback = GAECallback(num_samples=2, methods=("gae",), metric_samples=40, metric_interim_samples=8)
+    trainer = make_trainer(tmp_path, [callback], limit_train_batches=3)
+    model, data = small_vit(), DigitsDataModule(batch_size=32)
+    trainer.fit(model, data)
+    out = capsys.readouterr().out
+    assert "faithfulness (8 validation samples, the final weights at step" in out
+    # No checkpoint and no saved config here: the hint is the Python call.
+    assert "these are 8 of the 40 samples of the faithfulness subset" in out and "trainer.validate(model, datamodule)" in out
+    trainer.validate(model, data)
+    out = capsys.readouterr().out
+    assert out.count("GAECallback: the validation ended") == 1 and "these are" not in out
+    assert "faithfulness (40 validation samples at step" in out
+    # The validation's own event file: the newest (file names do not sort by creation).
+    newest = max(Path(trainer.logger.log_dir).glob("events.out.tfevents.*"), key=lambda f: f.stat().st_mtime_ns)
+    logged = {tag: values[-1] for tag, values in read_events(newest).scalar_values().items()}
+    assert logged["faithfulness_samples"] == 40.0
+    header, *rows = section(out, "faithfulness (")
+    printed = {row[0]: dict(zip(header[1:], row[1:])) for row in rows}
+    assert set(printed) == {"gae", "random"}
+    for method, cells in printed.items():
+        for name, cell in cells.items():
+            value, error = value_and_error(cell)
+            metric = name.rstrip(" ↑↓")
+            assert_printed_as_logged(str(value), logged[f"{metric}/{method}"], 4)
+            assert_printed_as_logged(str(error), logged[f"{metric}/{method}/stderr"], 2)

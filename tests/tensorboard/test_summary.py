@@ -11,3 +11,51 @@ def test_a_picture_larger_than_the_limit_is_shrunk_keeping_its_aspect():
     shrunk = _bounded(tall)
     assert shrunk.dtype == np.uint8 and shrunk.shape == (_MAX_IMAGE_SIDE, 100, 3)
     assert _bounded(small) is small
+
+
+def _strip_steps_and_last(logdir, read_events, tag="gae_evolution/val_0"):
+    events = read_events(logdir).Images(tag)
+    return [e.step for e in events], [e.encoded_image_string for e in events]
+
+
+def test_evolution_strips_come_every_evolution_length_steps_and_at_the_last_showing_each_step_once(tmp_path, read_events):
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lightning_gae import explain
+    from lightning_gae.modalities import ImageTokens
+    from lightning_gae.tensorboard import TensorBoardViews
+    from tests.helpers.models import small_vit
+
+    torch.manual_seed(0)
+    model, x = small_vit(), torch.rand(2, 1, 8, 8)
+    explained = []
+    for _ in range(7):  # seven steps of changing weights
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        explained.append(explain(model, x))
+
+    def write(views, folder, steps, last_at):
+        writer = SummaryWriter(str(tmp_path / folder))
+        for step in steps:
+            views.write([writer], step, modality=ImageTokens(patch_size=2), inputs=x, shown=x, sample_indices=[0, 1],
+                        explanations={"gae": explained[step - 1]}, last=step in last_at)
+        return writer
+
+    views = TensorBoardViews(evolution_length=3)
+    writer = write(views, "fit", range(1, 8), last_at=())
+    views.write_strips([writer], 7)  # fit ended between the steps strips are written at
+    views.write_strips([writer], 7)  # nothing more is due
+    writer.close()
+    steps, strips = _strip_steps_and_last(tmp_path / "fit", read_events)
+    assert steps == [3, 6, 7]
+    assert [e.step for e in read_events(tmp_path / "fit").Images("gae_heatmaps/val_0")] == list(range(1, 8))
+    # The strip at step 7 shows steps 5, 6 and 7: the picture of a run that only saw those three, drawn at its last step.
+    fresh = TensorBoardViews(evolution_length=3)
+    write(fresh, "fresh", range(5, 8), last_at=(5, 7)).close()
+    fresh_steps, fresh_strips = _strip_steps_and_last(tmp_path / "fresh", read_events)
+    assert fresh_steps == [5, 7] and fresh_strips[-1] == strips[-1] and strips[0] != strips[1]
+    # A strip with empty columns (step 5 alone) has the size of a full one.
+    sizes = {(e.height, e.width) for e in read_events(tmp_path / "fresh").Images("gae_evolution/val_0")}
+    assert len(sizes) == 1
