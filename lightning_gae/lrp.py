@@ -24,8 +24,11 @@ modified gradient of the explained score. The choices are LXT's (the reference i
 * softmax: its plain gradient (LXT applies no rule to it); scaling by constants, shape ops,
   dropout (eval mode) and dtype casts: unchanged.
 
-Fused attention (``F.scaled_dot_product_attention``, ``F.multi_head_attention_forward``) is
-computed explicitly as in :mod:`lightning_gae.capture`, with the attention rule on its inputs.
+Fused attention (``F.scaled_dot_product_attention``, ``F.multi_head_attention_forward``) gets the
+attention rule on its inputs; past that split its rule is its plain gradient, so SDPA runs as itself
+(the fused kernel and its own backward, nothing ``N x N`` kept) on float32/float64 operands where no
+query has every key masked, and is otherwise computed explicitly as in :mod:`lightning_gae.capture`
+(probabilities in float32, 0 for an all-masked query), as is ``nn.MultiheadAttention``.
 
 Which tensors carry relevance: the forward runs with the model's parameters detached
 (``torch.func.functional_call``) and the word-embedding output made a leaf, so a tensor requires
@@ -245,6 +248,21 @@ _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "s
 _MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
 
 
+def _fused_applies(p: dict) -> bool:
+    """Whether ``F.scaled_dot_product_attention`` itself computes what the explicit form does: float32 or
+    wider operands (the explicit form's dtype) and no query whose every key is masked (explicit: 0)."""
+    query, key, value, mask = p["query"], p["key"], p["value"], p.get("attn_mask")
+    if any(not isinstance(t, Tensor) or t.dtype not in (torch.float32, torch.float64) or t.dtype != query.dtype
+           for t in (query, key, value)):
+        return False
+    if mask is None:
+        return True
+    if p.get("is_causal") or (mask.dtype != torch.bool and mask.dtype != query.dtype):
+        return False
+    dead = ~mask.any(dim=-1) if mask.dtype == torch.bool else torch.isneginf(mask).all(dim=-1)
+    return not bool(dead.any())
+
+
 class _LRPMode(TorchFunctionMode):
     """Swaps each operation of the forward for its AttnLRP form (see the module docstring)."""
 
@@ -354,6 +372,10 @@ class _LRPMode(TorchFunctionMode):
         # LXT's wrap_attention_forward: a quarter of the gradient to q and to k, half to v.
         p["query"], p["key"], p["value"] = (scale_gradient(p[n], f) for n, f in (("query", 0.25), ("key", 0.25), ("value", 0.5)))
         self.capture._note_attention("sdpa", p["key"].shape[-2])
+        if _fused_applies(p):
+            # Past the split, attention's rule is its plain gradient: the fused op's own backward, which
+            # keeps nothing N x N (dropout left out, as the explicit form leaves it).
+            return F.scaled_dot_product_attention(**{**p, "dropout_p": 0.0})
         out, _ = explicit_scaled_dot_product_attention(**p)
         return out.to(p["value"].dtype)
 
