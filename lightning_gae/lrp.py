@@ -123,6 +123,37 @@ class _NoRule(torch.autograd.Function):
         raise UnsupportedOperation(ctx.message)
 
 
+class _Unbind(torch.autograd.Function):
+    """``x.unbind(dim)``; backward: the slices' gradients written into one tensor laid out as ``x`` is.
+
+    PyTorch's own backward stacks them (a copy) in a contiguous tensor, which the shape ops back to
+    ``x``'s base then copy again when ``x`` was a permuted view (``qkv.reshape(...).permute(2, 0, 3, 1, 4)``
+    of a fused q/k/v projection): laid out as ``x``, the permutation back is contiguous, one copy in all.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, dim: int) -> tuple[Tensor, ...]:
+        ctx.dim, ctx.like = dim, torch.empty_like(x, device="meta")  # x's layout, when it is dense
+        ctx.where = x.device
+        return x.unbind(dim)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor, None]:
+        like = ctx.like
+        out = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device=ctx.where)
+        for i, g in enumerate(grads):
+            part = out.select(ctx.dim, i)
+            part.zero_() if g is None else part.copy_(g)
+        return out, None
+
+
+def unbind(args: tuple, kwargs: dict) -> tuple[Tensor, ...]:
+    """``torch.unbind`` of a relevance-carrying tensor through :class:`_Unbind` (same values, same gradient)."""
+    x = args[0] if args else kwargs["input"]
+    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
+    return _Unbind.apply(x, dim % x.dim())
+
+
 def identity_rule(x: Tensor, y: Tensor) -> Tensor:
     return _IdentityRule.apply(x, y.detach())
 
@@ -340,6 +371,8 @@ class _LRPMode(TorchFunctionMode):
             training = kwargs.get("training", args[5] if len(args) > 5 else False)
             # With running statistics (eval mode) it is an affine map per channel.
             return self._refuse(func, inplace, args, kwargs) if training else func(*args, **kwargs)
+        if base == "unbind" and not inplace and _live(args[0] if args else kwargs.get("input")):
+            return unbind(args, kwargs)
         if base in _LINEAR or name in ("detach", "requires_grad_"):
             return func(*args, **kwargs)
         return self._refuse(func, inplace, args, kwargs)

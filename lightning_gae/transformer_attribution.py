@@ -64,16 +64,16 @@ class _AlphaBeta(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, capture: TransformerAttributionCapture) -> Tensor:
         y = F.linear(x, weight, bias)
         ctx.capture = capture
-        ctx.save_for_backward(x, weight, y)
+        ctx.save_for_backward(x, weight, y, bias)
         return y
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        x, w, y = ctx.saved_tensors
+        x, w, y, bias = ctx.saved_tensors
         scratch = ctx.capture.scratch
         if ctx.capture.plain:
             return _on_used_rows(lambda x, y, g: _linear_gradient(g, w, scratch), x, y, grad), None, None, None
-        rule = lambda x, y, g: _alpha_beta_gradient(x, w, y, g, scratch)  # noqa: E731
+        rule = lambda x, y, g: _alpha_beta_gradient(x, w, y, g, scratch, bias)  # noqa: E731
         return _on_used_rows(rule, x, y, grad), None, None, None
 
 
@@ -98,25 +98,34 @@ def _on_used_rows(backward: Callable[[Tensor, Tensor, Tensor], Tensor], x: Tenso
     return part.new_zeros(x2.shape).index_copy_(0, used, part).view(x.shape)
 
 
-def _alpha_beta_gradient(x: Tensor, w: Tensor, y: Tensor, grad: Tensor, scratch: Callable[..., Tensor]) -> Tensor:
+def _alpha_beta_gradient(x: Tensor, w: Tensor, y: Tensor, grad: Tensor, scratch: Callable[..., Tensor],
+                         bias: Tensor | None = None) -> Tensor:
     """``g_x = R_x / x`` with ``R_x = x⁺ (S W⁺) + x⁻ (S W⁻)``, ``S = safe_divide(y * g, z)``, ``z = x⁺ W⁺ᵀ + x⁻ W⁻ᵀ``.
 
-    Each term of ``z`` is >= 0, so :func:`safe_divide` is ``R / (z + 1e-9)`` with 0 where ``z`` is 0;
-    ``g_x`` is ``S W⁺`` where ``x > 0``, ``S W⁻`` where ``x < 0``, 0 where ``x == 0`` (picked with
-    ``lerp`` by a 0/1 weight, exact, which a CPU runs several times faster than ``where``). On
-    flattened ``[M, features]`` matrices, the intermediates in ``scratch`` buffers reused by every
-    linear layer of the backward pass (fresh ones cost a CPU more in page faults than their arithmetic).
+    ``z`` is ``(x Wᵀ + |x| |W|ᵀ) / 2`` (each ``x_i W_ji`` counted in it when it is positive), and ``x Wᵀ`` is
+    the forward's ``y`` less the bias: one matrix product instead of two. Its terms are >= 0, so
+    :func:`safe_divide` is ``R / (z + 1e-9)`` with 0 where ``z`` is 0; where the true ``z`` is 0 (no
+    positive term) rounding can leave ``± ulp`` instead, clamped at 0: ``S`` there meets only zeros
+    of ``W⁺``/``W⁻`` at the ``x`` it would reach, as it does in the two-product form. ``g_x`` is ``S W⁺``
+    where ``x > 0``, ``S W⁻`` where ``x < 0``, 0 where ``x == 0`` (picked with ``lerp`` by a 0/1 weight,
+    exact, which a CPU runs several times faster than ``where``). On flattened ``[M, features]``
+    matrices, the intermediates in ``scratch`` buffers reused by every linear layer of the backward pass
+    (fresh ones cost a CPU more in page faults than their arithmetic).
     """
     shape = x.shape
     x = x.reshape(-1, shape[-1])
     dtype = torch.promote_types(torch.promote_types(x.dtype, w.dtype), torch.promote_types(y.dtype, grad.dtype))
     x, w = x.to(dtype), w.to(dtype)
     rows, n_in, n_out = x.shape[0], x.shape[1], w.shape[0]
-    pw, nw = w.clamp(min=0), w.clamp(max=0)
     part = scratch(0, rows * n_in, dtype, x.device).view(rows, n_in)
-    has_zero = bool(torch.abs(x, out=part).amin() == 0)
-    z = torch.mm(torch.clamp(x, min=0, out=part), pw.T, out=scratch(1, rows * n_out, dtype, x.device).view(rows, n_out))
-    z.addmm_(torch.clamp(x, max=0, out=part), nw.T)
+    magnitude = torch.abs(x, out=part)
+    has_zero = bool(magnitude.amin() == 0)
+    z = scratch(1, rows * n_out, dtype, x.device).view(rows, n_out)
+    if bias is None:
+        z.copy_(y.reshape(rows, n_out))
+    else:
+        torch.sub(y.reshape(rows, n_out), bias.to(dtype), out=z)
+    z.addmm_(magnitude, w.abs().T, beta=0.5, alpha=0.5).clamp_(min=0)
     # (A strided grad, the q, k, v projection's, is read in place, not copied by a reshape.)
     s = torch.mul(y, grad, out=scratch(2, rows * n_out, dtype, x.device).view(y.shape)).view(rows, n_out)
     empty = z == 0 if bool(z.amin() == 0) else None
@@ -124,7 +133,7 @@ def _alpha_beta_gradient(x: Tensor, w: Tensor, y: Tensor, grad: Tensor, scratch:
     if empty is not None:
         s.masked_fill_(empty, 0.0)
     positive = torch.gt(x, 0, out=scratch(3, rows * n_in, dtype, x.device).view(rows, n_in))
-    g = torch.lerp(torch.mm(s, nw, out=part), torch.mm(s, pw, out=scratch(4, rows * n_in, dtype, x.device).view(rows, n_in)), positive)
+    g = torch.lerp(torch.mm(s, w.clamp(max=0), out=part), torch.mm(s, w.clamp(min=0), out=scratch(4, rows * n_in, dtype, x.device).view(rows, n_in)), positive)
     if has_zero:
         g.masked_fill_(x == 0, 0.0)
     return g.view(shape).to(grad.dtype)
@@ -205,7 +214,8 @@ class _Scores(torch.autograd.Function):
     def forward(ctx: Any, q: Tensor, k: Tensor, bias: Tensor | None, scale: float, capture: TransformerAttributionCapture) -> Tensor:
         dtype = torch.promote_types(q.dtype, torch.float32)
         # The scale goes into the queries, as in the explicit path (lightning_gae.capture).
-        q, k = q.to(dtype) * scale, k.to(dtype)
+        # (Written contiguous: the product keeps the layout of a strided q, which every matmul would copy.)
+        q, k = torch.mul(q, scale, out=torch.empty(q.shape, dtype=dtype, device=q.device)), k.to(dtype)
         scores = torch.matmul(q, k.transpose(-2, -1))
         if bias is not None:
             scores.add_(bias.to(dtype))
@@ -254,6 +264,9 @@ def _fused_attention(capture: TransformerAttributionCapture, args: tuple, kwargs
         value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
     if query.shape[:-2] != key.shape[:-2]:
         return None
+    # Once, contiguous (a routing op: relevance unchanged): a strided view of a fused q/k/v projection would
+    # otherwise be copied by every product that reads it, twice in each backward pass.
+    key, value = key.contiguous(), value.contiguous()
     scale = p.get("scale")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     dtype = torch.promote_types(query.dtype, torch.float32)
@@ -392,6 +405,8 @@ class _TAMode(TorchFunctionMode):
             first = args[0] if args else kwargs.get("input")
             if not (lrp._live(other) and lrp._live(first)) and not (base == "div" and lrp._live(other)):
                 return func(*args, **kwargs)  # a product with a constant: relevance unchanged
+        if base == "unbind" and not inplace and lrp._live(args[0] if args else kwargs.get("input")):
+            return lrp.unbind(args, kwargs)
         if (base in _ROUTING and not inplace) or name in ("detach", "requires_grad_"):
             out = func(*args, **kwargs)
             if base in _KEEPS_PROBS and args and self._is_probs(args[0]):
@@ -438,10 +453,13 @@ class TransformerAttributionCapture(lrp.LRPCapture):
 
 def attribution_row(probs: list[Tensor], lrp_grads: list[Tensor], grads: list[Tensor], start: Tensor) -> Tensor:
     """``start [B, N] @ (I + Ā_L) ... (I + Ā_1)`` with ``Ā = mean_h((grad ⊙ R)⁺)``, ``R = probs ⊙ lrp_grad``
-    (the relevance of the probabilities in gradient form); inputs ``[B, H, N, N]``."""
+    (the relevance of the probabilities in gradient form); inputs ``[B, H, N, N]``. ``lrp_grads`` are
+    overwritten (each holds its layer's product)."""
     row = start
     for p, r, g in zip(reversed(probs), reversed(lrp_grads), reversed(grads)):
-        abar = (p * r).mul_(g).clamp_(min=0).mean(dim=1)
+        # r (the relevance gradient, used once) holds the product: no N x N temporary per layer.
+        same = r.shape == p.shape == g.shape and r.dtype == torch.promote_types(torch.promote_types(p.dtype, g.dtype), r.dtype)
+        abar = (r.mul_(p) if same else p * r).mul_(g).clamp_(min=0).mean(dim=1)
         row = row + torch.einsum("bn,bnm->bm", row, abar)
     return row
 
