@@ -24,11 +24,9 @@ modified gradient of the explained score. The choices are LXT's (the reference i
 * softmax: its plain gradient (LXT applies no rule to it); scaling by constants, shape ops,
   dropout (eval mode) and dtype casts: unchanged.
 
-Fused attention (``F.scaled_dot_product_attention``, ``F.multi_head_attention_forward``) gets the
-attention rule on its inputs; past that split its rule is its plain gradient, so SDPA runs as itself
-(the fused kernel and its own backward, nothing ``N x N`` kept) on float32/float64 operands where no
-query has every key masked, and is otherwise computed explicitly as in :mod:`lightning_gae.capture`
-(probabilities in float32, 0 for an all-masked query), as is ``nn.MultiheadAttention``.
+Fused attention (``F.scaled_dot_product_attention``, ``F.multi_head_attention_forward``) gets the rule on its
+inputs; past it, its plain gradient: SDPA runs as itself in float32/64 with no all-masked query (nothing
+``N x N`` kept), else it and ``nn.MultiheadAttention`` are computed explicitly as in :mod:`lightning_gae.capture`.
 
 Which tensors carry relevance: the forward runs with the model's parameters detached
 (``torch.func.functional_call``) and the word-embedding output made a leaf, so a tensor requires
@@ -57,6 +55,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from lightning_gae._fsdp1 import constant_gathered, fsdp1_units, managed_parameters
 from lightning_gae._fsdp2 import constant_parameters, fsdp2_units, unit_parameters
+from lightning_gae._lrp_ops import fused_applies, unbind
 from lightning_gae.capture import (
     explicit_multi_head_attention_forward,
     explicit_scaled_dot_product_attention,
@@ -121,37 +120,6 @@ class _NoRule(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         raise UnsupportedOperation(ctx.message)
-
-
-class _Unbind(torch.autograd.Function):
-    """``x.unbind(dim)``; backward: the slices' gradients written into one tensor laid out as ``x`` is.
-
-    PyTorch's own backward stacks them (a copy) in a contiguous tensor, which the shape ops back to
-    ``x``'s base then copy again when ``x`` was a permuted view (``qkv.reshape(...).permute(2, 0, 3, 1, 4)``
-    of a fused q/k/v projection): laid out as ``x``, the permutation back is contiguous, one copy in all.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int) -> tuple[Tensor, ...]:
-        ctx.dim, ctx.like = dim, torch.empty_like(x, device="meta")  # x's layout, when it is dense
-        ctx.where = x.device
-        return x.unbind(dim)
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor, None]:
-        like = ctx.like
-        out = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device=ctx.where)
-        for i, g in enumerate(grads):
-            part = out.select(ctx.dim, i)
-            part.zero_() if g is None else part.copy_(g)
-        return out, None
-
-
-def unbind(args: tuple, kwargs: dict) -> tuple[Tensor, ...]:
-    """``torch.unbind`` of a relevance-carrying tensor through :class:`_Unbind` (same values, same gradient)."""
-    x = args[0] if args else kwargs["input"]
-    dim = args[1] if len(args) > 1 else kwargs.get("dim", 0)
-    return _Unbind.apply(x, dim % x.dim())
 
 
 def identity_rule(x: Tensor, y: Tensor) -> Tensor:
@@ -279,21 +247,6 @@ _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "s
 _MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
 
 
-def _fused_applies(p: dict) -> bool:
-    """Whether ``F.scaled_dot_product_attention`` itself computes what the explicit form does: float32 or
-    wider operands (the explicit form's dtype) and no query whose every key is masked (explicit: 0)."""
-    query, key, value, mask = p["query"], p["key"], p["value"], p.get("attn_mask")
-    if any(not isinstance(t, Tensor) or t.dtype not in (torch.float32, torch.float64) or t.dtype != query.dtype
-           for t in (query, key, value)):
-        return False
-    if mask is None:
-        return True
-    if p.get("is_causal") or (mask.dtype != torch.bool and mask.dtype != query.dtype):
-        return False
-    dead = ~mask.any(dim=-1) if mask.dtype == torch.bool else torch.isneginf(mask).all(dim=-1)
-    return not bool(dead.any())
-
-
 class _LRPMode(TorchFunctionMode):
     """Swaps each operation of the forward for its AttnLRP form (see the module docstring)."""
 
@@ -405,9 +358,8 @@ class _LRPMode(TorchFunctionMode):
         # LXT's wrap_attention_forward: a quarter of the gradient to q and to k, half to v.
         p["query"], p["key"], p["value"] = (scale_gradient(p[n], f) for n, f in (("query", 0.25), ("key", 0.25), ("value", 0.5)))
         self.capture._note_attention("sdpa", p["key"].shape[-2])
-        if _fused_applies(p):
-            # Past the split, attention's rule is its plain gradient: the fused op's own backward, which
-            # keeps nothing N x N (dropout left out, as the explicit form leaves it).
+        if fused_applies(p):
+            # Past the split the rule is the fused op's own backward (dropout left out, as explicitly).
             return F.scaled_dot_product_attention(**{**p, "dropout_p": 0.0})
         out, _ = explicit_scaled_dot_product_attention(**p)
         return out.to(p["value"].dtype)

@@ -21,7 +21,8 @@ The output relevance is 1 at the explained score (their one-hot), then
 * a product of two relevance-carrying tensors (``Q Kᵀ``, ``A V``): the z-rule, halved for each side
   (their ``einsum`` rule and ``cam /= 2``); a product with a constant, shape ops, dropout (eval),
   copies and casts: unchanged (their ``Clone`` sums the copies' relevance, as autograd does);
-* fused attention (SDPA, ``nn.MultiheadAttention``) computed explicitly under the same rules.
+* fused attention (SDPA, ``nn.MultiheadAttention``) computed explicitly under the same rules (SDPA as one
+  function, :class:`_Attention`, which reduces its probabilities' two gradients to ``Ā`` itself).
 
 Anything else on the path from the attention to the score (a convolution, a mean, ``sub``...)
 raises :class:`~lightning_gae.lrp.UnsupportedOperation` naming the operation and the module.
@@ -43,6 +44,7 @@ from torch.overrides import TorchFunctionMode
 
 from lightning_gae import lrp
 from lightning_gae._fsdp1 import fsdp1_units, gather_again
+from lightning_gae._lrp_ops import unbind
 from lightning_gae.capture import explicit_multi_head_attention_forward, explicit_scaled_dot_product_attention
 
 __all__ = ["TransformerAttributionCapture", "attribution_row"]
@@ -437,7 +439,7 @@ class _TAMode(TorchFunctionMode):
             if not (lrp._live(other) and lrp._live(first)) and not (base == "div" and lrp._live(other)):
                 return func(*args, **kwargs)  # a product with a constant: relevance unchanged
         if base == "unbind" and not inplace and lrp._live(args[0] if args else kwargs.get("input")):
-            return lrp.unbind(args, kwargs)
+            return unbind(args, kwargs)
         if (base in _ROUTING and not inplace) or name in ("detach", "requires_grad_"):
             out = func(*args, **kwargs)
             if base in _KEEPS_PROBS and args and self._is_probs(args[0]):
