@@ -24,8 +24,9 @@ modified gradient of the explained score. The choices are LXT's (the reference i
 * softmax: its plain gradient (LXT applies no rule to it); scaling by constants, shape ops,
   dropout (eval mode) and dtype casts: unchanged.
 
-Fused attention (``F.scaled_dot_product_attention``, ``F.multi_head_attention_forward``) is
-computed explicitly as in :mod:`lightning_gae.capture`, with the attention rule on its inputs.
+Fused attention (``F.scaled_dot_product_attention``, ``F.multi_head_attention_forward``) gets the rule on its
+inputs; past it, its plain gradient: SDPA runs as itself in float32/64 with no all-masked query (nothing
+``N x N`` kept), else it and ``nn.MultiheadAttention`` are computed explicitly as in :mod:`lightning_gae.capture`.
 
 Which tensors carry relevance: the forward runs with the model's parameters detached
 (``torch.func.functional_call``) and the word-embedding output made a leaf, so a tensor requires
@@ -54,6 +55,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from lightning_gae._fsdp1 import constant_gathered, fsdp1_units, managed_parameters
 from lightning_gae._fsdp2 import constant_parameters, fsdp2_units, unit_parameters
+from lightning_gae._lrp_ops import fused_applies, unbind
 from lightning_gae.capture import (
     explicit_multi_head_attention_forward,
     explicit_scaled_dot_product_attention,
@@ -322,6 +324,8 @@ class _LRPMode(TorchFunctionMode):
             training = kwargs.get("training", args[5] if len(args) > 5 else False)
             # With running statistics (eval mode) it is an affine map per channel.
             return self._refuse(func, inplace, args, kwargs) if training else func(*args, **kwargs)
+        if base == "unbind" and not inplace and _live(args[0] if args else kwargs.get("input")):
+            return unbind(args, kwargs)
         if base in _LINEAR or name in ("detach", "requires_grad_"):
             return func(*args, **kwargs)
         return self._refuse(func, inplace, args, kwargs)
@@ -354,6 +358,9 @@ class _LRPMode(TorchFunctionMode):
         # LXT's wrap_attention_forward: a quarter of the gradient to q and to k, half to v.
         p["query"], p["key"], p["value"] = (scale_gradient(p[n], f) for n, f in (("query", 0.25), ("key", 0.25), ("value", 0.5)))
         self.capture._note_attention("sdpa", p["key"].shape[-2])
+        if fused_applies(p):
+            # Past the split the rule is the fused op's own backward (dropout left out, as explicitly).
+            return F.scaled_dot_product_attention(**{**p, "dropout_p": 0.0})
         out, _ = explicit_scaled_dot_product_attention(**p)
         return out.to(p["value"].dtype)
 

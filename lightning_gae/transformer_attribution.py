@@ -21,7 +21,8 @@ The output relevance is 1 at the explained score (their one-hot), then
 * a product of two relevance-carrying tensors (``Q Kᵀ``, ``A V``): the z-rule, halved for each side
   (their ``einsum`` rule and ``cam /= 2``); a product with a constant, shape ops, dropout (eval),
   copies and casts: unchanged (their ``Clone`` sums the copies' relevance, as autograd does);
-* fused attention (SDPA, ``nn.MultiheadAttention``) computed explicitly under the same rules.
+* fused attention (SDPA, ``nn.MultiheadAttention``) computed explicitly under the same rules (SDPA as one
+  function, :class:`_Attention`, which reduces its probabilities' two gradients to ``Ā`` itself).
 
 Anything else on the path from the attention to the score (a convolution, a mean, ``sub``...)
 raises :class:`~lightning_gae.lrp.UnsupportedOperation` naming the operation and the module.
@@ -43,6 +44,7 @@ from torch.overrides import TorchFunctionMode
 
 from lightning_gae import lrp
 from lightning_gae._fsdp1 import fsdp1_units, gather_again
+from lightning_gae._lrp_ops import unbind
 from lightning_gae.capture import explicit_multi_head_attention_forward, explicit_scaled_dot_product_attention
 
 __all__ = ["TransformerAttributionCapture", "attribution_row"]
@@ -64,16 +66,16 @@ class _AlphaBeta(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, capture: TransformerAttributionCapture) -> Tensor:
         y = F.linear(x, weight, bias)
         ctx.capture = capture
-        ctx.save_for_backward(x, weight, y)
+        ctx.save_for_backward(x, weight, y, bias)
         return y
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        x, w, y = ctx.saved_tensors
+        x, w, y, bias = ctx.saved_tensors
         scratch = ctx.capture.scratch
         if ctx.capture.plain:
             return _on_used_rows(lambda x, y, g: _linear_gradient(g, w, scratch), x, y, grad), None, None, None
-        rule = lambda x, y, g: _alpha_beta_gradient(x, w, y, g, scratch)  # noqa: E731
+        rule = lambda x, y, g: _alpha_beta_gradient(x, w, y, g, scratch, bias)  # noqa: E731
         return _on_used_rows(rule, x, y, grad), None, None, None
 
 
@@ -98,25 +100,34 @@ def _on_used_rows(backward: Callable[[Tensor, Tensor, Tensor], Tensor], x: Tenso
     return part.new_zeros(x2.shape).index_copy_(0, used, part).view(x.shape)
 
 
-def _alpha_beta_gradient(x: Tensor, w: Tensor, y: Tensor, grad: Tensor, scratch: Callable[..., Tensor]) -> Tensor:
+def _alpha_beta_gradient(x: Tensor, w: Tensor, y: Tensor, grad: Tensor, scratch: Callable[..., Tensor],
+                         bias: Tensor | None = None) -> Tensor:
     """``g_x = R_x / x`` with ``R_x = x⁺ (S W⁺) + x⁻ (S W⁻)``, ``S = safe_divide(y * g, z)``, ``z = x⁺ W⁺ᵀ + x⁻ W⁻ᵀ``.
 
-    Each term of ``z`` is >= 0, so :func:`safe_divide` is ``R / (z + 1e-9)`` with 0 where ``z`` is 0;
-    ``g_x`` is ``S W⁺`` where ``x > 0``, ``S W⁻`` where ``x < 0``, 0 where ``x == 0`` (picked with
-    ``lerp`` by a 0/1 weight, exact, which a CPU runs several times faster than ``where``). On
-    flattened ``[M, features]`` matrices, the intermediates in ``scratch`` buffers reused by every
-    linear layer of the backward pass (fresh ones cost a CPU more in page faults than their arithmetic).
+    ``z`` is ``(x Wᵀ + |x| |W|ᵀ) / 2`` (each ``x_i W_ji`` counted in it when it is positive), and ``x Wᵀ`` is
+    the forward's ``y`` less the bias: one matrix product instead of two. Its terms are >= 0, so
+    :func:`safe_divide` is ``R / (z + 1e-9)`` with 0 where ``z`` is 0; where the true ``z`` is 0 (no
+    positive term) rounding can leave ``± ulp`` instead, clamped at 0: ``S`` there meets only zeros
+    of ``W⁺``/``W⁻`` at the ``x`` it would reach, as it does in the two-product form. ``g_x`` is ``S W⁺``
+    where ``x > 0``, ``S W⁻`` where ``x < 0``, 0 where ``x == 0`` (picked with ``lerp`` by a 0/1 weight,
+    exact, which a CPU runs several times faster than ``where``). On flattened ``[M, features]``
+    matrices, the intermediates in ``scratch`` buffers reused by every linear layer of the backward pass
+    (fresh ones cost a CPU more in page faults than their arithmetic).
     """
     shape = x.shape
     x = x.reshape(-1, shape[-1])
     dtype = torch.promote_types(torch.promote_types(x.dtype, w.dtype), torch.promote_types(y.dtype, grad.dtype))
     x, w = x.to(dtype), w.to(dtype)
     rows, n_in, n_out = x.shape[0], x.shape[1], w.shape[0]
-    pw, nw = w.clamp(min=0), w.clamp(max=0)
     part = scratch(0, rows * n_in, dtype, x.device).view(rows, n_in)
-    has_zero = bool(torch.abs(x, out=part).amin() == 0)
-    z = torch.mm(torch.clamp(x, min=0, out=part), pw.T, out=scratch(1, rows * n_out, dtype, x.device).view(rows, n_out))
-    z.addmm_(torch.clamp(x, max=0, out=part), nw.T)
+    magnitude = torch.abs(x, out=part)
+    has_zero = bool(magnitude.amin() == 0)
+    z = scratch(1, rows * n_out, dtype, x.device).view(rows, n_out)
+    if bias is None:
+        z.copy_(y.reshape(rows, n_out))
+    else:
+        torch.sub(y.reshape(rows, n_out), bias.to(dtype), out=z)
+    z.addmm_(magnitude, w.abs().T, beta=0.5, alpha=0.5).clamp_(min=0)
     # (A strided grad, the q, k, v projection's, is read in place, not copied by a reshape.)
     s = torch.mul(y, grad, out=scratch(2, rows * n_out, dtype, x.device).view(y.shape)).view(rows, n_out)
     empty = z == 0 if bool(z.amin() == 0) else None
@@ -124,7 +135,7 @@ def _alpha_beta_gradient(x: Tensor, w: Tensor, y: Tensor, grad: Tensor, scratch:
     if empty is not None:
         s.masked_fill_(empty, 0.0)
     positive = torch.gt(x, 0, out=scratch(3, rows * n_in, dtype, x.device).view(rows, n_in))
-    g = torch.lerp(torch.mm(s, nw, out=part), torch.mm(s, pw, out=scratch(4, rows * n_in, dtype, x.device).view(rows, n_in)), positive)
+    g = torch.lerp(torch.mm(s, w.clamp(max=0), out=part), torch.mm(s, w.clamp(min=0), out=scratch(4, rows * n_in, dtype, x.device).view(rows, n_in)), positive)
     if has_zero:
         g.masked_fill_(x == 0, 0.0)
     return g.view(shape).to(grad.dtype)
@@ -196,16 +207,34 @@ def _ratio(out: Tensor, x: Tensor) -> Tensor:
     return ratio
 
 
-class _Scores(torch.autograd.Function):
-    """``softmax(q kᵀ · scale + bias)`` of fused attention, the rules of its operations in one function
-    (the same as op by op: the z-rule halved on ``q kᵀ``, the identity rule on the softmax; or their
-    plain gradients), with no ``N x N`` temporaries beyond the scores and the probabilities."""
+class _Layer:
+    """One fused attention's part of the explanation, filled by :class:`_Attention`'s backward passes:
+    ``relevance`` (``probs ⊙`` the relevance gradient at them) by the rules' pass, then ``abar``
+    (``E_h[(relevance ⊙ ∇A)⁺]``, ``[B, Nq, Nk]``) by the plain one; ``inputs`` are q, k, v, where the
+    passes are asked for gradients so that they run through this attention."""
+
+    def __init__(self, inputs: tuple[Tensor, ...]) -> None:
+        self.inputs = inputs
+        self.relevance: Tensor | None = None
+        self.abar: Tensor | None = None
+
+
+class _Attention(torch.autograd.Function):
+    """``softmax(q kᵀ · scale + bias) v`` of fused attention, the rules of its operations in one function
+    (the same as op by op: the z-rule halved on ``A v`` and on ``q kᵀ``, the identity rule on the softmax;
+    or their plain gradients). The gradient at the probabilities ``A`` is never returned: the rules'
+    pass keeps ``A ⊙`` it in the memory of the identity rule's quotient, used only there; the plain pass
+    reduces it with that to the layer's ``Ā`` at once. No ``N x N`` temporaries beyond the scores and
+    the probabilities, the rest in the capture's scratch buffers."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, bias: Tensor | None, scale: float, capture: TransformerAttributionCapture) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float,
+                capture: TransformerAttributionCapture, layer: _Layer) -> Tensor:
         dtype = torch.promote_types(q.dtype, torch.float32)
         # The scale goes into the queries, as in the explicit path (lightning_gae.capture).
-        q, k = q.to(dtype) * scale, k.to(dtype)
+        # (Written contiguous: the product keeps the layout of a strided q, which every matmul would copy.)
+        q = torch.mul(q, scale, out=torch.empty(q.shape, dtype=dtype, device=q.device))
+        k, v = k.to(dtype).contiguous(), v.to(dtype).contiguous()
         scores = torch.matmul(q, k.transpose(-2, -1))
         if bias is not None:
             scores.add_(bias.to(dtype))
@@ -217,21 +246,38 @@ class _Scores(torch.autograd.Function):
         ratio = torch.div(probs, scores, out=scores)
         if not torch.isfinite(ratio.sum()):
             ratio.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-        ctx.scale, ctx.capture = scale, capture
-        ctx.save_for_backward(q, k, ratio, probs)
-        return probs
+        ctx.scale, ctx.capture, ctx.layer = scale, capture, layer
+        ctx.ratio = ratio  # (changed in place by the rules' pass: not a saved tensor, whose version is checked)
+        ctx.save_for_backward(q, k, v, probs)
+        capture._record(probs)
+        return torch.matmul(probs, v)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None, None, None]:
-        q, k, ratio, probs = ctx.saved_tensors  # (q scaled)
-        buffer = ctx.capture.scratch(0, probs.numel(), probs.dtype, probs.device).view(probs.shape)
-        if ctx.capture.plain:
-            dscores, half = torch.ops.aten._softmax_backward_data.out(grad.to(probs.dtype), probs, -1, probs.dtype, grad_input=buffer), 1.0
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None, None]:
+        q, k, v, probs = ctx.saved_tensors  # (q scaled)
+        scratch, plain, layer = ctx.capture.scratch, ctx.capture.plain, ctx.layer
+        rows = probs.shape[:-2].numel()
+        if not grad.is_contiguous() or grad.dtype != probs.dtype:  # (the usual heads' transpose of the output)
+            grad = scratch(1, grad.numel(), probs.dtype, grad.device).view(grad.shape).copy_(grad)
+        g3 = grad.reshape(rows, *grad.shape[-2:])
+        # ∇A = g vᵀ; the rules' pass halves the output gradient (A v's z-rule), for A and for v.
+        da = torch.bmm(g3, v.reshape(rows, *v.shape[-2:]).transpose(-2, -1),
+                       out=scratch(0, probs.numel(), probs.dtype, probs.device).view(rows, *probs.shape[-2:])).view(probs.shape)
+        dv = torch.matmul(probs.transpose(-2, -1), grad)
+        buffer = scratch(2, probs.numel(), probs.dtype, probs.device).view(probs.shape)
+        if plain:
+            dscores, half = torch.ops.aten._softmax_backward_data.out(da, probs, -1, probs.dtype, grad_input=buffer), 1.0
+            if layer.relevance is not None:
+                layer.abar = layer.relevance.mul_(da).clamp_(min=0).mean(dim=1)
+                layer.relevance = ctx.ratio = None
         else:
-            dscores, half = torch.mul(ratio, grad, out=buffer), 0.5
+            da.mul_(0.5)
+            dv.mul_(0.5)
+            dscores, half = torch.mul(ctx.ratio, da, out=buffer), 0.5
+            layer.relevance = torch.mul(probs, da, out=ctx.ratio)  # the quotient is not read again
         dq = torch.matmul(dscores, k).mul_(half * ctx.scale)
         dk = torch.matmul(dscores.transpose(-2, -1), q)
-        return dq, dk if half == 1.0 else dk.mul_(half), None, None, None
+        return dq, dk if half == 1.0 else dk.mul_(half), dv, None, None, None, None
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -242,7 +288,7 @@ def _blocked(blocked: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def _fused_attention(capture: TransformerAttributionCapture, args: tuple, kwargs: dict) -> Tensor | None:
-    """``F.scaled_dot_product_attention`` under the rules with :class:`_Scores`; None where it does not apply
+    """``F.scaled_dot_product_attention`` under the rules with :class:`_Attention`; None where it does not apply
     (an operand without relevance, a bias that carries some, broadcast batch dimensions): op by op then."""
     p = dict(zip(_SDPA_ARGS, args))
     p.update(kwargs)
@@ -263,9 +309,9 @@ def _fused_attention(capture: TransformerAttributionCapture, args: tuple, kwargs
     if p.get("is_causal"):
         causal = _blocked(torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).triu(1), dtype)
         bias = causal if bias is None else bias + causal
-    probs = _Scores.apply(query, key, bias, scale, capture)
-    capture._record(probs)
-    return _Half.apply(probs.to(value.dtype) @ value, capture).to(value.dtype)
+    layer = _Layer((query, key, value))
+    capture.layers[len(capture.probs)] = layer
+    return _Attention.apply(query, key, value, bias, scale, capture, layer).to(value.dtype)
 
 
 def _per_sample(t: Tensor) -> Tensor:
@@ -392,6 +438,8 @@ class _TAMode(TorchFunctionMode):
             first = args[0] if args else kwargs.get("input")
             if not (lrp._live(other) and lrp._live(first)) and not (base == "div" and lrp._live(other)):
                 return func(*args, **kwargs)  # a product with a constant: relevance unchanged
+        if base == "unbind" and not inplace and lrp._live(args[0] if args else kwargs.get("input")):
+            return unbind(args, kwargs)
         if (base in _ROUTING and not inplace) or name in ("detach", "requires_grad_"):
             out = func(*args, **kwargs)
             if base in _KEEPS_PROBS and args and self._is_probs(args[0]):
@@ -414,6 +462,7 @@ class TransformerAttributionCapture(lrp.LRPCapture):
         self.probs: list[Tensor] = []
         self.paths: list[str] = []
         self._probs: dict[int, Tensor] = {}
+        self.layers: dict[int, _Layer] = {}  # fused attentions, by their place in probs
         self._scratch: dict[int, Tensor] = {}
 
     def scratch(self, slot: int, size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -436,14 +485,24 @@ class TransformerAttributionCapture(lrp.LRPCapture):
         super().__exit__(*exc)
 
 
-def attribution_row(probs: list[Tensor], lrp_grads: list[Tensor], grads: list[Tensor], start: Tensor) -> Tensor:
-    """``start [B, N] @ (I + Ā_L) ... (I + Ā_1)`` with ``Ā = mean_h((grad ⊙ R)⁺)``, ``R = probs ⊙ lrp_grad``
-    (the relevance of the probabilities in gradient form); inputs ``[B, H, N, N]``."""
+def _abar(p: Tensor, r: Tensor, g: Tensor) -> Tensor:
+    """``mean_h((g ⊙ p ⊙ r)⁺)``, the product in ``r``'s memory (the relevance gradient, used once) where it fits."""
+    same = r.shape == p.shape == g.shape and r.dtype == torch.promote_types(torch.promote_types(p.dtype, g.dtype), r.dtype)
+    return (r.mul_(p) if same else p * r).mul_(g).clamp_(min=0).mean(dim=1)
+
+
+def _rolled_out(abars: list[Tensor], start: Tensor) -> Tensor:
     row = start
-    for p, r, g in zip(reversed(probs), reversed(lrp_grads), reversed(grads)):
-        abar = (p * r).mul_(g).clamp_(min=0).mean(dim=1)
+    for abar in reversed(abars):
         row = row + torch.einsum("bn,bnm->bm", row, abar)
     return row
+
+
+def attribution_row(probs: list[Tensor], lrp_grads: list[Tensor], grads: list[Tensor], start: Tensor) -> Tensor:
+    """``start [B, N] @ (I + Ā_L) ... (I + Ā_1)`` with ``Ā = mean_h((grad ⊙ R)⁺)``, ``R = probs ⊙ lrp_grad``
+    (the relevance of the probabilities in gradient form); inputs ``[B, H, N, N]``. ``lrp_grads`` are
+    overwritten (each holds its layer's product)."""
+    return _rolled_out([_abar(p, r, g) for p, r, g in zip(probs, lrp_grads, grads)], start)
 
 
 def as_heads(t: Tensor) -> Tensor:
@@ -490,17 +549,36 @@ def explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_la
         score, target_index = ex._target_scores(output, logits, target, query_index, batch)
         if not score.requires_grad:
             raise ValueError("the explained score does not depend on the attention (no gradient path); check target")
+        # Where the passes' gradients are asked for: the probabilities written out, a fused attention's q, k, v
+        # (it reduces its own to Ā in the plain pass).
+        targets = [t for i, p in enumerate(capture.probs) for t in (capture.layers[i].inputs if i in capture.layers else (p,))]
         found = []
         # The authors' one-hot relevance at the score: gradient 1/score in gradient form; plain: gradient 1.
         for plain, seed in ((False, safe_divide(torch.ones_like(score), score.detach())), (True, torch.ones_like(score))):
             capture.plain = plain
             if plain:
                 gather_again(fsdp1_units(model))  # FSDP1 resharded its units at the end of the first pass
-            grads = torch.autograd.grad(score, capture.probs, grad_outputs=seed, allow_unused=True, retain_graph=not plain)
-            found.append([as_heads(torch.zeros_like(p) if g is None else g) for p, g in zip(capture.probs, grads)])
+            grads = iter(torch.autograd.grad(score, targets, grad_outputs=seed, allow_unused=True, retain_graph=not plain))
+            per_layer = []
+            for i in range(len(capture.probs)):
+                if i in capture.layers:
+                    for _ in capture.layers[i].inputs:
+                        next(grads)  # (q, k, v's gradients: not needed)
+                    per_layer.append(None)
+                else:
+                    per_layer.append(next(grads))
+            found.append(per_layer)
         lrp_grads, plain_grads = found
         with torch.no_grad():
-            row = attribution_row([p.detach() for p in probs], lrp_grads, plain_grads, rules.start_rows(query_index, num_tokens))
+            abars = []
+            for i, (p, r, g) in enumerate(zip(probs, lrp_grads, plain_grads)):
+                if i in capture.layers:
+                    abar = capture.layers[i].abar
+                    abars.append(torch.zeros(p.shape[0], *p.shape[-2:], dtype=p.dtype, device=p.device) if abar is None else abar)
+                else:
+                    zero = torch.zeros_like(p)
+                    abars.append(_abar(p.detach(), zero if r is None else as_heads(r), zero if g is None else as_heads(g)))
+            row = _rolled_out(abars, rules.start_rows(query_index, num_tokens))
             tokens = ex._hide_own(row, query_index).masked_fill(~keep, 0.0).to(torch.float32)
     return ex.Explanation(tokens=tokens, logits=None if logits is None else logits.detach(), target=target_index,
                           score=score.detach(), method=METHOD, layers=capture.paths,

@@ -541,3 +541,56 @@ def test_token_ids_beside_pixels_are_explained_over_the_text_tokens():
     inputs = {"input_ids": torch.randint(0, 20, (2, 5)), "pixel_values": torch.randn(2, 1, 8, 8)}
     exp = lg.explain(model, inputs, method="attnlrp")
     assert exp.tokens.shape == (2, 5) and exp.tokens.abs().sum() > 0
+
+
+class SelfAttentionLM(nn.Module):
+    """Embedding -> one attention (fused SDPA, or the same written out: softmax -> matmul) -> head on token 0."""
+
+    def __init__(self, fused: bool, mask=None, is_causal=False, kv_heads=2):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(30, 16)
+        self.q, self.kv = nn.Linear(16, 16), nn.Linear(16, 2 * 4 * kv_heads)
+        self.out, self.head = nn.Linear(16, 16), nn.Linear(16, 3)
+        self.fused, self.mask, self.is_causal, self.kv_heads = fused, mask, is_causal, kv_heads
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, 4, 4).transpose(1, 2)
+        k, v = self.kv(x).view(b, n, 2, self.kv_heads, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        gqa = {"enable_gqa": True} if self.kv_heads != 4 else {}
+        if self.fused:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, is_causal=self.is_causal, **gqa)
+        else:
+            k, v = (t.repeat_interleave(4 // self.kv_heads, dim=1) for t in (k, v))
+            scores = (q * 0.5) @ k.transpose(-2, -1)
+            if self.is_causal:
+                scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            if self.mask is not None:
+                scores = scores + (self.mask if self.mask.dtype != torch.bool else
+                                   torch.zeros(self.mask.shape).masked_fill(~self.mask, float("-inf")))
+            dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # SDPA's convention: probability 0 there
+            o = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0) @ v
+        return self.head(x[:, 0] + self.out(o.transpose(1, 2).reshape(b, n, 16))[:, 0])
+
+
+@pytest.mark.parametrize("case", ["none", "float mask", "bool mask", "bool mask, a row all masked", "causal", "grouped"])
+def test_fused_attention_equals_the_written_out_form(case):
+    # Fused SDPA in float32 runs as itself (its own backward is the rule past the q/k/v split); a query with
+    # every key masked goes the explicit way (probability 0 there, as written out here, and as this torch's fused kernel does).
+    allowed = torch.rand(2, 1, 6, 6, generator=torch.Generator().manual_seed(4)) > 0.3
+    allowed[..., 0] = True
+    if case.endswith("all masked"):
+        allowed[1, 0, 3] = False
+    mask = {"float mask": torch.randn(2, 1, 6, 6, generator=torch.Generator().manual_seed(5)),
+            "bool mask": allowed, "bool mask, a row all masked": allowed}.get(case)
+    kwargs = {"mask": mask, "is_causal": case == "causal", "kv_heads": 2 if case == "grouped" else 4}
+    ids = torch.randint(0, 30, (2, 6), generator=torch.Generator().manual_seed(6))
+    fused = lg.explain(SelfAttentionLM(True, **kwargs).eval(), ids, target=1, method="attnlrp")
+    written = lg.explain(SelfAttentionLM(False, **kwargs).eval(), ids, target=1, method="attnlrp")
+    assert torch.isfinite(fused.tokens).all() and fused.tokens.abs().sum() > 0
+    assert relative(fused.tokens, written.tokens) < 1e-5
