@@ -89,9 +89,9 @@ class StepViews:
         self.scale = scale
         self.evolution_length = evolution_length
         self.alpha = alpha
-        self._history: dict[int, deque[tuple[int, dict[str, np.ndarray]]]] = {}
-        # Per sample: the header of its newest column and how many columns came since its strip was last drawn.
-        self._unseen: dict[int, tuple[str, int]] = {}
+        # Per sample: its strip's columns (step, header, cells), and how many came since the strip was last drawn.
+        self._history: dict[int, deque[tuple[int, str, dict[str, np.ndarray]]]] = {}
+        self._unseen: dict[int, int] = {}
         self._fixed: dict[str, tuple[float, float]] = {}
 
     # --- relevance in the units a person sees ---------------------------------------------------
@@ -213,26 +213,26 @@ class StepViews:
         image = modality.display_image(x).numpy()
         cells = {m: visualize.heatmap_panel(image, maps[k], _EVOLUTION_PX, ranges[m][k][:2], alpha=self.alpha)
                  for m, maps in shown_maps.items()}
-        self._history.setdefault(index, deque(maxlen=self.evolution_length)).append((step, cells))
-        self._unseen[index] = (header, self._unseen.get(index, ("", 0))[1] + 1)
+        self._history.setdefault(index, deque(maxlen=self.evolution_length)).append((step, header, cells))
+        self._unseen[index] = self._unseen.get(index, 0) + 1
 
     def _strip_due(self, index: int, last: bool) -> bool:
         """Whether sample ``index``'s strip is drawn now: at the last step of a run (``last``) when it has a column
         not drawn yet, or once ``evolution_length`` new columns have come, so that strips a slider steps through
         show each step once."""
-        unseen = self._unseen.get(index, ("", 0))[1]
+        unseen = self._unseen.get(index, 0)
         return unseen >= self.evolution_length or (last and unseen > 0)
 
     def _evolution(self, index: int) -> np.ndarray:
         """Sample ``index``'s strip: methods x its last ``evolution_length`` columns, oldest first."""
         history = self._history[index]
-        header = self._unseen.get(index, ("", 0))[0]
-        self._unseen[index] = (header, 0)
-        cells = history[-1][1]
+        self._unseen[index] = 0
+        _, header, cells = history[-1]
         # Empty columns first: the newest step is always the rightmost, and the picture never changes size.
-        slots: list[tuple[int, dict[str, np.ndarray]] | None] = [None] * (self.evolution_length - len(history)) + list(history)
+        slots: list[tuple[int, str, dict[str, np.ndarray]] | None] = (
+            [None] * (self.evolution_length - len(history)) + list(history))
         shape = next(iter(cells.values())).shape[:2]
-        grid = [[None if slot is None else slot[1].get(m) for slot in slots] for m in cells]
+        grid = [[None if slot is None else slot[2].get(m) for slot in slots] for m in cells]
         titles = ["" if slot is None else f"step {slot[0]}" for slot in slots]
         return visualize.evolution_grid(grid, list(cells), titles, shape, header)
 

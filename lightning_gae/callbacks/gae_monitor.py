@@ -203,7 +203,8 @@ class GAECallback(Callback):
             (or when fit ends between explanation steps: the final weights are always scored, once), on its
             part of ``metric_interim_samples``. None scores the final weights only. ``validate``/``test``
             score all ``metric_samples`` at every explanation (the summary printed when fit ends says how).
-            On the main job (10 explanation steps) the defaults give 6 points per fit, all on 32 samples.
+            At the defaults a fit of 10 explanation steps has 6 points, all on the same 32 samples (the main
+            job's config scores at each of its 5 steps).
         metric_interim_samples: how many of the ``metric_samples`` ``fit`` scores (default 32: a seeded part,
             stratified by class when there are labels, the same samples at every step, the final weights'
             included, so that the points of a curve differ by the weights, not by the samples). Its standard
