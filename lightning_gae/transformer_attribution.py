@@ -209,14 +209,45 @@ def _ratio(out: Tensor, x: Tensor) -> Tensor:
 
 class _Layer:
     """One fused attention's part of the explanation, filled by :class:`_Attention`'s backward passes:
-    ``relevance`` (``probs ⊙`` the relevance gradient at them) by the rules' pass, then ``abar``
+    ``relevance`` (``probs ⊙`` the relevance gradient at them, ``[rows, queries, Nk]`` over the flattened
+    leading dimensions, at the queries ``relevance_at``, None: all) by the rules' pass, then ``abar``
     (``E_h[(relevance ⊙ ∇A)⁺]``, ``[B, Nq, Nk]``) by the plain one; ``inputs`` are q, k, v, where the
-    passes are asked for gradients so that they run through this attention."""
+    passes are asked for gradients so that they run through this attention. ``deepest``: no gradient
+    is wanted below it (the model's first attention), so q, k, v get none."""
 
     def __init__(self, inputs: tuple[Tensor, ...]) -> None:
         self.inputs = inputs
         self.relevance: Tensor | None = None
+        self.relevance_at: Tensor | None = None
         self.abar: Tensor | None = None
+        self.deepest = False
+
+
+def _used_queries(g: Tensor) -> Tensor | None:
+    """The query rows of ``g`` ``[rows, Nq, E]`` with a non-zero gradient, where they are at most half
+    (past the last attention only the readout token's: a class token's, a decoder's last); None: use all."""
+    if g.shape[1] < 2 or (bool(g[:, 0].any()) and bool(g[:, -1].any())):
+        return None
+    used = g.abs().amax(dim=(0, 2)).nonzero().squeeze(1)
+    return used if used.numel() * 2 <= g.shape[1] else None
+
+
+def _at_all(t: Tensor, at: Tensor | None, queries: int) -> Tensor:
+    """``t`` ``[rows, len(at), Nk]`` placed at the query rows ``at`` of ``[rows, queries, Nk]`` zeros (``at`` None: ``t``)."""
+    return t if at is None else t.new_zeros(t.shape[0], queries, t.shape[2]).index_copy_(1, at, t)
+
+
+def _layer_abar(layer: _Layer, da: Tensor, at: Tensor | None, shape: torch.Size) -> Tensor:
+    """``E_h[(R ⊙ ∇A)⁺]`` ``[B, Nq, Nk]`` from the rules' pass's ``R`` and the plain pass's ``∇A``, each on
+    its own query rows (the product in ``R``'s memory where both cover the same)."""
+    r, r_at = layer.relevance, layer.relevance_at
+    queries = shape[-2]
+    if r_at is not None and at is not None and torch.equal(r_at, at):
+        rows = r.mul_(da).clamp_(min=0)
+        heads = as_heads(rows.view(*shape[:-2], *rows.shape[-2:])).mean(dim=1)
+        return heads.new_zeros(heads.shape[0], queries, heads.shape[-1]).index_copy_(1, at, heads)
+    product = _at_all(r, r_at, queries).mul_(_at_all(da, at, queries)).clamp_(min=0)
+    return as_heads(product.view(shape)).mean(dim=1)
 
 
 class _Attention(torch.autograd.Function):
@@ -225,7 +256,9 @@ class _Attention(torch.autograd.Function):
     or their plain gradients). The gradient at the probabilities ``A`` is never returned: the rules'
     pass keeps ``A ⊙`` it in the memory of the identity rule's quotient, used only there; the plain pass
     reduces it with that to the layer's ``Ā`` at once. No ``N x N`` temporaries beyond the scores and
-    the probabilities, the rest in the capture's scratch buffers."""
+    the probabilities, the rest in the capture's scratch buffers. Where only some queries have
+    a gradient (the readout's, past the last attention) both passes run on those rows alone; the
+    deepest attention returns no gradient for q, k, v."""
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float,
@@ -253,31 +286,50 @@ class _Attention(torch.autograd.Function):
         return torch.matmul(probs, v)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None, None]:
         q, k, v, probs = ctx.saved_tensors  # (q scaled)
         scratch, plain, layer = ctx.capture.scratch, ctx.capture.plain, ctx.layer
-        rows = probs.shape[:-2].numel()
-        if not grad.is_contiguous() or grad.dtype != probs.dtype:  # (the usual heads' transpose of the output)
-            grad = scratch(1, grad.numel(), probs.dtype, grad.device).view(grad.shape).copy_(grad)
-        g3 = grad.reshape(rows, *grad.shape[-2:])
+        rows, queries, keys = probs.shape[:-2].numel(), probs.shape[-2], probs.shape[-1]
+        dtype, device = probs.dtype, probs.device
+        if not grad.is_contiguous() or grad.dtype != dtype:  # (the usual heads' transpose of the output)
+            grad = scratch(1, grad.numel(), dtype, device).view(grad.shape).copy_(grad)
+        g3 = grad.reshape(rows, queries, grad.shape[-1])
+        q3, k3, v3 = (t.reshape(rows, *t.shape[-2:]) for t in (q, k, v))
+        p3 = probs.reshape(rows, queries, keys)
+        at = _used_queries(g3)
+        if at is not None:
+            g3, p3, q3 = g3.index_select(1, at), p3.index_select(1, at), q3.index_select(1, at)
+        used = g3.shape[1]
         # ∇A = g vᵀ; the rules' pass halves the output gradient (A v's z-rule), for A and for v.
-        da = torch.bmm(g3, v.reshape(rows, *v.shape[-2:]).transpose(-2, -1),
-                       out=scratch(0, probs.numel(), probs.dtype, probs.device).view(rows, *probs.shape[-2:])).view(probs.shape)
-        dv = torch.matmul(probs.transpose(-2, -1), grad)
-        buffer = scratch(2, probs.numel(), probs.dtype, probs.device).view(probs.shape)
+        da = torch.bmm(g3, v3.transpose(-2, -1), out=scratch(0, rows * used * keys, dtype, device).view(rows, used, keys))
+        buffer = scratch(2, rows * used * keys, dtype, device).view(rows, used, keys)
+        # (Before the rules' pass writes the relevance into the selected rows of the probabilities.)
+        dv = None if layer.deepest else torch.bmm(p3.transpose(-2, -1), g3)
+        ratio = ctx.ratio.view(rows, queries, keys)
         if plain:
-            dscores, half = torch.ops.aten._softmax_backward_data.out(da, probs, -1, probs.dtype, grad_input=buffer), 1.0
+            if not layer.deepest:
+                torch.ops.aten._softmax_backward_data.out(da, p3, -1, dtype, grad_input=buffer)
             if layer.relevance is not None:
-                layer.abar = layer.relevance.mul_(da).clamp_(min=0).mean(dim=1)
-                layer.relevance = ctx.ratio = None
+                layer.abar = _layer_abar(layer, da, at, probs.shape)
+                layer.relevance = layer.relevance_at = ctx.ratio = None
         else:
             da.mul_(0.5)
-            dv.mul_(0.5)
-            dscores, half = torch.mul(ctx.ratio, da, out=buffer), 0.5
-            layer.relevance = torch.mul(probs, da, out=ctx.ratio)  # the quotient is not read again
-        dq = torch.matmul(dscores, k).mul_(half * ctx.scale)
-        dk = torch.matmul(dscores.transpose(-2, -1), q)
-        return dq, dk if half == 1.0 else dk.mul_(half), dv, None, None, None, None
+            if not layer.deepest:
+                torch.mul(ratio if at is None else ratio.index_select(1, at), da, out=buffer)
+            # In the quotient's memory (not read again), or in the selected rows' own copy.
+            layer.relevance = torch.mul(p3, da, out=ratio) if at is None else p3.mul_(da)
+            layer.relevance_at = at
+        if layer.deepest:
+            return None, None, None, None, None, None, None
+        dscores, half = buffer, 1.0 if plain else 0.5
+        dq = torch.bmm(dscores, k3).mul_(half * ctx.scale)
+        dk = torch.bmm(dscores.transpose(-2, -1), q3)
+        if half != 1.0:
+            dv.mul_(half)
+            dk.mul_(half)
+        if at is not None:
+            dq = dq.new_zeros(rows, queries, dq.shape[-1]).index_copy_(1, at, dq)
+        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), None, None, None, None
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
@@ -552,6 +604,8 @@ def explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_la
         # Where the passes' gradients are asked for: the probabilities written out, a fused attention's q, k, v
         # (it reduces its own to Ā in the plain pass).
         targets = [t for i, p in enumerate(capture.probs) for t in (capture.layers[i].inputs if i in capture.layers else (p,))]
+        if 0 in capture.layers:
+            capture.layers[0].deepest = True  # the first attention: nothing below it is asked for
         found = []
         # The authors' one-hot relevance at the score: gradient 1/score in gradient form; plain: gradient 1.
         for plain, seed in ((False, safe_divide(torch.ones_like(score), score.detach())), (True, torch.ones_like(score))):

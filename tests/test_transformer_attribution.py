@@ -87,7 +87,18 @@ class PlainViT(nn.Module):
         x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed
         for blk in self.blocks:
             x = blk(x)
-        return self.head(self.norm(x)[:, 0])
+        return self.head(self.readout(self.norm(x)))
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        return h[:, 0]
+
+
+class ReadTwoTokens(PlainViT):
+    """Classifies from the class token plus one patch token per sample (5, 0, 5, 40): rows 0, 5, 40 carry gradient
+    past the last attention."""
+
+    def readout(self, h: torch.Tensor) -> torch.Tensor:
+        return h[:, 0] + h[torch.arange(h.shape[0]), torch.tensor([5, 0, 5, 40])[:h.shape[0]]]
 
 
 @pytest.fixture(scope="module")
@@ -283,6 +294,42 @@ def test_fused_causal_grouped_attention_equals_the_written_out_one() -> None:
             for m in (fused, written)]
     assert maps[0].abs().amax() > 0 and (maps[0][1, 2] == 0).all()
     torch.testing.assert_close(maps[0], maps[1], rtol=1e-4, atol=1e-6 * maps[1].abs().max().item())
+
+
+def test_fused_attention_on_the_queried_rows_alone_equals_the_written_out_one(authors, images) -> None:
+    """Past the last attention only the read-out tokens' rows carry a gradient: the fused attention runs both passes
+    on those rows alone (tokens 0, 5 and 40 of 65 here, two samples sharing one; batch == heads), the first attention
+    gives q, k, v no gradient. The written-out attention runs every row of every layer."""
+    maps = []
+    for fused in (True, False):
+        model = ReadTwoTokens(fused).eval()
+        model.load_state_dict(authors.state_dict(), strict=True)
+        maps.append(lg.explain(model, images, method="transformer_attribution", target=2, query=5).tokens)
+    assert maps[0].abs().amax() > 0 and images.shape[0] == HEADS
+    torch.testing.assert_close(maps[0], maps[1], rtol=1e-4, atol=1e-6 * maps[1].abs().max().item())
+
+
+@pytest.mark.parametrize("rules_rows, plain_rows", [([1, 3], [1, 3]), ([1, 3], [3, 4]), (None, [0, 2]), ([2], None)])
+def test_a_layers_abar_from_the_rows_each_pass_ran_on(rules_rows, plain_rows) -> None:
+    """``E_h[(R ⊙ ∇A)⁺]`` where each pass ran on some query rows (None: all) equals it on dense ``[B, H, Nq, Nk]``
+    matrices with the other rows 0 (B == H == 2, Nq = 5, Nk = 3)."""
+    from tests.helpers.private import _Layer, _layer_abar
+
+    g = torch.Generator().manual_seed(5)
+    shape = torch.Size((2, 2, 5, 3))
+    dense = []
+    for at in (rules_rows, plain_rows):
+        full = torch.randn(shape, generator=g)
+        if at is not None:
+            full[:, :, [i for i in range(5) if i not in at]] = 0
+        dense.append(full)
+    expected = (dense[0] * dense[1]).clamp(min=0).mean(dim=1)
+    rows = [d.reshape(4, 5, 3) if at is None else d.reshape(4, 5, 3)[:, at] for d, at in zip(dense, (rules_rows, plain_rows))]
+    layer = _Layer(())
+    layer.relevance = rows[0].clone()
+    layer.relevance_at = None if rules_rows is None else torch.tensor(rules_rows)
+    found = _layer_abar(layer, rows[1].clone(), None if plain_rows is None else torch.tensor(plain_rows), shape)
+    torch.testing.assert_close(found, expected)
 
 
 class ZeroedBlock(PlainBlock):

@@ -10,8 +10,9 @@ from lightning_gae.callbacks._samples import balanced_choice as _balanced_choice
 from lightning_gae.explain import _attended, _explain, _relevance_row
 from lightning_gae.lean import _chunks, _LeanAttention
 from lightning_gae.metrics._stderr import value_and_stderr as _value_and_stderr
+from lightning_gae.transformer_attribution import _Layer, _layer_abar
 from lightning_gae.views import MAX_IMAGE_SIDE as _MAX_IMAGE_SIDE
 from lightning_gae.views import bounded as _bounded
 
-__all__ = ["_MAX_IMAGE_SIDE", "_LeanAttention", "_attended", "_balanced_choice", "_bounded", "_chunks", "_explain",
-           "_random_rows", "_relevance_row", "_subset_part", "_value_and_stderr"]
+__all__ = ["_MAX_IMAGE_SIDE", "_Layer", "_LeanAttention", "_attended", "_balanced_choice", "_bounded", "_chunks", "_explain",
+           "_layer_abar", "_random_rows", "_relevance_row", "_subset_part", "_value_and_stderr"]
