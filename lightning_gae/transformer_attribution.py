@@ -22,7 +22,7 @@ The output relevance is 1 at the explained score (their one-hot), then
   (their ``einsum`` rule and ``cam /= 2``); a product with a constant, shape ops, dropout (eval),
   copies and casts: unchanged (their ``Clone`` sums the copies' relevance, as autograd does);
 * fused attention (SDPA, ``nn.MultiheadAttention``) computed explicitly under the same rules (SDPA as one
-  function, :class:`_Attention`, which reduces its probabilities' two gradients to ``Ā`` itself).
+  function, :class:`FusedAttention`, which reduces its probabilities' two gradients to ``Ā`` itself).
 
 Anything else on the path from the attention to the score (a convolution, a mean, ``sub``...)
 raises :class:`~lightning_gae.lrp.UnsupportedOperation` naming the operation and the module.
@@ -33,7 +33,6 @@ the capture's ``plain`` flag: the plain gradient of the model, with no second fo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +44,7 @@ from torch.overrides import TorchFunctionMode
 from lightning_gae import lrp
 from lightning_gae._fsdp1 import fsdp1_units, gather_again
 from lightning_gae._lrp_ops import unbind
+from lightning_gae._ta_attention import Layer, as_heads, fused_attention
 from lightning_gae.capture import explicit_multi_head_attention_forward, explicit_scaled_dot_product_attention
 
 __all__ = ["TransformerAttributionCapture", "attribution_row"]
@@ -163,22 +163,40 @@ class _Identity(torch.autograd.Function):
     its graph keeps ``out`` for its own backward (GELU and LayerNorm keep their inputs; tanh, softmax
     keep their outputs, and the version count ``mark_dirty`` raises would fail them): no copy of it.
     Else a view (``view=True``: the caller never changes it in place) or a copy.
+
+    The quotient is made in the rules' pass from ``x`` and ``out``, which the layers beside it keep
+    anyway (a linear layer its input and output, a residual sum its operands): no tensor of the
+    activation's size held per layer from the forward on. Where the model writes into either before
+    its forward ends (``h[:, 0] = ...``, the one in-place change the rules let through), the capture
+    makes the quotient first (:meth:`TransformerAttributionCapture._before_change`).
     """
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, out: Tensor, capture: TransformerAttributionCapture, view: bool) -> Tensor:
-        ctx.capture = capture
-        ctx.save_for_backward(_ratio(out, x))
+        ctx.capture, ctx.path, ctx.ratio = capture, capture.current_path, None
         if _extendable(x, out):
             ctx.mark_dirty(out)
-            return out
-        return out.view_as(out) if view else out.clone()
+            result = out
+        else:
+            result = out.view_as(out) if view else out.clone()
+        ctx.save_for_backward(x, out)
+        capture._watch(ctx, x, out)
+        return result
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
         if ctx.capture.plain:
             return None, grad, None, None
-        (ratio,) = ctx.saved_tensors
+        ratio = ctx.ratio
+        if ratio is None:
+            try:
+                x, out = ctx.saved_tensors
+            except RuntimeError as error:  # changed in place where the mode does not see it (inside an activation module)
+                raise lrp.UnsupportedOperation(
+                    f"method={METHOD!r}: the input or output of the identity rule in module {ctx.path or '<model>'!r} was "
+                    "changed in place by an operation the rules do not see; compute it out of place "
+                    "(lightning_gae.transformer_attribution)") from error
+            ratio = _ratio(out, x)
         if ratio.dtype == grad.dtype and ratio.shape == grad.shape:
             # The quotient is read once (the plain pass does not): the gradient goes into its memory.
             return ratio.mul_(grad), None, None, None
@@ -205,165 +223,6 @@ def _ratio(out: Tensor, x: Tensor) -> Tensor:
     if not torch.isfinite(ratio.sum()):
         ratio.masked_fill_(x == 0, 0.0)
     return ratio
-
-
-class _Layer:
-    """One fused attention's part of the explanation, filled by :class:`_Attention`'s backward passes:
-    ``relevance`` (``probs ⊙`` the relevance gradient at them, ``[rows, queries, Nk]`` over the flattened
-    leading dimensions, at the queries ``relevance_at``, None: all) by the rules' pass, then ``abar``
-    (``E_h[(relevance ⊙ ∇A)⁺]``, ``[B, Nq, Nk]``) by the plain one; ``inputs`` are q, k, v, where the
-    passes are asked for gradients so that they run through this attention. ``deepest``: no gradient
-    is wanted below it (the model's first attention), so q, k, v get none."""
-
-    def __init__(self, inputs: tuple[Tensor, ...]) -> None:
-        self.inputs = inputs
-        self.relevance: Tensor | None = None
-        self.relevance_at: Tensor | None = None
-        self.abar: Tensor | None = None
-        self.deepest = False
-
-
-def _used_queries(g: Tensor) -> Tensor | None:
-    """The query rows of ``g`` ``[rows, Nq, E]`` with a non-zero gradient, where they are at most half
-    (past the last attention only the readout token's: a class token's, a decoder's last); None: use all."""
-    if g.shape[1] < 2 or (bool(g[:, 0].any()) and bool(g[:, -1].any())):
-        return None
-    used = g.abs().amax(dim=(0, 2)).nonzero().squeeze(1)
-    return used if used.numel() * 2 <= g.shape[1] else None
-
-
-def _at_all(t: Tensor, at: Tensor | None, queries: int) -> Tensor:
-    """``t`` ``[rows, len(at), Nk]`` placed at the query rows ``at`` of ``[rows, queries, Nk]`` zeros (``at`` None: ``t``)."""
-    return t if at is None else t.new_zeros(t.shape[0], queries, t.shape[2]).index_copy_(1, at, t)
-
-
-def _layer_abar(layer: _Layer, da: Tensor, at: Tensor | None, shape: torch.Size) -> Tensor:
-    """``E_h[(R ⊙ ∇A)⁺]`` ``[B, Nq, Nk]`` from the rules' pass's ``R`` and the plain pass's ``∇A``, each on
-    its own query rows (the product in ``R``'s memory where both cover the same)."""
-    r, r_at = layer.relevance, layer.relevance_at
-    queries = shape[-2]
-    if r_at is not None and at is not None and torch.equal(r_at, at):
-        rows = r.mul_(da).clamp_(min=0)
-        heads = as_heads(rows.view(*shape[:-2], *rows.shape[-2:])).mean(dim=1)
-        return heads.new_zeros(heads.shape[0], queries, heads.shape[-1]).index_copy_(1, at, heads)
-    product = _at_all(r, r_at, queries).mul_(_at_all(da, at, queries)).clamp_(min=0)
-    return as_heads(product.view(shape)).mean(dim=1)
-
-
-class _Attention(torch.autograd.Function):
-    """``softmax(q kᵀ · scale + bias) v`` of fused attention, the rules of its operations in one function
-    (the same as op by op: the z-rule halved on ``A v`` and on ``q kᵀ``, the identity rule on the softmax;
-    or their plain gradients). The gradient at the probabilities ``A`` is never returned: the rules'
-    pass keeps ``A ⊙`` it in the memory of the identity rule's quotient, used only there; the plain pass
-    reduces it with that to the layer's ``Ā`` at once. No ``N x N`` temporaries beyond the scores and
-    the probabilities, the rest in the capture's scratch buffers. Where only some queries have
-    a gradient (the readout's, past the last attention) both passes run on those rows alone; the
-    deepest attention returns no gradient for q, k, v."""
-
-    @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float,
-                capture: TransformerAttributionCapture, layer: _Layer) -> Tensor:
-        dtype = torch.promote_types(q.dtype, torch.float32)
-        # The scale goes into the queries, as in the explicit path (lightning_gae.capture).
-        # (Written contiguous: the product keeps the layout of a strided q, which every matmul would copy.)
-        q = torch.mul(q, scale, out=torch.empty(q.shape, dtype=dtype, device=q.device))
-        k, v = k.to(dtype).contiguous(), v.to(dtype).contiguous()
-        scores = torch.matmul(q, k.transpose(-2, -1))
-        if bias is not None:
-            scores.add_(bias.to(dtype))
-            dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
-            probs = torch.softmax(scores.masked_fill_(dead, 0.0), dim=-1).masked_fill_(dead, 0.0)
-        else:
-            probs = torch.softmax(scores, dim=-1)
-        # The identity rule's out / x, in the scores' own memory; 0 where a score is 0.
-        ratio = torch.div(probs, scores, out=scores)
-        if not torch.isfinite(ratio.sum()):
-            ratio.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-        ctx.scale, ctx.capture, ctx.layer = scale, capture, layer
-        ctx.ratio = ratio  # (changed in place by the rules' pass: not a saved tensor, whose version is checked)
-        ctx.save_for_backward(q, k, v, probs)
-        capture._record(probs)
-        return torch.matmul(probs, v)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None, None, None]:
-        q, k, v, probs = ctx.saved_tensors  # (q scaled)
-        scratch, plain, layer = ctx.capture.scratch, ctx.capture.plain, ctx.layer
-        rows, queries, keys = probs.shape[:-2].numel(), probs.shape[-2], probs.shape[-1]
-        dtype, device = probs.dtype, probs.device
-        if not grad.is_contiguous() or grad.dtype != dtype:  # (the usual heads' transpose of the output)
-            grad = scratch(1, grad.numel(), dtype, device).view(grad.shape).copy_(grad)
-        g3 = grad.reshape(rows, queries, grad.shape[-1])
-        q3, k3, v3 = (t.reshape(rows, *t.shape[-2:]) for t in (q, k, v))
-        p3 = probs.reshape(rows, queries, keys)
-        at = _used_queries(g3)
-        if at is not None:
-            g3, p3, q3 = g3.index_select(1, at), p3.index_select(1, at), q3.index_select(1, at)
-        used = g3.shape[1]
-        # ∇A = g vᵀ; the rules' pass halves the output gradient (A v's z-rule), for A and for v.
-        da = torch.bmm(g3, v3.transpose(-2, -1), out=scratch(0, rows * used * keys, dtype, device).view(rows, used, keys))
-        buffer = scratch(2, rows * used * keys, dtype, device).view(rows, used, keys)
-        # (Before the rules' pass writes the relevance into the selected rows of the probabilities.)
-        dv = None if layer.deepest else torch.bmm(p3.transpose(-2, -1), g3)
-        ratio = ctx.ratio.view(rows, queries, keys)
-        if plain:
-            if not layer.deepest:
-                torch.ops.aten._softmax_backward_data.out(da, p3, -1, dtype, grad_input=buffer)
-            if layer.relevance is not None:
-                layer.abar = _layer_abar(layer, da, at, probs.shape)
-                layer.relevance = layer.relevance_at = ctx.ratio = None
-        else:
-            da.mul_(0.5)
-            if not layer.deepest:
-                torch.mul(ratio if at is None else ratio.index_select(1, at), da, out=buffer)
-            # In the quotient's memory (not read again), or in the selected rows' own copy.
-            layer.relevance = torch.mul(p3, da, out=ratio) if at is None else p3.mul_(da)
-            layer.relevance_at = at
-        if layer.deepest:
-            return None, None, None, None, None, None, None
-        dscores, half = buffer, 1.0 if plain else 0.5
-        dq = torch.bmm(dscores, k3).mul_(half * ctx.scale)
-        dk = torch.bmm(dscores.transpose(-2, -1), q3)
-        if half != 1.0:
-            dv.mul_(half)
-            dk.mul_(half)
-        if at is not None:
-            dq = dq.new_zeros(rows, queries, dq.shape[-1]).index_copy_(1, at, dq)
-        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), None, None, None, None
-
-
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-
-
-def _blocked(blocked: Tensor, dtype: torch.dtype) -> Tensor:
-    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill_(blocked, -math.inf)
-
-
-def _fused_attention(capture: TransformerAttributionCapture, args: tuple, kwargs: dict) -> Tensor | None:
-    """``F.scaled_dot_product_attention`` under the rules with :class:`_Attention`; None where it does not apply
-    (an operand without relevance, a bias that carries some, broadcast batch dimensions): op by op then."""
-    p = dict(zip(_SDPA_ARGS, args))
-    p.update(kwargs)
-    query, key, value, mask = p["query"], p["key"], p["value"], p.get("attn_mask")
-    if not all(lrp._live(t) for t in (query, key, value)) or lrp._live(mask) or query.dim() < 3:
-        return None
-    if p.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
-        key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
-        value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
-    if query.shape[:-2] != key.shape[:-2]:
-        return None
-    scale = p.get("scale")
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    dtype = torch.promote_types(query.dtype, torch.float32)
-    # SDPA's masks: a boolean one marks the keys that may be attended, a float one is added; is_causal is the
-    # top-left aligned lower triangle.
-    bias = None if mask is None else _blocked(~mask, dtype) if mask.dtype == torch.bool else mask.to(dtype)
-    if p.get("is_causal"):
-        causal = _blocked(torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).triu(1), dtype)
-        bias = causal if bias is None else bias + causal
-    layer = _Layer((query, key, value))
-    capture.layers[len(capture.probs)] = layer
-    return _Attention.apply(query, key, value, bias, scale, capture, layer).to(value.dtype)
 
 
 def _per_sample(t: Tensor) -> Tensor:
@@ -436,11 +295,13 @@ class _TAMode(TorchFunctionMode):
         cap = self.capture
         if cap._in_unit:
             return func(*args, **kwargs)
+        if func is Tensor.__setitem__ and cap._watched and args and isinstance(args[0], Tensor):
+            cap._before_change(args[0])
         if func is F.scaled_dot_product_attention or func is F.multi_head_attention_forward:
             if not any(lrp._live(t) for t in lrp._flat_tensors(args, kwargs)):
                 return func(*args, **kwargs)
             if func is F.scaled_dot_product_attention:
-                out = _fused_attention(cap, args, kwargs)
+                out = fused_attention(cap, args, kwargs)
                 if out is not None:
                     return out
             # Computed explicitly, its own operations again under this mode (a fresh one: this one is off here).
@@ -514,7 +375,8 @@ class TransformerAttributionCapture(lrp.LRPCapture):
         self.probs: list[Tensor] = []
         self.paths: list[str] = []
         self._probs: dict[int, Tensor] = {}
-        self.layers: dict[int, _Layer] = {}  # fused attentions, by their place in probs
+        self._watched: dict[int, list[tuple[Any, Tensor, Tensor]]] = {}  # storage -> identity rules reading it
+        self.layers: dict[int, Layer] = {}  # fused attentions, by their place in probs
         self._scratch: dict[int, Tensor] = {}
 
     def scratch(self, slot: int, size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -532,8 +394,19 @@ class TransformerAttributionCapture(lrp.LRPCapture):
     def _unit_rule(self, x: Tensor, output: Tensor) -> Tensor:
         return _Identity.apply(x, output, self, False)
 
+    def _watch(self, ctx: Any, x: Tensor, out: Tensor) -> None:
+        """Until the forward ends, an in-place write into ``x``'s or ``out``'s memory first makes ``ctx``'s quotient."""
+        entry = (ctx, x, out)
+        for t in (x, out):
+            self._watched.setdefault(t.untyped_storage().data_ptr(), []).append(entry)
+
+    def _before_change(self, t: Tensor) -> None:
+        for ctx, x, out in self._watched.pop(t.untyped_storage().data_ptr(), ()):
+            if ctx.ratio is None:
+                ctx.ratio = _ratio(out, x)
+
     def __exit__(self, *exc: Any) -> None:
-        self._probs = {}
+        self._probs, self._watched = {}, {}
         super().__exit__(*exc)
 
 
@@ -555,14 +428,6 @@ def attribution_row(probs: list[Tensor], lrp_grads: list[Tensor], grads: list[Te
     (the relevance of the probabilities in gradient form); inputs ``[B, H, N, N]``. ``lrp_grads`` are
     overwritten (each holds its layer's product)."""
     return _rolled_out([_abar(p, r, g) for p, r, g in zip(probs, lrp_grads, grads)], start)
-
-
-def as_heads(t: Tensor) -> Tensor:
-    if t.dim() == 2:
-        return t[None, None]
-    if t.dim() == 3:
-        return t[:, None]
-    return t.reshape(t.shape[0], -1, t.shape[-2], t.shape[-1])
 
 
 def explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_layer: nn.Module | str | None = None) -> Any:
