@@ -15,6 +15,7 @@ __all__ = ["FusedAttention", "Layer", "as_heads", "fused_attention", "layer_abar
 
 
 def as_heads(t: Tensor) -> Tensor:
+    """An attention map (or its gradient) as ``[B, H, Nq, Nk]``: no batch or head dimension added, more folded into H."""
     if t.dim() == 2:
         return t[None, None]
     if t.dim() == 3:
