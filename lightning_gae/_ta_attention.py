@@ -23,7 +23,6 @@ def as_heads(t: Tensor) -> Tensor:
     return t.reshape(t.shape[0], -1, t.shape[-2], t.shape[-1])
 
 
-
 class Layer:
     """One fused attention's part of the explanation, filled by :class:`FusedAttention`'s backward passes:
     ``relevance`` (``probs ⊙`` the relevance gradient at them, ``[rows, queries, Nk]`` over the flattened
