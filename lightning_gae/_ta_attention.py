@@ -60,8 +60,7 @@ def layer_abar(layer: Layer, da: Tensor, at: Tensor | None, shape: torch.Size) -
     queries = shape[-2]
     if r_at is not None and at is not None and torch.equal(r_at, at):
         rows = r.mul_(da).clamp_(min=0)
-        heads = as_heads(rows.view(*shape[:-2], *rows.shape[-2:])).mean(dim=1)
-        return heads.new_zeros(heads.shape[0], queries, heads.shape[-1]).index_copy_(1, at, heads)
+        return _at_all(as_heads(rows.view(*shape[:-2], *rows.shape[-2:])).mean(dim=1), at, queries)
     product = _at_all(r, r_at, queries).mul_(_at_all(da, at, queries)).clamp_(min=0)
     return as_heads(product.view(shape)).mean(dim=1)
 
@@ -118,34 +117,34 @@ class FusedAttention(torch.autograd.Function):
         used = g3.shape[1]
         # ∇A = g vᵀ; the rules' pass halves the output gradient (A v's z-rule), for A and for v.
         da = torch.bmm(g3, v3.transpose(-2, -1), out=scratch(0, rows * used * keys, dtype, device).view(rows, used, keys))
-        buffer = scratch(2, rows * used * keys, dtype, device).view(rows, used, keys)
+        dscores = scratch(2, rows * used * keys, dtype, device).view(rows, used, keys)
+        wanted = not layer.deepest  # (q, k, v's gradients)
         # (Before the rules' pass writes the relevance into the selected rows of the probabilities.)
-        dv = None if layer.deepest else torch.bmm(p3.transpose(-2, -1), g3)
-        ratio = ctx.ratio.view(rows, queries, keys)
+        dv = torch.bmm(p3.transpose(-2, -1), g3) if wanted else None
         if plain:
-            if not layer.deepest:
-                torch.ops.aten._softmax_backward_data.out(da, p3, -1, dtype, grad_input=buffer)
+            if wanted:
+                torch.ops.aten._softmax_backward_data.out(da, p3, -1, dtype, grad_input=dscores)
             if layer.relevance is not None:
                 layer.abar = layer_abar(layer, da, at, probs.shape)
                 layer.relevance = layer.relevance_at = ctx.ratio = None
         else:
             da.mul_(0.5)
-            if not layer.deepest:
-                torch.mul(ratio if at is None else ratio.index_select(1, at), da, out=buffer)
+            ratio = ctx.ratio.view(rows, queries, keys)
+            if wanted:
+                torch.mul(ratio if at is None else ratio.index_select(1, at), da, out=dscores)
             # In the quotient's memory (not read again), or in the selected rows' own copy.
             layer.relevance = torch.mul(p3, da, out=ratio) if at is None else p3.mul_(da)
             layer.relevance_at = at
-        if layer.deepest:
+        if not wanted:
             return None, None, None, None, None, None, None
-        dscores, half = buffer, 1.0 if plain else 0.5
+        half = 1.0 if plain else 0.5
         dq = torch.bmm(dscores, k3).mul_(half * ctx.scale)
         dk = torch.bmm(dscores.transpose(-2, -1), q3)
         if half != 1.0:
             dv.mul_(half)
             dk.mul_(half)
-        if at is not None:
-            dq = dq.new_zeros(rows, queries, dq.shape[-1]).index_copy_(1, at, dq)
-        return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape), None, None, None, None
+        # (q's gradient back at every query row, 0 where none was selected)
+        return _at_all(dq, at, queries).view(q.shape), dk.view(k.shape), dv.view(v.shape), None, None, None, None
 
 
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
