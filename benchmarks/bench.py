@@ -9,7 +9,7 @@ Methods, on the same batch of one model:
   SDPA, cross-entropy on the logits, parameter gradients): the floor;
 * ``gae``: :func:`lightning_gae.explain` as it runs by default;
 * ``gae_matrix``: the dense matrix form, ``R = (I + Ā_L) ⋯ (I + Ā_1)`` for the whole batch
-  (:class:`~lightning_gae.AttentionRecorder`, one ``autograd.grad``, :func:`~lightning_gae.rules.gae_relevance`),
+  (:class:`~lightning_gae.AttentionRecorder`, one ``autograd.grad``, :func:`~lightning_gae.engine.rules.gae_relevance`),
   its CLS row read afterwards;
 * ``per_sample_loop``: the same, one sample at a time, as the reference implementation works;
 * ``rollout``: ``explain(method="rollout")``;
@@ -77,7 +77,7 @@ LRP_BENCH_METHODS: tuple[str, ...] = ("attnlrp", "transformer_attribution")
 LLAMA_METHODS: tuple[str, ...] = ("forward_backward", "gae", "rollout", "attnlrp")
 KERNEL_BENCH_METHODS: tuple[str, ...] = ("gae_triton",)
 """Measured only when ``--methods`` names them: ``gae`` with its row form as the Triton kernel (a GPU's, or
-Triton's CPU interpreter: ``LIGHTNING_GAE_KERNEL=triton``, :mod:`lightning_gae._triton_gae`)."""
+Triton's CPU interpreter: ``LIGHTNING_GAE_KERNEL=triton``, :mod:`lightning_gae.engine._triton_gae`)."""
 SELECTABLE_CASES = ("vit", "bert", "llama")
 """The cases whose methods ``--methods`` selects (``forward_backward`` and ``gae``, the floors, always run)."""
 """The ``llama`` cases (a decoder-only LM at batch 1, long prompts): the last position's next-token logit."""
@@ -263,7 +263,7 @@ class _Subject:
 
 
 def _logits(model: nn.Module, inputs: Any) -> Tensor:
-    from lightning_gae.explain import model_logits
+    from lightning_gae.engine.explain import model_logits
 
     return model_logits(model(**inputs) if isinstance(inputs, dict) else model(inputs))
 
@@ -328,9 +328,9 @@ def gae_matrix_rows(model: nn.Module, inputs: Any, target: Tensor, query: int = 
     Every layer's probabilities, gradients and ``Ā`` and the ``[B, N, N]`` relevance stay alive at
     once: the memory profile of the reference implementation, batched.
     """
-    from lightning_gae import rules
-    from lightning_gae.capture import AttentionRecorder
-    from lightning_gae.explain import eval_mode
+    from lightning_gae.engine import rules
+    from lightning_gae.engine.capture import AttentionRecorder
+    from lightning_gae.engine.explain import eval_mode
 
     with eval_mode(model), torch.enable_grad():
         with AttentionRecorder(model) as recorder:
@@ -346,7 +346,7 @@ def gae_matrix_rows(model: nn.Module, inputs: Any, target: Tensor, query: int = 
 def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], object]]:
     from captum.attr import IntegratedGradients, Saliency
 
-    from lightning_gae.explain import allow_slow_attention_flow, eval_mode, explain, map_tensors
+    from lightning_gae.engine.explain import allow_slow_attention_flow, eval_mode, explain, map_tensors
 
     model, inputs = subject.model, subject.inputs
     batch = target.shape[0]
@@ -381,7 +381,7 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
                 x, target=target, additional_forward_args=extra, n_steps=_IG_STEPS, internal_batch_size=rows)
 
     def gae_triton() -> object:
-        from lightning_gae._triton_gae import available
+        from lightning_gae.engine._triton_gae import available
 
         if not available():
             raise RuntimeError("gae_triton needs Triton (CUDA builds of torch ship it): it would measure the chunks")

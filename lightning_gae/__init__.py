@@ -1,11 +1,12 @@
 """Generic Attention-model Explainability (GAE) for PyTorch Lightning, Captum and torchmetrics."""
 
-from lightning_gae.capture import AttentionRecord, AttentionRecorder
-from lightning_gae.explain import LRP_METHODS, METHODS, Explanation, allow_slow_attention_flow, explain
-from lightning_gae.streams import Streams
-from lightning_gae.generation import GenerationExplanation, explain_generation
-from lightning_gae.answers import AnswerExplanation, NextTokenLogits, answer_rows, explain_answers
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.engine.capture import AttentionRecord, AttentionRecorder
+from lightning_gae.engine.explain import LRP_METHODS, METHODS, allow_slow_attention_flow, explain
+from lightning_gae.engine.readout import Explanation
+from lightning_gae.engine.token_sets import Streams
+from lightning_gae.language.generation import GenerationExplanation, explain_generation
+from lightning_gae.language.answers import AnswerExplanation, NextTokenLogits, answer_rows, explain_answers
+from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae import metrics  # noqa: E402  (after explain/modalities, which it builds on)
 
 __all__ = [

@@ -126,7 +126,7 @@ def _first_validation_samples(datamodule: Any, count: int, callback: Any) -> tup
     collated by the datamodule's own loader and read with the config's callback's batch functions (or their defaults)."""
     from torch.utils.data import DataLoader
 
-    from lightning_gae.callbacks._samples import (
+    from lightning_gae.callbacks.samples import (
         default_batch_ground_truth,
         default_batch_inputs,
         default_batch_labels,
@@ -148,10 +148,11 @@ def _first_validation_samples(datamodule: Any, count: int, callback: Any) -> tup
 def _set_comparison_picture(model: Any, inputs: Any, methods: Sequence[str], layout: dict[str, Any], target: Any,
                             streams: Any, sequence: bool) -> Any:
     """The first samples of a model with several token sets, drawn as the callback draws them, one under another."""
-    from lightning_gae import visualize
+    from lightning_gae import display
     from lightning_gae._structures import first_tensor, map_tensors
-    from lightning_gae.explain import METHODS, explain
-    from lightning_gae.token_sets import last_positions, sequence_rows, token_set_input
+    from lightning_gae.engine.explain import METHODS, explain
+    from lightning_gae.language.decoder_rows import last_positions, sequence_rows
+    from lightning_gae.modalities.inputs import token_set_input
     from lightning_gae.tensorboard import SetInput, TensorBoardViews
 
     count = min(_GRID_SAMPLES, first_tensor(inputs).shape[0])
@@ -165,7 +166,7 @@ def _set_comparison_picture(model: Any, inputs: Any, methods: Sequence[str], lay
         rows = {m: sequence_rows(model, first, m, last, streams=streams) for m in shown}
     sets = {x: SetInput(modality, *token_set_input(first, key)) for x, (modality, key) in layout.items()}
     pictures = TensorBoardViews().set_pictures(sets, list(range(count)), explanations, rows)
-    return visualize.stack(pictures, axis=0, gap=8)
+    return display.stack(pictures, axis=0, gap=8)
 
 
 def compare_main(argv: Sequence[str]) -> None:
@@ -243,7 +244,7 @@ def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
     import torch
 
     from lightning_gae.compare import comparison_grid, compare, infer_modality, token_set_inputs
-    from lightning_gae.explain import explain, map_tensors
+    from lightning_gae.engine.explain import explain, map_tensors
 
     model, datamodule, callback = _configured(args.config)
     checkpoint = torch.load(args.ckpt_path, map_location="cpu", weights_only=True)
@@ -298,10 +299,10 @@ def _answer_rows(model: Any, inputs: Any, labels: Any, truth: Any, callback: Any
     """A causal LM's samples as one row per answer token: ``(model read at the readout, inputs, answer tokens,
     ground truth per row, modality keeping the readout, each row's prompt)``; None for other models (or
     ``answer_tokens: false``)."""
-    from lightning_gae.answers import NextTokenLogits
-    from lightning_gae.callbacks._answers import answer_samples, has_answer_labels, holds_causal_lm, keep_readout
-    from lightning_gae.callbacks._samples import Samples
-    from lightning_gae.modalities import TextTokens
+    from lightning_gae.language.answers import NextTokenLogits
+    from lightning_gae.callbacks.answer_samples import answer_samples, has_answer_labels, holds_causal_lm, keep_readout
+    from lightning_gae.callbacks.samples import Samples
+    from lightning_gae.modalities.tokens import TextTokens
 
     wanted = None if callback is None else callback.answer_tokens
     samples = Samples(inputs=inputs, labels=labels, truth=truth, keyed={})

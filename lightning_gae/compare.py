@@ -5,7 +5,7 @@ attributed by :func:`~lightning_gae.attribution.attribute`) with every metric, e
 standard error over the samples, and times the attribution step; :class:`Comparison` holds the
 table. :func:`comparison_grid` draws the attributions of a few samples side by side. Models with
 several token sets are compared set by set against each set's ground truth
-(:mod:`lightning_gae.token_sets`).
+(:mod:`lightning_gae.modalities.inputs`, :mod:`lightning_gae.language.decoder_rows`).
 """
 
 from __future__ import annotations
@@ -22,28 +22,19 @@ import torch
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from lightning_gae import visualize
+from lightning_gae.display import grid
 from lightning_gae._structures import ClassTarget, class_index, first_tensor, take
 from lightning_gae.attribution import ATTRIBUTION_METHODS, CAPTUM_METHODS, attribute
 from lightning_gae.attribution.gradients import batch_tensor, predict
-from lightning_gae.explain import METHODS, explain
+from lightning_gae.engine.explain import METHODS, explain
 from lightning_gae.metrics import PERTURBATION_METRICS, AlignmentAccuracy, perturbation_metric, random_attribution
-from lightning_gae.metrics._stderr import SampleScores
+from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional.perturbation import Protocol, check_protocol
-from lightning_gae.modalities import ImageTokens, Modality
-from lightning_gae.streams import Streams
-from lightning_gae.token_sets import (
-    RECALL,
-    SET_TRUTH,
-    TruthScore,
-    infer_modality,
-    is_sequence_output,
-    last_positions,
-    sequence_rows,
-    token_set_input,
-    token_set_inputs,
-    truth_score,
-)
+from lightning_gae.modalities.tokens import ImageTokens, Modality
+from lightning_gae.engine.token_sets import Streams
+from lightning_gae.language.decoder_rows import is_sequence_output, last_positions, sequence_rows
+from lightning_gae.metrics.ground_truth import RECALL, SET_TRUTH, TruthScore, truth_score
+from lightning_gae.modalities.inputs import infer_modality, token_set_input, token_set_inputs
 
 __all__ = [
     "ATTRIBUTION_METHODS",
@@ -223,8 +214,8 @@ def compare(
         progress: called as ``progress(method, samples_done, total)`` when a method starts (0 done) and after
             each of its batches is scored (``lightning-gae compare`` draws a bar per method with it).
         query: the readout row of the attention methods (``query=`` of :func:`~lightning_gae.explain`); None: their
-            default. ``"last"`` for the answer rows of a causal LM (:func:`lightning_gae.answers.answer_rows`, read
-            through :class:`~lightning_gae.answers.NextTokenLogits`).
+            default. ``"last"`` for the answer rows of a causal LM (:func:`lightning_gae.language.answers.answer_rows`, read
+            through :class:`~lightning_gae.language.answers.NextTokenLogits`).
         recall: also score text ``ground_truth`` with :class:`~lightning_gae.metrics.RationaleRecall`
             (``recall_{top1,hit_at_k,mass}``: does the most relevant token, or one of the top k, lie in it, and how
             much of the positive relevance).
@@ -464,7 +455,7 @@ def comparison_grid(
         query: the attention methods' readout row, as in :func:`compare`.
 
     Returns:
-        uint8 ``[h, w, 3]`` (:func:`lightning_gae.visualize.grid`), rows titled with the explained class.
+        uint8 ``[h, w, 3]`` (:func:`lightning_gae.display.grid`), rows titled with the explained class.
 
     Raises:
         ValueError: as :func:`attribute`, or a modality that cannot be inferred.
@@ -489,4 +480,4 @@ def comparison_grid(
     cells = [[modality.render(display[i], None, ""), *(modality.render(display[i], maps[i], "") for maps in columns)]
              for i in range(display.shape[0])]
     rows = [f"#{i}: class {int(c)}" for i, c in enumerate(classes)]
-    return visualize.grid(cells, rows, ["input", *methods])
+    return grid(cells, rows, ["input", *methods])

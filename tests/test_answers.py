@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lightning_gae as lg
-from lightning_gae.answers import NextTokenLogits, answer_rows, explain_answers
+from lightning_gae.language.answers import NextTokenLogits, answer_rows, explain_answers
 from recipes.causal_lm_recall import PAD_ID, RecallLM, make_recall
 
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import lightning_gae as lg
-from lightning_gae import rules
-from lightning_gae.explain import allow_slow_attention_flow, attention_flow_seconds
+from lightning_gae.engine import rules
+from lightning_gae.engine.explain import allow_slow_attention_flow, attention_flow_seconds
 from tests.helpers.explain import padded_ids
 from tests.helpers.models import TinySeq2Seq, TinyViT, hf_reference, vit_reference
 from tests.helpers.oracle import flow_row, max_flow
@@ -96,7 +96,7 @@ def test_padded_keys_get_no_flow_before_any_masking():
     model, _ = _bert(layers=3)
     lengths = [7, 3]
     ids, mask = padded_ids(lengths)
-    from lightning_gae.capture import AttentionRecorder
+    from lightning_gae.engine.capture import AttentionRecorder
 
     with torch.no_grad(), AttentionRecorder(model) as recorder:
         model(input_ids=ids, attention_mask=mask)
@@ -125,7 +125,7 @@ def test_batched_equals_one_sample_at_a_time():
 
 
 def test_explain_methods_takes_it_with_the_others():
-    from lightning_gae.explain import explain_methods
+    from lightning_gae.engine.explain import explain_methods
 
     torch.manual_seed(2)
     model, x = TinyViT().eval(), torch.rand(2, 1, 8, 8)

@@ -5,9 +5,9 @@ import doctest
 import pytest
 import torch
 
-from lightning_gae import attn_gradcam_vit, rules
-from lightning_gae.attn_gradcam_vit import attn_gradcam_vit_row
-from lightning_gae.capture import AttentionRecorder
+from lightning_gae.engine import rules
+from lightning_gae.engine.rules import attn_gradcam_vit_row
+from lightning_gae.engine.capture import AttentionRecorder
 from recipes.vit import ViTClassifier
 
 
@@ -81,5 +81,5 @@ def test_bad_shapes_name_the_arguments():
 
 
 def test_docstring_example_computes_what_it_says():
-    result = doctest.testmod(attn_gradcam_vit)
+    result = doctest.testmod(rules)
     assert result.attempted > 0 and result.failed == 0

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import lightning_gae as lg
-from lightning_gae.explain import explain_methods
+from lightning_gae.engine.explain import explain_methods
 from lightning_gae.lrp import UnsupportedOperation
 
 transformers = pytest.importorskip("transformers")
@@ -467,7 +467,7 @@ def test_float_features_are_read_at_the_input():
     assert exp.tokens.shape == (3, 6) and torch.all(exp.tokens[:, 0] == 0) and exp.tokens[1, 4] == 0
     # Dense form of the relevance at the input: x * (modified gradient); with the LRP mode off it is
     # not the plain gradient, so recompute the gradient under the mode and compare the product.
-    from lightning_gae.lrp import relevance_forward
+    from lightning_gae.lrp.attnlrp import relevance_forward
 
     leaf = x.clone()
     run = relevance_forward(model, (leaf,), {})

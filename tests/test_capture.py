@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lightning_gae.capture import (
+from lightning_gae.engine.capture import (
     AttentionRecorder,
     explicit_multi_head_attention_forward,
     explicit_scaled_dot_product_attention,

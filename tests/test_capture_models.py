@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import lightning_gae as lg
-from lightning_gae.capture import AttentionRecord, AttentionRecorder
-from lightning_gae.rules import avg_heads
+from lightning_gae.engine.capture import AttentionRecord, AttentionRecorder
+from lightning_gae.engine.rules import avg_heads
 from tests.helpers.explain import METHODS, assert_matches_reference, logit_score, padded_ids
 from tests.helpers.models import TinyViT, hf_reference, vit_reference
 from tests.helpers.private import _attended, _relevance_row

@@ -231,7 +231,7 @@ def test_the_cli_compares_a_recipes_token_sets(config, columns, tmp_path, monkey
 def test_the_cli_compares_a_causal_lms_answer_tokens(tmp_path, monkeypatch):
     import torch
 
-    from lightning_gae.answers import explain_answers
+    from lightning_gae.language.answers import explain_answers
     from recipes.causal_lm_recall import SPECIALS, RecallDataModule, RecallLM
 
     monkeypatch.chdir(tmp_path)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lightning_gae as lg
-from lightning_gae.generation import explain_generation
+from lightning_gae.language.generation import explain_generation
 
 transformers = pytest.importorskip("transformers")
 

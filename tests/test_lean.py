@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from lightning_gae import lean, rules
-from lightning_gae.capture import AttentionRecorder, explicit_scaled_dot_product_attention
-from lightning_gae.lean import LeanCall, LeanState, lean_attention
+from lightning_gae.engine import lean, rules
+from lightning_gae.engine.attention import explicit_scaled_dot_product_attention
+from lightning_gae.engine.capture import AttentionRecorder
+from lightning_gae.engine.lean import LeanCall, LeanState, lean_attention
 from tests.helpers.models import TinySeq2Seq, TinyViT
 from tests.helpers.private import _chunks, _explain, _LeanAttention
 

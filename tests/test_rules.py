@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lightning_gae import rules
+from lightning_gae.engine import rules
 from tests.helpers.oracle import gae_matrix, gradcam_matrix, head_average, raw_attention_matrix, relative_error, rollout_matrix
 
 

@@ -1,7 +1,7 @@
 """The semantics of the fused GPU step (issue 24) held against the lean CPU path: a flash-attention-style forward and
 backward that visits the scores one ``block_q x block_k`` tile at a time (tests/helpers/tiled_attention.py) gives
 the same output, the same gradients of q, k, v and the same GAE row update ``r · E_h[(∇A ⊙ A)⁺]`` as
-:func:`lightning_gae.lean.lean_attention`'s backward in row mode, with tiles that do not divide the tokens, padding
+:func:`lightning_gae.engine.lean.lean_attention`'s backward in row mode, with tiles that do not divide the tokens, padding
 masks, a query that sees no key, causal masks and an additive bias."""
 
 import math
@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightning_gae.lean import LeanCall, LeanState, lean_attention
+from lightning_gae.engine.lean import LeanCall, LeanState, lean_attention
 from tests.helpers.tiled_attention import tiled_backward, tiled_forward
 
 B, H, N, E = 2, 3, 37, 8

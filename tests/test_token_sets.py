@@ -437,7 +437,7 @@ def test_bi_encoder_calling_one_bert_twice_gives_two_sets():
 
 def test_query_mean_is_the_mean_of_the_real_rows():
     """For mean-pooled models: the mean of R's rows over the real tokens, the identity part removed."""
-    from lightning_gae import rules
+    from lightning_gae.engine import rules
 
     torch.manual_seed(12)
     model = TinyViT().eval()

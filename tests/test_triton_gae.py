@@ -13,8 +13,8 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed: it ships with CUDA builds of torch; "
                                      "`pip install triton` runs this test under its CPU interpreter")
 
-from lightning_gae._triton_gae import gae_attention_backward  # noqa: E402
-from lightning_gae.lean import LeanCall, LeanState, lean_attention  # noqa: E402
+from lightning_gae.engine._triton_gae import gae_attention_backward  # noqa: E402
+from lightning_gae.engine.lean import LeanCall, LeanState, lean_attention  # noqa: E402
 from tests.helpers.tiled_attention import tiled_backward, tiled_forward  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -36,9 +36,9 @@ from captum.attr import GradientAttribution, LayerAttribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
-from lightning_gae.explain import Query, explain
-from lightning_gae.streams import Streams
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.engine.explain import Query, explain
+from lightning_gae.engine.token_sets import Streams
+from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 
 __all__ = ["AttentionAttribution", "AttentionFlow", "AttnLRP", "AttentionGradCAM", "AttentionRollout", "GenericAttention", "RawAttention",
            "TransformerAttribution"]
@@ -68,7 +68,7 @@ class _ForwardFunction(nn.Module):
 
     @property
     def wrapped_model(self) -> nn.Module:
-        """The model whose family presets apply (:func:`lightning_gae.streams.preset_streams`)."""
+        """The model whose family presets apply (:func:`lightning_gae.engine.token_sets.preset_streams`)."""
         return self.model
 
     def named_modules(
@@ -465,7 +465,7 @@ class AttnLRP(AttentionAttribution):
 class TransformerAttribution(AttentionAttribution):
     r"""Transformer Attribution (Chefer, Gur & Wolf, CVPR 2021) as a Captum attribution: the authors' LRP
     relevance at each attention map times its gradient, negatives removed, mean over heads, ``I +`` that
-    multiplied over layers, the query's row (:mod:`lightning_gae.transformer_attribution`). Explains ``target``.
+    multiplied over layers, the query's row (:mod:`lightning_gae.lrp.transformer_attribution`). Explains ``target``.
 
     Same arguments and contract as :class:`GenericAttention`.
     """

@@ -22,7 +22,7 @@ from captum.attr import GradientShap, InputXGradient, IntegratedGradients, Salie
 from torch import Tensor, nn
 
 from lightning_gae._structures import eval_mode, forward_logits, model_logits
-from lightning_gae.lrp import word_embedding
+from lightning_gae.lrp.mode import word_embedding
 
 __all__ = ["CAPTUM_METHODS", "batch_tensor", "captum_attribute", "predict"]
 

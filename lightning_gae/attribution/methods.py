@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from lightning_gae._structures import ClassTarget, class_index
 from lightning_gae.attribution.gradients import CAPTUM_METHODS, batch_tensor, captum_attribute, predict
-from lightning_gae.explain import LRP_METHODS, METHODS, explain
+from lightning_gae.engine.explain import LRP_METHODS, METHODS, explain
 from lightning_gae.metrics.functional.perturbation import random_attribution
 
 __all__ = ["ATTRIBUTION_METHODS", "attribute"]

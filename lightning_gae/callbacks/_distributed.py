@@ -36,8 +36,8 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from lightning_gae._structures import map_tensors
-from lightning_gae.callbacks._fsdp1 import FSDP1
-from lightning_gae.metrics._stderr import SampleScores
+from lightning_gae.callbacks._fsdp1_root import FSDP1
+from lightning_gae.metrics.stderr import SampleScores
 
 __all__ = ["Lockstep", "RankFailed", "check_strategy", "from_rank_zero", "gather_scores", "random_rows", "subset_part"]
 
@@ -53,8 +53,8 @@ def check_strategy(strategy: Strategy) -> None:
 
     Raises:
         ValueError: DeepSpeed stage 3 or ``ModelParallelStrategy`` with tensor parallelism. (The LRP ``methods``
-            run under FSDP2 and FSDP1 on the gathered parameters held constant: :mod:`lightning_gae._fsdp2`,
-            :mod:`lightning_gae._fsdp1`.)
+            run under FSDP2 and FSDP1 on the gathered parameters held constant: :mod:`lightning_gae.lrp.fsdp2`,
+            :mod:`lightning_gae.lrp.fsdp1`.)
     """
     if isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3:
         raise ValueError(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from lightning.pytorch import Trainer
 
-from lightning_gae.callbacks._samples import Samples, balanced_choice
+from lightning_gae.callbacks.samples import Samples, balanced_choice
 
 __all__ = ["final_explanation", "fit_part", "interim_part", "subset_due"]
 

@@ -1,8 +1,8 @@
 """What GAECallback scores at an explanation step: relevance statistics, faithfulness with standard errors, ground truth.
 
 The faithfulness scalars come from the same per-sample scoring as :func:`lightning_gae.compare.compare`
-(:class:`lightning_gae.metrics._stderr.SampleScores`) and the same ground truth -> metric table
-(:data:`lightning_gae.token_sets.GROUND_TRUTH`), so the callback and ``compare`` agree on the same samples.
+(:class:`lightning_gae.metrics.stderr.SampleScores`) and the same ground truth -> metric table
+(:data:`lightning_gae.metrics.ground_truth.GROUND_TRUTH`), so the callback and ``compare`` agree on the same samples.
 No metric here syncs across processes itself: on several ranks, the faithfulness subset's per-sample states
 are gathered before the values are computed (``share``, :func:`lightning_gae.callbacks._distributed.gather_scores`).
 """
@@ -18,11 +18,11 @@ from torchmetrics import Metric
 
 from lightning_gae._structures import map_tensors
 from lightning_gae.metrics import AlignmentAccuracy, perturbation_metric
-from lightning_gae.metrics._stderr import SampleScores
+from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional import explanation_stability
-from lightning_gae.modalities import Modality, TextTokens
+from lightning_gae.modalities.tokens import Modality, TextTokens
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, scalar_tag
-from lightning_gae.token_sets import SET_TRUTH, TruthScore, scored_truth, truth_score
+from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore, scored_truth, truth_score
 
 __all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "relevance_scalars", "set_truth_scalars"]
 
@@ -70,7 +70,7 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
     ``explains_prediction``: the attributions explain each sample's prediction (``target="pred"``); with class
     labels they are then scored by the papers' *predicted* protocol (Chefer et al., CVPR 2021, Table 1: the 0% step
     is the accuracy), otherwise by the *target* protocol on the explained class. A batch's ground truth is scored by
-    the modality's entry of :data:`~lightning_gae.token_sets.GROUND_TRUTH` when its dims fit, and by each of
+    the modality's entry of :data:`~lightning_gae.metrics.ground_truth.GROUND_TRUTH` when its dims fit, and by each of
     ``extra_truth`` (e.g. the recall of a causal LM's answer rows). ``share`` turns the per-sample states of
     ``batches`` into those of every sample scored (on several ranks: every rank's part). ``groups`` labels
     every sample scored (after ``share``), the samples of one group left out together by the standard errors.
@@ -120,7 +120,7 @@ def set_truth_scalars(explanations: Mapping[str, Any], rows: Mapping[str, Mappin
                       sets: Mapping[str, tuple[Modality, int | str]], views: Mapping[str, Any],
                       keyed: Mapping[str, Tensor], module: LightningModule, cache: dict[str, Metric]) -> dict[str, float]:
     """A model with several token sets: each set scored against the ground truth the batches carry for it
-    (:data:`~lightning_gae.token_sets.SET_TRUTH`: alignment of a decoder's rows, masks, rationales)."""
+    (:data:`~lightning_gae.metrics.ground_truth.SET_TRUTH`: alignment of a decoder's rows, masks, rationales)."""
     out: dict[str, float] = {}
     first = next(iter(explanations.values()))
     alignment = keyed.get("alignment")

@@ -27,7 +27,7 @@ from lightning_gae.callbacks._distributed import (
     random_rows,
     subset_part,
 )
-from lightning_gae.callbacks._samples import (
+from lightning_gae.callbacks.samples import (
     Samples,
     balanced_choice,
     class_names,
@@ -39,8 +39,8 @@ from lightning_gae.callbacks._samples import (
     private_reader,
     read_samples,
 )
-from lightning_gae.answers import NextTokenLogits
-from lightning_gae.callbacks._answers import answer_samples, has_answer_labels, holds_causal_lm, keep_readout
+from lightning_gae.language.answers import NextTokenLogits
+from lightning_gae.callbacks.answer_samples import answer_samples, has_answer_labels, holds_causal_lm, keep_readout
 from lightning_gae.callbacks._report import fit_report
 from lightning_gae.callbacks._schedule import final_explanation, fit_part, interim_part, subset_due
 from lightning_gae.callbacks._scoring import (
@@ -50,20 +50,14 @@ from lightning_gae.callbacks._scoring import (
     relevance_scalars,
     set_truth_scalars,
 )
-from lightning_gae.explain import LRP_METHODS, METHODS, Explanation, explain_methods
+from lightning_gae.engine.explain import LRP_METHODS, METHODS, Explanation, explain_methods
 from lightning_gae.metrics import PERTURBATION_METRICS, random_attribution
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
-from lightning_gae.streams import Streams
+from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.engine.token_sets import Streams
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, Scale, SetInput, TensorBoardViews, faithfulness_rows
-from lightning_gae.token_sets import (
-    RECALL,
-    is_sequence_output,
-    last_positions,
-    scored_truth,
-    sequence_rows,
-    token_set_input,
-    token_set_inputs,
-)
+from lightning_gae.language.decoder_rows import is_sequence_output, last_positions, sequence_rows
+from lightning_gae.metrics.ground_truth import RECALL, scored_truth
+from lightning_gae.modalities.inputs import token_set_input, token_set_inputs
 
 __all__ = ["GAECallback"]
 

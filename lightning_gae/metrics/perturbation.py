@@ -33,7 +33,7 @@ from lightning_gae.metrics.functional.perturbation import (
     check_fractions,
     check_protocol,
 )
-from lightning_gae.modalities import Modality
+from lightning_gae.modalities.tokens import Modality
 
 __all__ = [
     "ABPC",

@@ -36,12 +36,12 @@ from tensorboard.util import tensor_util
 from torch import Tensor
 
 from lightning_gae._structures import map_tensors
-from lightning_gae.explain import Explanation
+from lightning_gae.engine.explain import Explanation
 from lightning_gae.metrics import PERTURBATION_METRICS
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.tensorboard import metadata
 from lightning_gae.tensorboard.method_runs import FAITHFULNESS_GROUP, RELEVANCE_GROUP, RELEVANCE_SCALARS, MethodRuns
-from lightning_gae.views import Scale, SetInput, StepViews, bounded, markdown_cell
+from lightning_gae.display.views import Scale, SetInput, StepViews, bounded, markdown_cell
 
 __all__ = ["FAITHFULNESS_SAMPLES", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout",
            "faithfulness_rows", "faithfulness_table", "sample_tag", "scalar_tag"]
@@ -180,7 +180,7 @@ def _writer_key(writer: Any) -> str:
 
 class TensorBoardViews(StepViews):
     """Writes each explanation step of :class:`~lightning_gae.callbacks.GAECallback` to TensorBoard writers,
-    as :class:`~lightning_gae.views.StepViews` draws it (the arguments are its own). Each writer gets the
+    as :class:`~lightning_gae.display.views.StepViews` draws it (the arguments are its own). Each writer gets the
     tracked samples' inputs once and a Custom Scalars layout whenever a metric first appears in it.
     """
 
@@ -250,11 +250,11 @@ class TensorBoardViews(StepViews):
         first = next(iter(explanations.values()))
         raw: dict[str, tuple[Tensor, str]] = {m: (e.tokens.detach().float().cpu(), "tokens") for m, e in explanations.items()}
         for method, attributions in (maps or {}).items():
-            raw[method] = (self._input_space(modality, attributions.detach().float().cpu(), shown, inputs), "input")
-        shown_maps = {m: self._display(modality, values, space, shown, inputs) for m, (values, space) in raw.items()}
-        scored = self._scored_units(modality, shown, inputs)
-        ranges = self._ranges(shown_maps, scored)
-        predictions = self._predictions(first, len(sample_indices))
+            raw[method] = (self.input_space(modality, attributions.detach().float().cpu(), shown, inputs), "input")
+        shown_maps = {m: self.display_maps(modality, values, space, shown, inputs) for m, (values, space) in raw.items()}
+        scored = self.scored_units(modality, shown, inputs)
+        ranges = self.ranges(shown_maps, scored)
+        predictions = self.predictions(first, len(sample_indices))
 
         values: list[Summary.Value] = []
         inputs_values: list[Summary.Value] = []
@@ -262,17 +262,17 @@ class TensorBoardViews(StepViews):
         need_inputs = any(_writer_key(w) not in self._inputs_written for w in writers)
         for k, index in enumerate(sample_indices):
             label = None if labels is None else _label(labels[k])
-            header = self._header(index, label, predictions[k], class_names)
+            header = self.header(index, label, predictions[k], class_names)
             name = sample_tag(index)
-            images = {f"gae_heatmaps/{name}": self._picture(modality, shown, inputs, k, shown_maps, ranges, header, scored)}
+            images = {f"gae_heatmaps/{name}": self.picture(modality, shown, inputs, k, shown_maps, ranges, header, scored)}
             if isinstance(modality, ImageTokens):
-                self._add_column(modality, shown[k], index, step, shown_maps, ranges, k, header)
-                if self._strip_due(index, last):
-                    images[f"gae_evolution/{name}"] = self._evolution(index)
+                self.add_column(modality, shown[k], index, step, shown_maps, ranges, k, header)
+                if self.strip_due(index, last):
+                    images[f"gae_evolution/{name}"] = self.evolution(index)
             values.extend(_image_value(tag, bounded(picture)) for tag, picture in images.items())
             if not isinstance(modality, ImageTokens):
                 # TensorBoard's own text summary: SummaryWriter.add_text would append "/text_summary" to the tag.
-                table = self._markdown(modality, shown, inputs, k, shown_maps, header)
+                table = self.markdown(modality, shown, inputs, k, shown_maps, header)
                 values.extend(text_summary.text_pb(f"gae_tokens/{name}", table).value)
             if need_inputs:
                 inputs_values.append(self._input_value(modality, shown, inputs, k, index, label, class_names))
@@ -287,8 +287,8 @@ class TensorBoardViews(StepViews):
     def write_strips(self, writers: Sequence[Any], step: int) -> None:
         """The ``gae_evolution`` strips whose newest columns were not written yet (a run that ended between the
         steps :meth:`write` writes them at), at ``step``."""
-        values = [_image_value(f"gae_evolution/{sample_tag(index)}", bounded(self._evolution(index)))
-                  for index in sorted(self._history) if self._strip_due(index, last=True)]
+        values = [_image_value(f"gae_evolution/{sample_tag(index)}", bounded(self.evolution(index)))
+                  for index in sorted(self.history) if self.strip_due(index, last=True)]
         if not values:
             return
         for writer in writers:
@@ -368,7 +368,7 @@ class TensorBoardViews(StepViews):
                 and first.logits is not None):
             # A decoder's classes are its vocabulary: name them by their tokens, not their ids.
             class_names = query_modality.token_strings(list(range(first.logits.shape[-1])))
-        drawn = self._set_drawing(sets, sample_indices, explanations, rows, labels, class_names)
+        drawn = self.set_drawing(sets, sample_indices, explanations, rows, labels, class_names)
         sets, raw, predictions, query_set = drawn["sets"], drawn["raw"], drawn["predictions"], drawn["query_set"]
         values: list[Summary.Value] = []
         inputs_values: list[Summary.Value] = []
@@ -427,7 +427,7 @@ class TensorBoardViews(StepViews):
                           patch_size=modality.patch_size)
             value = pixels
         elif isinstance(modality, TextTokens):
-            valid, muted = self._text_flags(modality, shown, inputs)
+            valid, muted = self.text_flags(modality, shown, inputs)
             fields.update(modality="text", valid=valid[k].tolist(), muted=muted[k].tolist())
             value = np.array([t.encode("utf-8") for t in modality.token_strings(shown[k])], dtype=object)
         elif isinstance(modality, TabularTokens):

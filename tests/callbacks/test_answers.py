@@ -9,9 +9,9 @@ import pytest
 import torch
 from lightning.pytorch import seed_everything
 
-from lightning_gae.answers import explain_answers
+from lightning_gae.language.answers import explain_answers
 from lightning_gae.callbacks import GAECallback
-from lightning_gae.callbacks._answers import keep_readout
+from lightning_gae.callbacks.answer_samples import keep_readout
 from lightning_gae.tensorboard import metadata
 from recipes.causal_lm_recall import SPECIALS, VOCAB, RecallDataModule, RecallLM, RecallTokens
 from tests.helpers.events import read_events

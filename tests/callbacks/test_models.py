@@ -15,7 +15,7 @@ from lightning.pytorch import seed_everything
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_gae import ImageTokens, TabularTokens, TextTokens, visualize
+from lightning_gae import ImageTokens, TabularTokens, TextTokens, display
 from lightning_gae.callbacks import GAECallback
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
@@ -25,7 +25,7 @@ from tests.helpers.trainer import EPOCH_END_STEPS, assert_heatmaps_at_steps, no_
 
 def colormap_pixels(picture):
     """How many pixels have a colour of the heatmaps' colormap (black and white aside)."""
-    lut = {tuple(c) for c in visualize.colormap_lut(visualize.SEQUENTIAL_CMAP).tolist()[8:-8]}
+    lut = {tuple(c) for c in display.colormap_lut(display.SEQUENTIAL_CMAP).tolist()[8:-8]}
     return sum(tuple(p) in lut for p in picture.reshape(-1, 3).tolist())
 
 

@@ -4,16 +4,16 @@ When one of them moves, this file is the one place to point at its new home. Som
 package's private modules (``_samples``, ``_stderr``, ``_distributed``), kept under the names the tests used.
 """
 
-from lightning_gae._ta_attention import Layer as _Layer
-from lightning_gae._ta_attention import layer_abar as _layer_abar
+from lightning_gae.lrp._ta_attention import Layer as _Layer
+from lightning_gae.lrp._ta_attention import layer_abar as _layer_abar
 from lightning_gae.callbacks._distributed import random_rows as _random_rows
 from lightning_gae.callbacks._distributed import subset_part as _subset_part
-from lightning_gae.callbacks._samples import balanced_choice as _balanced_choice
-from lightning_gae.explain import _attended, _explain, _relevance_row
-from lightning_gae.lean import _chunks, _LeanAttention
-from lightning_gae.metrics._stderr import value_and_stderr as _value_and_stderr
-from lightning_gae.views import MAX_IMAGE_SIDE as _MAX_IMAGE_SIDE
-from lightning_gae.views import bounded as _bounded
+from lightning_gae.callbacks.samples import balanced_choice as _balanced_choice
+from lightning_gae.engine.explain import _attended, _explain, _relevance_row
+from lightning_gae.engine.lean import _chunks, _LeanAttention
+from lightning_gae.metrics.stderr import value_and_stderr as _value_and_stderr
+from lightning_gae.display.views import MAX_IMAGE_SIDE as _MAX_IMAGE_SIDE
+from lightning_gae.display.views import bounded as _bounded
 
 __all__ = ["_MAX_IMAGE_SIDE", "_Layer", "_LeanAttention", "_attended", "_balanced_choice", "_bounded", "_chunks", "_explain",
            "_layer_abar", "_random_rows", "_relevance_row", "_subset_part", "_value_and_stderr"]

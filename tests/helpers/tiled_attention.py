@@ -5,7 +5,7 @@ the output and the log-sum-exp of its scores, and a backward that revisits the s
 ``block_q x block_k`` tile at a time to give the gradients of ``q``, ``k``, ``v`` and, in the same pass, GAE's row
 update ``u = r · E_h[(∇A ⊙ A)⁺]`` (Eq. 5 in row form, ``∇A = dO · Vᵀ``). Nothing larger than a tile of
 scores exists at any time: that is what lets the kernel skip the ``N x N`` probabilities that fused attention never
-stores. Slow (Python loops over tiles), obviously correct, and independent of :mod:`lightning_gae.lean`, which
+stores. Slow (Python loops over tiles), obviously correct, and independent of :mod:`lightning_gae.engine.lean`, which
 chunks over queries only and keeps every key of a chunk; the tests hold the two against each other.
 """
 

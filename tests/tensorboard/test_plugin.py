@@ -18,7 +18,7 @@ from lightning.pytorch import seed_everything
 from matplotlib import image as mpimg
 from tensorboard.plugins.custom_scalar import layout_pb2
 
-from lightning_gae import ImageTokens, explain, visualize
+from lightning_gae import ImageTokens, explain, display
 from lightning_gae.callbacks import GAECallback
 from lightning_gae.metrics import PerturbationAUC
 from lightning_gae.tensorboard import TensorBoardViews, custom_scalars_layout, scalar_tag
@@ -343,13 +343,13 @@ def _ink_bands(rows_with_ink):
 def test_each_tracked_sample_is_one_picture_of_every_method_at_a_readable_size(run, read_events):
     acc = read_events(run["logdir"])
     callback = run["callback"]
-    line_h = visualize.text_line("Xg").shape[0]
+    line_h = display.text_line("Xg").shape[0]
     for sample, image in zip(callback.sample_indices, run["x"]):
         events = acc.Images(f"gae_heatmaps/val_{sample}")
         assert [e.step for e in events] == [3, 7]
         picture = _png(events[-1])
         # The input panel is the digit enlarged to 256 px, pixel for pixel.
-        panel = visualize.enlarge(ImageTokens(patch_size=2).display_image(image).numpy(), 256)
+        panel = display.enlarge(ImageTokens(patch_size=2).display_image(image).numpy(), 256)
         (top, left), = _find(picture, panel)
         assert panel.shape[:2] == (256, 256)
         # Above the panels: the header line and one title line, nothing more.
@@ -357,10 +357,10 @@ def test_each_tracked_sample_is_one_picture_of_every_method_at_a_readable_size(r
         assert len(bands) == 2 and all(b - a <= line_h for a, b in bands)
         # Input and every method side by side: three 256 px panels wide, each map over its colorbar.
         assert picture.shape[1] >= 3 * 256
-        ramp = visualize.colorize(np.linspace(0, 1, 256), 0, 1, visualize.SEQUENTIAL_CMAP)
+        ramp = display.colorize(np.linspace(0, 1, 256), 0, 1, display.SEQUENTIAL_CMAP)
         assert len(_find(picture, ramp[None])) >= len(METHODS) * 10, "every map needs its colorbar"
         # The heatmaps are opaque: every pixel that is not grey (input, text, background) is a colour of the bar.
-        bar = {tuple(c) for c in visualize.colorize(np.linspace(0, 1, 4096), 0, 1, visualize.SEQUENTIAL_CMAP)}
+        bar = {tuple(c) for c in display.colorize(np.linspace(0, 1, 4096), 0, 1, display.SEQUENTIAL_CMAP)}
         coloured = picture[(picture != picture[..., :1]).any(-1)]
         assert len(coloured) > 3 * 256 * 256 // 2 and {tuple(c) for c in coloured} <= bar
     # Two explanation steps, fewer than evolution_length: each sample's strip is written once, at the last step.

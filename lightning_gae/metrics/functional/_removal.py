@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from lightning_gae._structures import ClassTarget as Target
 from lightning_gae._structures import class_index, eval_mode, forward_logits, select_rows
-from lightning_gae.modalities import Modality
+from lightning_gae.modalities.tokens import Modality
 
 __all__ = [
     "PROTOCOLS",

@@ -30,7 +30,7 @@ from lightning_gae.metrics.functional._removal import (
     removal_counts,
     unit_ranking,
 )
-from lightning_gae.modalities import Modality
+from lightning_gae.modalities.tokens import Modality
 
 __all__ = [
     "ERASER_BINS",

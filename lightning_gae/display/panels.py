@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from matplotlib import ft2font
 from matplotlib.font_manager import FontProperties, findfont
 
-from lightning_gae.visualize._common import PAD_PX, WHITE, ArrayLike, as_numpy, as_uint8
+from lightning_gae.display._common import PAD_PX, WHITE, ArrayLike, as_numpy, as_uint8
 
 __all__ = [
     "DIVERGING_CMAP",

@@ -24,11 +24,7 @@ block nothing is patched or hooked, also when the forward raises.
 from __future__ import annotations
 
 import fnmatch
-import inspect
 import logging
-import math
-import sys
-import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -40,15 +36,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode, resolve_name
 
-from lightning_gae.lean import LeanCall, LeanState, lean_attention
+from lightning_gae.engine.attention import (
+    SDPA_ARGS,
+    as_heads,
+    explicit_multi_head_attention_forward,
+    explicit_scaled_dot_product_attention,
+    run_eagerly,
+)
+from lightning_gae.engine.lean import LeanCall, LeanState, lean_attention
 
-__all__ = [
-    "AttentionRecord",
-    "AttentionRecorder",
-    "explicit_scaled_dot_product_attention",
-    "explicit_multi_head_attention_forward",
-    "holds_compiled_module",
-]
+__all__ = ["AttentionRecord", "AttentionRecorder"]
 
 logger = logging.getLogger("lightning_gae")
 
@@ -61,7 +58,7 @@ class AttentionRecord:
     can reach it); :meth:`as_heads` brings it, or its gradient, to ``[B, H, Nq, Nk]``.
     ``query_input`` / ``key_input`` are the tensors the queries and keys were computed from (the
     projected ``q``/``k`` of SDPA, the ``query``/``key`` of multi-head attention, the values of a
-    softmax -> matmul) and ``output`` is what the call returned: :mod:`lightning_gae.streams` follows
+    softmax -> matmul) and ``output`` is what the call returned: :mod:`lightning_gae.engine.token_sets` follows
     the autograd graph between them to tell which token set each side belongs to. ``run`` counts
     how many times the module at ``path`` had already run in this forward (a bi-encoder calls one
     encoder twice).
@@ -92,155 +89,9 @@ class AttentionRecord:
 
     def as_heads(self, t: Tensor | None = None) -> Tensor:
         """``t`` (default: the record itself) reshaped to ``[B, H, Nq, Nk]``."""
-        t = self.tensor if t is None else t
-        if t.dim() == 2:
-            return t[None, None]
-        if t.dim() == 3:
-            return t[:, None]
-        return t.reshape(t.shape[0], -1, t.shape[-2], t.shape[-1])
+        return as_heads(self.tensor if t is None else t)
 
 
-def _attend(query: Tensor, key: Tensor, value: Tensor, scale: float, bias: Tensor | None) -> tuple[Tensor, Tensor]:
-    """softmax(q kᵀ · scale + bias) v with the probabilities in float32 (or wider).
-
-    Rows whose every key is masked get probability 0, as PyTorch's SDPA does, instead of NaN.
-    """
-    dtype = torch.promote_types(query.dtype, torch.float32)
-    # The scale goes into the queries (an N x E pass, not an N x N one), as the lean path and fused kernels do.
-    scores = (query.to(dtype) * scale) @ key.to(dtype).transpose(-2, -1)
-    if bias is not None:
-        scores = scores + bias.to(dtype)
-        dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
-        probs = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
-    else:
-        probs = torch.softmax(scores, dim=-1)
-    if not probs.requires_grad and torch.is_grad_enabled():
-        # A frozen model fed integer ids builds no graph; the probabilities become the leaves of one.
-        probs.requires_grad_(True)
-    out = probs.to(value.dtype) @ value
-    return out, probs
-
-
-def _additive(mask: Tensor | None, dtype: torch.dtype, allowed_when_true: bool) -> Tensor | None:
-    if mask is None:
-        return None
-    if mask.dtype == torch.bool:
-        blocked = ~mask if allowed_when_true else mask
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(blocked, -math.inf)
-    return mask.to(dtype)
-
-
-def explicit_scaled_dot_product_attention(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    attn_mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> tuple[Tensor, Tensor]:
-    """``F.scaled_dot_product_attention`` computed explicitly; returns ``(output, probabilities)``.
-
-    Same semantics as the fused op: a boolean ``attn_mask`` marks the keys that may be attended
-    (True), a float one is added to the scores; ``is_causal`` is the top-left aligned lower
-    triangle; ``scale`` defaults to ``1/sqrt(E)``; ``enable_gqa`` repeats grouped key/value heads.
-    ``dropout_p`` is ignored on purpose: an explanation is deterministic, as a model in eval mode is.
-    """
-    del dropout_p
-    n_q, n_k = query.shape[-2], key.shape[-2]
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
-        key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)
-        value = value.repeat_interleave(query.shape[-3] // value.shape[-3], dim=-3)
-    dtype = torch.promote_types(query.dtype, torch.float32)
-    bias = _additive(attn_mask, dtype, allowed_when_true=True)
-    if is_causal:
-        causal = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril()
-        causal_bias = _additive(causal, dtype, allowed_when_true=True)
-        bias = causal_bias if bias is None else bias + causal_bias
-    return _attend(query, key, value, scale, bias)
-
-
-_MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
-
-
-def explicit_multi_head_attention_forward(*args: Any, **kwargs: Any) -> tuple[tuple[Tensor, Tensor | None], Tensor]:
-    """``F.multi_head_attention_forward`` computed explicitly, in eval semantics (no dropout).
-
-    Takes exactly the arguments of the PyTorch function (sequence-first ``[L, B, E]`` or unbatched
-    ``[L, E]`` inputs) and returns ``((output, weights), probabilities)`` where ``probabilities`` is
-    the per-head ``[B, H, L, S]`` tensor multiplied with V and ``weights`` is what PyTorch would
-    return (head-averaged unless ``average_attn_weights=False``; None unless ``need_weights``).
-    """
-    a = _MHA_SIGNATURE.bind(*args, **kwargs)
-    a.apply_defaults()
-    p = a.arguments
-    query, key, value = p["query"], p["key"], p["value"]
-    num_heads = p["num_heads"]
-    key_padding_mask, attn_mask = p["key_padding_mask"], p["attn_mask"]
-    unbatched = query.dim() == 2
-    if unbatched:
-        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
-        if key_padding_mask is not None:
-            key_padding_mask = key_padding_mask.unsqueeze(0)
-    n_q, batch, embed = query.shape
-    head_dim = embed // num_heads
-
-    if p["use_separate_proj_weight"]:
-        w_q, w_k, w_v = p["q_proj_weight"], p["k_proj_weight"], p["v_proj_weight"]
-    else:
-        w_q, w_k, w_v = p["in_proj_weight"].chunk(3)
-    b_q = b_k = b_v = None
-    if p["in_proj_bias"] is not None:
-        b_q, b_k, b_v = p["in_proj_bias"].chunk(3)
-    q = F.linear(query, w_q, b_q)
-    k = F.linear(key, w_k, b_k)
-    v = F.linear(value, w_v, b_v)
-
-    dtype = torch.promote_types(query.dtype, torch.float32)
-    # Both masks of nn.MultiheadAttention mark *blocked* positions with True.
-    mask = _additive(attn_mask, dtype, allowed_when_true=False)
-    pad = _additive(key_padding_mask, dtype, allowed_when_true=False)
-    if p["bias_k"] is not None and p["bias_v"] is not None:
-        k = torch.cat([k, p["bias_k"].repeat(1, batch, 1)])
-        v = torch.cat([v, p["bias_v"].repeat(1, batch, 1)])
-        mask = None if mask is None else F.pad(mask, (0, 1))
-        pad = None if pad is None else F.pad(pad, (0, 1))
-
-    q = q.reshape(n_q, batch * num_heads, head_dim).transpose(0, 1)
-    k = k.reshape(k.shape[0], batch * num_heads, head_dim).transpose(0, 1) if p["static_k"] is None else p["static_k"]
-    v = v.reshape(v.shape[0], batch * num_heads, head_dim).transpose(0, 1) if p["static_v"] is None else p["static_v"]
-    if p["add_zero_attn"]:
-        k = torch.cat([k, k.new_zeros(k.shape[0], 1, head_dim)], dim=1)
-        v = torch.cat([v, v.new_zeros(v.shape[0], 1, head_dim)], dim=1)
-        mask = None if mask is None else F.pad(mask, (0, 1))
-        pad = None if pad is None else F.pad(pad, (0, 1))
-    n_k = k.shape[1]
-    q, k, v = (t.reshape(batch, num_heads, t.shape[1], head_dim) for t in (q, k, v))
-
-    bias = None
-    if mask is not None:
-        bias = mask.reshape(batch, num_heads, n_q, n_k) if mask.dim() == 3 else mask.reshape(1, 1, n_q, n_k)
-    if pad is not None:
-        pad = pad.reshape(batch, 1, 1, n_k)
-        bias = pad if bias is None else bias + pad
-    out, probs = _attend(q, k, v, 1.0 / math.sqrt(head_dim), bias)
-    out = out.permute(2, 0, 1, 3).reshape(n_q, batch, embed)
-    out = F.linear(out, p["out_proj_weight"], p["out_proj_bias"])
-
-    weights = None
-    if p["need_weights"]:
-        weights = probs.to(query.dtype)
-        if p["average_attn_weights"]:
-            weights = weights.mean(dim=1)
-    if unbatched:
-        out = out.squeeze(1)
-        weights = None if weights is None else weights.squeeze(0)
-    return (out, weights), probs
-
-
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _SOFTMAX = {F.softmax, torch.softmax, Tensor.softmax}
 # Elementwise or dtype-only: the output is the same probabilities (dropout is the identity in eval mode).
 _PASS_THROUGH = {
@@ -338,7 +189,7 @@ class _CaptureMode(TorchFunctionMode):
 
     def _lean_sdpa(self, args: tuple, kwargs: dict) -> Tensor | None:
         """SDPA through :func:`lean_attention`; None when the call does not fit it (not ``[B, H, N, E]``)."""
-        p = dict(zip(_SDPA_ARGS, args))
+        p = dict(zip(SDPA_ARGS, args))
         p.update(kwargs)
         q, k, v = p["query"], p["key"], p["value"]
         if not all(isinstance(t, Tensor) and t.dim() == 4 for t in (q, k, v)) or not torch.is_grad_enabled():
@@ -427,15 +278,6 @@ def _listing(paths: Sequence[str], limit: int = 3) -> str:
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
-def holds_compiled_module(model: nn.Module) -> bool:
-    """Whether ``model`` is or holds a ``torch.compile(module)`` wrapper (``OptimizedModule``)."""
-    if "torch._dynamo" not in sys.modules:
-        return False
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return any(isinstance(m, OptimizedModule) for m in model.modules())
-
-
 class AttentionRecorder:
     """Context manager that records every attention probability tensor of ``model``'s forward.
 
@@ -464,7 +306,7 @@ class AttentionRecorder:
     def __init__(self, model: nn.Module, attention_modules: Sequence[str] | str | None = None, lean: bool = False) -> None:
         self.model = model
         # lean=True: SDPA calls keep no probabilities; their Ā is made in the backward pass
-        # (lightning_gae.lean), driven by ``lean_state`` once ``lean_token``'s gradient is asked for.
+        # (lightning_gae.engine.lean), driven by ``lean_state`` once ``lean_token``'s gradient is asked for.
         self.lean_state = LeanState() if lean else None
         self.lean_token = torch.zeros((), requires_grad=True) if lean else None
         if isinstance(attention_modules, str):
@@ -616,14 +458,7 @@ class AttentionRecorder:
     def __enter__(self) -> AttentionRecorder:
         self._reset()
         with ExitStack() as stack:
-            if "torch._dynamo" in sys.modules:
-                # A torch.compile'd submodule runs eagerly: Dynamo would trace the global hooks and the mode.
-                stack.enter_context(torch.compiler.set_stance("force_eager"))
-            if holds_compiled_module(self.model):
-                # Its wrapper then warns that global hooks also fire for it; they only push its path. Only then:
-                # changing the warning filters makes Python show again every warning it had shown once.
-                stack.enter_context(warnings.catch_warnings())
-                warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
+            run_eagerly(stack, self.model)
             for name, module in self._targets:
                 stack.enter_context(module.register_forward_hook(self._hook_output(name)))
             stack.enter_context(nn.modules.module.register_module_forward_pre_hook(self._push))

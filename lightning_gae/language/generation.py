@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_gae.explain import LRP_METHODS, METHODS, explain
+from lightning_gae.engine.explain import LRP_METHODS, METHODS, explain
 
 __all__ = ["GenerationExplanation", "explain_generation"]
 

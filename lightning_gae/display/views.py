@@ -21,10 +21,10 @@ import numpy as np
 from PIL import Image
 from torch import Tensor
 
-from lightning_gae import visualize
+from lightning_gae import display
 from lightning_gae._structures import map_tensors
-from lightning_gae.explain import Explanation
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.engine.explain import Explanation
+from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 
 __all__ = ["MAX_IMAGE_SIDE", "Scale", "SetInput", "StepViews", "bounded", "markdown_cell"]
 
@@ -90,21 +90,21 @@ class StepViews:
         self.evolution_length = evolution_length
         self.alpha = alpha
         # Per sample: its strip's columns (step, header, cells), and how many came since the strip was last drawn.
-        self._history: dict[int, deque[tuple[int, str, dict[str, np.ndarray]]]] = {}
+        self.history: dict[int, deque[tuple[int, str, dict[str, np.ndarray]]]] = {}
         self._unseen: dict[int, int] = {}
         self._fixed: dict[str, tuple[float, float]] = {}
 
     # --- relevance in the units a person sees ---------------------------------------------------
 
     @staticmethod
-    def _input_space(modality: Modality, attributions: Tensor, shown: Tensor, inputs: Any) -> Tensor:
+    def input_space(modality: Modality, attributions: Tensor, shown: Tensor, inputs: Any) -> Tensor:
         """A Captum-style map in input units: pixels ``[B, H, W]``, or one value per token or feature."""
         if isinstance(modality, ImageTokens):
             return modality.pixel_map(attributions, shown)
         return modality.unit_scores(attributions, inputs)
 
     @staticmethod
-    def _display(modality: Modality, values: Tensor, space: str, shown: Tensor, inputs: Any) -> np.ndarray:
+    def display_maps(modality: Modality, values: Tensor, space: str, shown: Tensor, inputs: Any) -> np.ndarray:
         """``[B, ...]`` as drawn: the patch grid (token relevance) or pixels for images, one value per token or feature."""
         if space == "input":
             return values.numpy()
@@ -118,35 +118,35 @@ class StepViews:
         return modality.to_input(values, inputs).numpy()
 
     @staticmethod
-    def _text_flags(modality: TextTokens, shown: Tensor, inputs: Any) -> tuple[Tensor, Tensor]:
+    def text_flags(modality: TextTokens, shown: Tensor, inputs: Any) -> tuple[Tensor, Tensor]:
         """``(valid, muted)`` ``[B, T]``: real tokens (attention mask, else not padding), and special tokens."""
         mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
         ids = {"input_ids": shown, "attention_mask": mask} if isinstance(mask, Tensor) else shown
         return modality.real_tokens(ids), modality.special_tokens(ids)
 
-    def _scored_units(self, modality: Modality, shown: Tensor, inputs: Any) -> np.ndarray | None:
+    def scored_units(self, modality: Modality, shown: Tensor, inputs: Any) -> np.ndarray | None:
         """bool ``[B, T]``: the text tokens that set the colour scale (real, not special); None for other modalities."""
         if not isinstance(modality, TextTokens):
             return None
-        valid, muted = self._text_flags(modality, shown, inputs)
+        valid, muted = self.text_flags(modality, shown, inputs)
         return (valid & ~muted).numpy()
 
-    def _ranges(self, shown_maps: Mapping[str, np.ndarray], scored: np.ndarray | None) -> dict[str, list[tuple[float, float, bool]]]:
+    def ranges(self, shown_maps: Mapping[str, np.ndarray], scored: np.ndarray | None) -> dict[str, list[tuple[float, float, bool]]]:
         """Method -> per sample ``(vmin, vmax, saturated)``."""
         out: dict[str, list[tuple[float, float, bool]]] = {}
         for method, maps in shown_maps.items():
             rows = [m[scored[k]] if scored is not None and scored[k].any() else m for k, m in enumerate(maps)]
             if self.scale == "per_map":
-                out[method] = [(*visualize.value_range(r), False) for r in rows]
+                out[method] = [(*display.value_range(r), False) for r in rows]
                 continue
             if method not in self._fixed:
-                self._fixed[method] = visualize.value_range(np.concatenate([r.reshape(-1) for r in rows]))
+                self._fixed[method] = display.value_range(np.concatenate([r.reshape(-1) for r in rows]))
             vmin, vmax = self._fixed[method]
             out[method] = [(vmin, vmax, bool(np.nanmax(np.abs(r)) > vmax)) for r in rows]
         return out
 
     @staticmethod
-    def _predictions(exp: Explanation, count: int) -> np.ndarray:
+    def predictions(exp: Explanation, count: int) -> np.ndarray:
         """``float64 [B, 3]``: predicted class, explained class, the explained class's probability (NaN if unknown)."""
         out = np.full((count, 3), np.nan)
         logits = exp.logits
@@ -170,7 +170,7 @@ class StepViews:
             return f"{number} ({class_names[number]})"
         return str(number)
 
-    def _header(self, index: int, label: int | list[int] | None, prediction: np.ndarray, class_names: Sequence[str] | None) -> str:
+    def header(self, index: int, label: int | list[int] | None, prediction: np.ndarray, class_names: Sequence[str] | None) -> str:
         parts = [f"val #{index}"]
         if isinstance(label, list):
             parts.append("labels " + (", ".join(self._class(c, class_names) for c in label) or "none"))
@@ -185,47 +185,47 @@ class StepViews:
 
     # --- pictures -------------------------------------------------------------------------------
 
-    def _picture(self, modality: Modality, shown: Tensor, inputs: Any, k: int, shown_maps: Mapping[str, np.ndarray],
+    def picture(self, modality: Modality, shown: Tensor, inputs: Any, k: int, shown_maps: Mapping[str, np.ndarray],
                  ranges: Mapping[str, list[tuple[float, float, bool]]], header: str, scored: np.ndarray | None) -> np.ndarray:
         if isinstance(modality, ImageTokens):
             image = modality.display_image(shown[k]).numpy()
-            panels = [("input", visualize.enlarge(image, self.panel_px))]
+            panels = [("input", display.enlarge(image, self.panel_px))]
             for method, maps in shown_maps.items():
                 vmin, vmax, saturated = ranges[method][k]
-                heat = visualize.heatmap_panel(image, maps[k], self.panel_px, (vmin, vmax), alpha=self.alpha)
-                bar = visualize.colorbar(vmin, vmax, heat.shape[1], saturated=saturated)
-                panels.append((method, visualize.stack([heat, bar], axis=0, gap=3)))
-            return visualize.panel_row(panels, header)
+                heat = display.heatmap_panel(image, maps[k], self.panel_px, (vmin, vmax), alpha=self.alpha)
+                bar = display.colorbar(vmin, vmax, heat.shape[1], saturated=saturated)
+                panels.append((method, display.stack([heat, bar], axis=0, gap=3)))
+            return display.panel_row(panels, header)
         if isinstance(modality, TextTokens):
-            valid, muted = self._text_flags(modality, shown, inputs)
+            valid, muted = self.text_flags(modality, shown, inputs)
             keep = valid[k].numpy()
             tokens = [t for t, v in zip(modality.token_strings(shown[k]), keep) if v]
             rows = [(m, maps[k][keep], ranges[m][k][:2]) for m, maps in shown_maps.items()]
-            return visualize.token_rows(tokens, rows, muted=muted[k].numpy()[keep].tolist(), header=header)
+            return display.token_rows(tokens, rows, muted=muted[k].numpy()[keep].tolist(), header=header)
         if isinstance(modality, TabularTokens):
             columns = [(m, maps[k], ranges[m][k][:2]) for m, maps in shown_maps.items()]
-            return visualize.feature_table(modality.feature_names, columns, values=shown[k].float().numpy(), header=header)
+            return display.feature_table(modality.feature_names, columns, values=shown[k].float().numpy(), header=header)
         raise ValueError(f"TensorBoardViews draws ImageTokens, TextTokens and TabularTokens; got {type(modality).__name__}")
 
-    def _add_column(self, modality: ImageTokens, x: Tensor, index: int, step: int, shown_maps: Mapping[str, np.ndarray],
+    def add_column(self, modality: ImageTokens, x: Tensor, index: int, step: int, shown_maps: Mapping[str, np.ndarray],
                     ranges: Mapping[str, list[tuple[float, float, bool]]], k: int, header: str) -> None:
         """This step's column of sample ``index``'s evolution strip (drawn by :meth:`_evolution`)."""
         image = modality.display_image(x).numpy()
-        cells = {m: visualize.heatmap_panel(image, maps[k], _EVOLUTION_PX, ranges[m][k][:2], alpha=self.alpha)
+        cells = {m: display.heatmap_panel(image, maps[k], _EVOLUTION_PX, ranges[m][k][:2], alpha=self.alpha)
                  for m, maps in shown_maps.items()}
-        self._history.setdefault(index, deque(maxlen=self.evolution_length)).append((step, header, cells))
+        self.history.setdefault(index, deque(maxlen=self.evolution_length)).append((step, header, cells))
         self._unseen[index] = self._unseen.get(index, 0) + 1
 
-    def _strip_due(self, index: int, last: bool) -> bool:
+    def strip_due(self, index: int, last: bool) -> bool:
         """Whether sample ``index``'s strip is drawn now: at the last step of a run (``last``) when it has a column
         not drawn yet, or once ``evolution_length`` new columns have come, so that strips a slider steps through
         show each step once."""
         unseen = self._unseen.get(index, 0)
         return unseen >= self.evolution_length or (last and unseen > 0)
 
-    def _evolution(self, index: int) -> np.ndarray:
+    def evolution(self, index: int) -> np.ndarray:
         """Sample ``index``'s strip: methods x its last ``evolution_length`` columns, oldest first."""
-        history = self._history[index]
+        history = self.history[index]
         self._unseen[index] = 0
         _, header, cells = history[-1]
         # Empty columns first: the newest step is always the rightmost, and the picture never changes size.
@@ -234,12 +234,12 @@ class StepViews:
         shape = next(iter(cells.values())).shape[:2]
         grid = [[None if slot is None else slot[2].get(m) for slot in slots] for m in cells]
         titles = ["" if slot is None else f"step {slot[0]}" for slot in slots]
-        return visualize.evolution_grid(grid, list(cells), titles, shape, header)
+        return display.evolution_grid(grid, list(cells), titles, shape, header)
 
-    def _markdown(self, modality: Modality, shown: Tensor, inputs: Any, k: int, shown_maps: Mapping[str, np.ndarray],
+    def markdown(self, modality: Modality, shown: Tensor, inputs: Any, k: int, shown_maps: Mapping[str, np.ndarray],
                   header: str) -> str:
         if isinstance(modality, TextTokens):
-            valid, _ = self._text_flags(modality, shown, inputs)
+            valid, _ = self.text_flags(modality, shown, inputs)
             keep = valid[k].numpy()
             units = [t for t, v in zip(modality.token_strings(shown[k]), keep) if v]
             first = "token"
@@ -267,10 +267,10 @@ class StepViews:
         class_names: Sequence[str] | None = None,
     ) -> list[np.ndarray]:
         """The ``gae_heatmaps`` picture of each sample of a model with several token sets (see :meth:`write`), uint8 ``[h, w, 3]``."""
-        drawn = self._set_drawing(sets, sample_indices, explanations, rows, labels, class_names)
+        drawn = self.set_drawing(sets, sample_indices, explanations, rows, labels, class_names)
         return [picture for picture, _ in drawn["pictures"]]
 
-    def _set_drawing(self, sets: Mapping[str, SetInput], sample_indices: Sequence[int],
+    def set_drawing(self, sets: Mapping[str, SetInput], sample_indices: Sequence[int],
                      explanations: Mapping[str, Explanation], rows: Mapping[str, Mapping[str, Tensor]] | None,
                      labels: Tensor | None, class_names: Sequence[str] | None) -> dict[str, Any]:
         """Every set's values as drawn, each sample's picture and text table, and what the tensors need."""
@@ -282,21 +282,21 @@ class StepViews:
         sets = {x: SetInput(sets[x].modality, sets[x].shown.detach().cpu(), map_tensors(sets[x].inputs, lambda t: t.detach().cpu()))
                 for x in first.relevance}
         raw = {m: {x: e.relevance[x].detach().float().cpu() for x in sets} for m, e in explanations.items()}
-        shown_maps = {m: {x: self._display(sets[x].modality, values, "tokens", sets[x].shown, sets[x].inputs)
+        shown_maps = {m: {x: self.display_maps(sets[x].modality, values, "tokens", sets[x].shown, sets[x].inputs)
                           for x, values in by_set.items()} for m, by_set in raw.items()}
         kept = {x: self._kept(s) for x, s in sets.items()}
         ranges: dict[tuple[str, str], list[tuple[float, float, bool]]] = {}
         for x, s in sets.items():
             # The fixed colour range of a (method, set) pair is kept under its own key.
-            found = self._ranges({f"{m}/{x}": maps[x] for m, maps in shown_maps.items()},
-                                 self._scored_units(s.modality, s.shown, s.inputs))
+            found = self.ranges({f"{m}/{x}": maps[x] for m, maps in shown_maps.items()},
+                                 self.scored_units(s.modality, s.shown, s.inputs))
             ranges.update({(m, x): found[f"{m}/{x}"] for m in shown_maps})
         matrices = None if rows is None else self._matrices(rows, sets, kept, first)
-        predictions = self._predictions(first, len(sample_indices))
+        predictions = self.predictions(first, len(sample_indices))
         pictures = []
         for k, index in enumerate(sample_indices):
             label = None if labels is None or labels.dim() != 1 else int(labels[k])
-            header = self._header(index, label, predictions[k], class_names)
+            header = self.header(index, label, predictions[k], class_names)
             if matrices is not None:
                 # The header's one explained class would be one row's; every row explains its own.
                 header = f"val #{index} · row t explains the token predicted at target position t"
@@ -311,7 +311,7 @@ class StepViews:
     def _kept(self, token_set: SetInput) -> np.ndarray:
         """bool ``[B, U]``: the units drawn (text: real tokens; everything else: all)."""
         if isinstance(token_set.modality, TextTokens):
-            return self._text_flags(token_set.modality, token_set.shown, token_set.inputs)[0].numpy()
+            return self.text_flags(token_set.modality, token_set.shown, token_set.inputs)[0].numpy()
         return np.ones((token_set.shown.shape[0], 1), dtype=bool)
 
     @staticmethod
@@ -350,13 +350,13 @@ class StepViews:
                     key = f"{method}/{x}/rows"
                     if self.scale == "fixed":
                         if key not in self._fixed:
-                            self._fixed[key] = visualize.value_range(matrix)
+                            self._fixed[key] = display.value_range(matrix)
                         (vmin, vmax), saturated = self._fixed[key], bool(np.nanmax(np.abs(matrix)) > self._fixed[key][1])
                     else:
-                        (vmin, vmax), saturated = visualize.value_range(matrix), False
-                    panel = visualize.matrix_panel(matrix, row_labels, col_labels, (vmin, vmax), self.panel_px)
-                    bar = visualize.colorbar(vmin, vmax, max(panel.shape[1], 128), saturated=saturated)
-                    line.append((f"{method} · {x} (rows: targets)", visualize.stack([panel, bar], axis=0, gap=3)))
+                        (vmin, vmax), saturated = display.value_range(matrix), False
+                    panel = display.matrix_panel(matrix, row_labels, col_labels, (vmin, vmax), self.panel_px)
+                    bar = display.colorbar(vmin, vmax, max(panel.shape[1], 128), saturated=saturated)
+                    line.append((f"{method} · {x} (rows: targets)", display.stack([panel, bar], axis=0, gap=3)))
                     if isinstance(s.modality, TextTokens):
                         tables.append((f"{method} · {x}", row_labels, col_labels, matrix))
                 panels.append(line)
@@ -367,7 +367,7 @@ class StepViews:
     @staticmethod
     def _matrix_picture(matrices: Mapping[str, Any], k: int, header: str) -> np.ndarray:
         lines = matrices["panels"][k]
-        return visualize.stack([visualize.panel_row(line, header if i == 0 else "") for i, line in enumerate(lines)],
+        return display.stack([display.panel_row(line, header if i == 0 else "") for i, line in enumerate(lines)],
                                axis=0)
 
     def _sets_picture(self, sets: Mapping[str, SetInput], kept: Mapping[str, np.ndarray], k: int,
@@ -379,32 +379,32 @@ class StepViews:
             modality = s.modality
             if isinstance(modality, ImageTokens):
                 image = modality.display_image(s.shown[k]).numpy()
-                inputs.append((f"input · {x}", visualize.enlarge(image, self.panel_px)))
+                inputs.append((f"input · {x}", display.enlarge(image, self.panel_px)))
                 for m, maps in shown_maps.items():
                     vmin, vmax, saturated = ranges[(m, x)][k]
-                    heat = visualize.heatmap_panel(image, maps[x][k], self.panel_px, (vmin, vmax), alpha=self.alpha)
-                    bar = visualize.colorbar(vmin, vmax, heat.shape[1], saturated=saturated)
-                    lines[m].append((f"{m} · {x}", visualize.stack([heat, bar], axis=0, gap=3)))
+                    heat = display.heatmap_panel(image, maps[x][k], self.panel_px, (vmin, vmax), alpha=self.alpha)
+                    bar = display.colorbar(vmin, vmax, heat.shape[1], saturated=saturated)
+                    lines[m].append((f"{m} · {x}", display.stack([heat, bar], axis=0, gap=3)))
             elif isinstance(modality, TextTokens):
                 keep = kept[x][k]
-                _, muted = self._text_flags(modality, s.shown, s.inputs)
+                _, muted = self.text_flags(modality, s.shown, s.inputs)
                 tokens = [t for t, v in zip(modality.token_strings(s.shown[k]), keep) if v]
-                inputs.append((f"input · {x}", visualize.text_line(" ".join(tokens), 2 * self.panel_px)))
+                inputs.append((f"input · {x}", display.text_line(" ".join(tokens), 2 * self.panel_px)))
                 for m, maps in shown_maps.items():
-                    block = visualize.token_rows(tokens, [("", maps[x][k][keep], ranges[(m, x)][k][:2])],
+                    block = display.token_rows(tokens, [("", maps[x][k][keep], ranges[(m, x)][k][:2])],
                                                  muted=muted[k].numpy()[keep].tolist(), width=2 * self.panel_px)
                     lines[m].append((f"{m} · {x}", block))
             elif isinstance(modality, TabularTokens):
-                inputs.append((f"input · {x}", visualize.text_line(f"{len(modality.feature_names)} features")))
+                inputs.append((f"input · {x}", display.text_line(f"{len(modality.feature_names)} features")))
                 for m, maps in shown_maps.items():
-                    table = visualize.feature_table(modality.feature_names, [(m, maps[x][k], ranges[(m, x)][k][:2])],
+                    table = display.feature_table(modality.feature_names, [(m, maps[x][k], ranges[(m, x)][k][:2])],
                                                     values=s.shown[k].float().numpy())
                     lines[m].append((f"{m} · {x}", table))
             else:
                 raise ValueError(f"TensorBoardViews draws ImageTokens, TextTokens and TabularTokens; set {x!r} has "
                                  f"{type(modality).__name__}")
-        rows = [visualize.panel_row(inputs, header)] + [visualize.panel_row(line) for line in lines.values()]
-        return visualize.stack(rows, axis=0)
+        rows = [display.panel_row(inputs, header)] + [display.panel_row(line) for line in lines.values()]
+        return display.stack(rows, axis=0)
 
     def _sets_markdown(self, sets: Mapping[str, SetInput], kept: Mapping[str, np.ndarray], k: int,
                        shown_maps: Mapping[str, Mapping[str, np.ndarray]], matrices: Mapping[str, Any] | None,

@@ -13,7 +13,7 @@ for that chunk, with ``∇A = dO · Vᵀ``. What happens to ``Ā`` is the :class
   models with several token sets.
 
 With ``LIGHTNING_GAE_KERNEL=triton`` in the environment (and Triton importable), the row form runs as one Triton
-kernel per call instead of the chunks (:mod:`lightning_gae._triton_gae`: tiles of queries and keys, nothing
+kernel per call instead of the chunks (:mod:`lightning_gae.engine._triton_gae`: tiles of queries and keys, nothing
 ``N x N``), where its masks allow (none, causal, or one additive bias per key); otherwise the chunks run. Opt-in
 until it has been measured on a GPU.
 """
@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from lightning_gae.engine.attention import additive_mask
 
 __all__ = ["LeanState", "LeanCall", "lean_attention"]
 
@@ -269,7 +271,7 @@ def _log_sum_exp(q: Tensor, k: Tensor, key_bias: Tensor | None, causal: bool, sc
 def _kernel_backward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, out: Tensor, dout: Tensor) -> tuple | None:
     """The row form's backward as the Triton kernel, or None where it does not apply (then the chunks run)."""
     # Imported here, at call time: Triton's import is slow, and only an opted-in backward needs it.
-    from lightning_gae._triton_gae import available, gae_attention_backward
+    from lightning_gae.engine._triton_gae import available, gae_attention_backward
 
     key_bias = _key_bias(bias, q.shape[0], k.shape[-2])
     if (not available() or key_bias is False or ctx.bias_grad or v.shape[-1] != q.shape[-1]
@@ -281,12 +283,6 @@ def _kernel_backward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, 
     state.row = state.row + update.to(state.row.dtype)
     state.order.append(ctx.call.index)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
-
-
-def _additive(mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    if mask is None or mask.dtype != torch.bool:
-        return mask
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, -math.inf)
 
 
 def lean_attention(
@@ -319,9 +315,9 @@ def lean_attention(
         call.key_limits = last if bool((last < n_k).any()) else None
         return _LeanAttention.apply(query, key, value, None, token, scale, state, call, True)
     dtype = torch.promote_types(query.dtype, torch.float32)
-    bias = _additive(attn_mask, dtype)
+    bias = additive_mask(attn_mask, dtype)
     if is_causal:
-        causal = _additive(torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril(), dtype)
+        causal = additive_mask(torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril(), dtype)
         bias = causal if bias is None else bias + causal
     if bias is not None:
         bias = bias.to(query.dtype) if not bias.requires_grad else bias

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_gae._structures import model_logits
-from lightning_gae.explain import LRP_METHODS, METHODS, explain
+from lightning_gae.engine.explain import LRP_METHODS, METHODS, explain
 
 __all__ = ["IGNORE_INDEX", "AnswerExplanation", "AnswerRows", "NextTokenLogits", "answer_rows", "explain_answers"]
 

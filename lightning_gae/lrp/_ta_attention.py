@@ -1,4 +1,4 @@
-"""Transformer Attribution's fused attention (:mod:`lightning_gae.transformer_attribution`): SDPA under the
+"""Transformer Attribution's fused attention (:mod:`lightning_gae.lrp.transformer_attribution`): SDPA under the
 authors' rules as one autograd function, both backward passes of it, and the layer's ``Ā`` they leave."""
 
 from __future__ import annotations
@@ -9,18 +9,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_gae import lrp
+from lightning_gae.engine.attention import SDPA_ARGS, as_heads
+from lightning_gae.lrp import mode
 
-__all__ = ["FusedAttention", "Layer", "as_heads", "fused_attention", "layer_abar"]
-
-
-def as_heads(t: Tensor) -> Tensor:
-    """An attention map (or its gradient) as ``[B, H, Nq, Nk]``: no batch or head dimension added, more folded into H."""
-    if t.dim() == 2:
-        return t[None, None]
-    if t.dim() == 3:
-        return t[:, None]
-    return t.reshape(t.shape[0], -1, t.shape[-2], t.shape[-1])
+__all__ = ["FusedAttention", "Layer", "fused_attention", "layer_abar"]
 
 
 class Layer:
@@ -79,7 +71,7 @@ class FusedAttention(torch.autograd.Function):
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float,
                 capture: Any, layer: Layer) -> Tensor:
         dtype = torch.promote_types(q.dtype, torch.float32)
-        # The scale goes into the queries, as in the explicit path (lightning_gae.capture).
+        # The scale goes into the queries, as in the explicit path (lightning_gae.engine.capture).
         # (Written contiguous: the product keeps the layout of a strided q, which every matmul would copy.)
         q = torch.mul(q, scale, out=torch.empty(q.shape, dtype=dtype, device=q.device))
         k, v = k.to(dtype).contiguous(), v.to(dtype).contiguous()
@@ -97,7 +89,7 @@ class FusedAttention(torch.autograd.Function):
         ctx.scale, ctx.capture, ctx.layer = scale, capture, layer
         ctx.ratio = ratio  # (changed in place by the rules' pass: not a saved tensor, whose version is checked)
         ctx.save_for_backward(q, k, v, probs)
-        capture._record(probs)
+        capture.record(probs)
         return torch.matmul(probs, v)
 
     @staticmethod
@@ -147,7 +139,6 @@ class FusedAttention(torch.autograd.Function):
         return _at_all(dq, at, queries).view(q.shape), dk.view(k.shape), dv.view(v.shape), None, None, None, None
 
 
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
 def _blocked(blocked: Tensor, dtype: torch.dtype) -> Tensor:
@@ -157,10 +148,10 @@ def _blocked(blocked: Tensor, dtype: torch.dtype) -> Tensor:
 def fused_attention(capture: Any, args: tuple, kwargs: dict) -> Tensor | None:
     """``F.scaled_dot_product_attention`` under the rules with :class:`FusedAttention`; None where it does not apply
     (an operand without relevance, a bias that carries some, broadcast batch dimensions): op by op then."""
-    p = dict(zip(_SDPA_ARGS, args))
+    p = dict(zip(SDPA_ARGS, args))
     p.update(kwargs)
     query, key, value, mask = p["query"], p["key"], p["value"], p.get("attn_mask")
-    if not all(lrp._live(t) for t in (query, key, value)) or lrp._live(mask) or query.dim() < 3:
+    if not all(mode.carries_relevance(t) for t in (query, key, value)) or mode.carries_relevance(mask) or query.dim() < 3:
         return None
     if p.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
         key = key.repeat_interleave(query.shape[-3] // key.shape[-3], dim=-3)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_gae import visualize
+from lightning_gae import display
 
 __all__ = ["ImageTokens", "Modality", "TabularTokens", "TextTokens"]
 
@@ -269,7 +269,7 @@ class ImageTokens(Modality):
         """The image ``[C, H, W]`` in grey under its relevance ``[H, W]`` above a colorbar (None: the image alone), titled.
 
         The colours span ``(0, max)`` for a non-negative map and ``(-m, m)`` around 0 for a signed one
-        (:func:`lightning_gae.visualize.value_range`): a flat map stays flat instead of being stretched.
+        (:func:`lightning_gae.display.value_range`): a flat map stays flat instead of being stretched.
 
         Returns:
             uint8 ``[h, w, 3]``, images enlarged to at least 128 px.
@@ -277,12 +277,12 @@ class ImageTokens(Modality):
         image = self.display_image(x)
         size = max(128, *image.shape[:2])
         if relevance is None:
-            return visualize.titled_image(visualize.enlarge(image, size), title)
+            return display.titled_image(display.enlarge(image, size), title)
         heat = relevance.detach().float().cpu()
-        vmin, vmax = visualize.value_range(heat)
-        panel = visualize.heatmap_panel(image, heat, size=size, vrange=(vmin, vmax), cmap=self.cmap, alpha=self.alpha)
-        bar = visualize.colorbar(vmin, vmax, panel.shape[1], cmap=self.cmap)
-        return visualize.titled_image(visualize.stack([panel, bar], axis=0, gap=2), title)
+        vmin, vmax = display.value_range(heat)
+        panel = display.heatmap_panel(image, heat, size=size, vrange=(vmin, vmax), cmap=self.cmap, alpha=self.alpha)
+        bar = display.colorbar(vmin, vmax, panel.shape[1], cmap=self.cmap)
+        return display.titled_image(display.stack([panel, bar], axis=0, gap=2), title)
 
     def matches_input(self, x: Tensor, num_tokens: int) -> bool:
         return x.dim() == 4 and x.is_floating_point() and self.prefix_tokens + (
@@ -461,7 +461,7 @@ class TextTokens(Modality):
             keep = ids != self.pad_id
             ids, values = ids[keep], values[keep]
         muted = [i in self.special_ids for i in ids.tolist()]
-        return visualize.token_strip(self.token_strings(ids), values, title, cmap=self.cmap, muted=muted)
+        return display.token_strip(self.token_strings(ids), values, title, cmap=self.cmap, muted=muted)
 
 
 class TabularTokens(Modality):
@@ -565,4 +565,4 @@ class TabularTokens(Modality):
         """
         values = None if x is None else x.detach().float().cpu().reshape(-1)
         lengths = torch.zeros(len(self.feature_names)) if relevance is None else relevance.detach().float().cpu()
-        return visualize.feature_bars(self.feature_names, lengths, title, values=values)
+        return display.feature_bars(self.feature_names, lengths, title, values=values)

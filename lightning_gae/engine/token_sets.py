@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_gae.capture import AttentionRecord
+from lightning_gae.engine.capture import AttentionRecord
 
 __all__ = ["Streams", "TokenSets", "assign_token_sets", "preset_streams", "PRESETS"]
 

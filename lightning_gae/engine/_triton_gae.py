@@ -6,9 +6,9 @@ together with GAE's row form of Eq. 5-6, ``u = r · E_h[(∇A ⊙ A)⁺]`` with 
 (block of keys, batch x head) accumulates ``dK``, ``dV`` and its keys' share of ``u`` over every block of queries;
 ``dQ`` and ``u`` (a sum over heads) are added atomically.
 
-Status: the kernel's semantics equal :mod:`lightning_gae.lean`'s chunked backward (tests/test_triton_gae.py, run
+Status: the kernel's semantics equal :mod:`lightning_gae.engine.lean`'s chunked backward (tests/test_triton_gae.py, run
 under Triton's CPU interpreter, ``TRITON_INTERPRET=1``, where ``triton`` is installed). ``lean_attention``'s
-row form runs it when asked (``LIGHTNING_GAE_KERNEL=triton``, :mod:`lightning_gae.lean`). It has not run on a GPU:
+row form runs it when asked (``LIGHTNING_GAE_KERNEL=triton``, :mod:`lightning_gae.engine.lean`). It has not run on a GPU:
 that, and its speed and memory against ``saliency`` and a training step, wait for a session with one (issue 24). Masks it takes: causal, and an additive bias per key
 (padding); others stay on the lean path. Products in exact float32 by default (``precision="ieee"``); whether
 Tensor cores (``"tf32"``) keep the 1e-3 agreement is for the GPU run to find.

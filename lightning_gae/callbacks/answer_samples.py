@@ -2,9 +2,9 @@
 
 When the validation batches carry ``labels [B, T]`` with -100 where nothing is learnt (the Hugging Face
 convention) and the module holds a causal LM, every tracked and scored sequence becomes one row per
-answer token (:func:`lightning_gae.answers.answer_rows`): the prompt and the answer before that token,
+answer token (:func:`lightning_gae.language.answers.answer_rows`): the prompt and the answer before that token,
 read at the position that predicts it. Each row is then scored like a classifier's sample: its
-class is the answer token, the model is read through :class:`~lightning_gae.answers.NextTokenLogits`,
+class is the answer token, the model is read through :class:`~lightning_gae.language.answers.NextTokenLogits`,
 and the readout token itself is neither removed by the perturbation metrics nor scored against the
 ground truth (:func:`keep_readout`): every method ranks the token it reads from first, and the
 metrics would measure that instead of the evidence before it.
@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_gae.answers import IGNORE_INDEX, answer_rows
-from lightning_gae.callbacks._samples import Samples
-from lightning_gae.modalities import Modality, TextTokens
+from lightning_gae.language.answers import IGNORE_INDEX, answer_rows
+from lightning_gae.callbacks.samples import Samples
+from lightning_gae.modalities.tokens import Modality, TextTokens
 
 __all__ = ["answer_samples", "has_answer_labels", "holds_causal_lm", "keep_readout", "row_name"]
 

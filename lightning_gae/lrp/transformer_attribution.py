@@ -41,11 +41,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from lightning_gae import lrp
-from lightning_gae._fsdp1 import fsdp1_units, gather_again
-from lightning_gae._lrp_ops import unbind
-from lightning_gae._ta_attention import Layer, as_heads, fused_attention
-from lightning_gae.capture import explicit_multi_head_attention_forward, explicit_scaled_dot_product_attention
+from lightning_gae._structures import map_tensors, model_logits
+from lightning_gae.engine.attention import (
+    as_heads,
+    explicit_multi_head_attention_forward,
+    explicit_scaled_dot_product_attention,
+)
+from lightning_gae.engine.readout import Explanation, explaining, hide_own, keep_mask, readout_query, target_scores
+from lightning_gae.engine.rules import start_rows
+from lightning_gae.lrp import mode
+from lightning_gae.lrp.fsdp1 import fsdp1_units, gather_again
+from lightning_gae.lrp._ops import unbind
+from lightning_gae.lrp._ta_attention import Layer, fused_attention
 
 __all__ = ["TransformerAttributionCapture", "attribution_row"]
 
@@ -192,10 +199,10 @@ class _Identity(torch.autograd.Function):
             try:
                 x, out = ctx.saved_tensors
             except RuntimeError as error:  # changed in place where the mode does not see it (inside an activation module)
-                raise lrp.UnsupportedOperation(
+                raise mode.UnsupportedOperation(
                     f"method={METHOD!r}: the input or output of the identity rule in module {ctx.path or '<model>'!r} was "
                     "changed in place by an operation the rules do not see; compute it out of place "
-                    "(lightning_gae.transformer_attribution)") from error
+                    "(lightning_gae.lrp.transformer_attribution)") from error
             ratio = _ratio(out, x)
         if ratio.dtype == grad.dtype and ratio.shape == grad.shape:
             # The quotient is read once (the plain pass does not): the gradient goes into its memory.
@@ -261,7 +268,7 @@ def _per_sample_dot(x: Tensor, grad: Tensor, scratch: Callable[..., Tensor]) -> 
 
 
 # Routing, copies, casts, dropout (eval): relevance goes where the values go, unchanged.
-_ROUTING = lrp._LINEAR - {"add", "sub", "neg", "sum", "mean", "cumsum", "embedding", "softmax"}
+_ROUTING = mode.LINEAR_OPS - {"add", "sub", "neg", "sum", "mean", "cumsum", "embedding", "softmax"}
 _MATMULS = {"matmul", "bmm", "einsum"}
 _NORMS = {F.layer_norm, F.rms_norm}
 _KEEPS_PROBS = {"dropout", "to", "type", "type_as", "float", "contiguous", "clone", "masked_fill"}
@@ -272,15 +279,15 @@ class _TAMode(TorchFunctionMode):
 
     supported = ("linear layers (alpha-beta), residual sums (Add rule), LayerNorm/RMSNorm, elementwise activations and "
                  "softmax (identity), attention products Q·Kᵀ and A·V (z-rule halved), fused attention (SDPA, "
-                 "nn.MultiheadAttention), products with constants and shape ops (lightning_gae.transformer_attribution).")
+                 "nn.MultiheadAttention), products with constants and shape ops (lightning_gae.lrp.transformer_attribution).")
 
     def __init__(self, capture: TransformerAttributionCapture) -> None:
         super().__init__()
         self.capture = capture
 
-    # lrp._LRPMode's messages, with this rule set's list of what is supported.
-    _no_rule = lrp._LRPMode._no_rule
-    _refuse = lrp._LRPMode._refuse
+    # mode.LRPMode's messages, with this rule set's list of what is supported.
+    no_rule = mode.LRPMode.no_rule
+    refuse = mode.LRPMode.refuse
 
     def _tag(self, out: Any) -> Any:
         if isinstance(out, Tensor):
@@ -293,12 +300,12 @@ class _TAMode(TorchFunctionMode):
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         cap = self.capture
-        if cap._in_unit:
+        if cap.in_unit:
             return func(*args, **kwargs)
         if func is Tensor.__setitem__ and cap._watched and args and isinstance(args[0], Tensor):
             cap._before_change(args[0])
         if func is F.scaled_dot_product_attention or func is F.multi_head_attention_forward:
-            if not any(lrp._live(t) for t in lrp._flat_tensors(args, kwargs)):
+            if not any(mode.carries_relevance(t) for t in mode.flat_tensors(args, kwargs)):
                 return func(*args, **kwargs)
             if func is F.scaled_dot_product_attention:
                 out = fused_attention(cap, args, kwargs)
@@ -309,27 +316,27 @@ class _TAMode(TorchFunctionMode):
                 if func is F.scaled_dot_product_attention:
                     return explicit_scaled_dot_product_attention(*args, **kwargs)[0].to(args[2].dtype if len(args) > 2 else kwargs["value"].dtype)
                 return explicit_multi_head_attention_forward(*args, **kwargs)[0]
-        live = [t for t in lrp._flat_tensors(args, kwargs) if t.requires_grad]
+        live = [t for t in mode.flat_tensors(args, kwargs) if t.requires_grad]
         if not live:
             return func(*args, **kwargs)
-        name = lrp._op_name(func)
+        name = mode.op_name(func)
         inplace = name.endswith("_") and not name.startswith("_")
         base = name[:-1] if inplace else name
         if base in _MATMULS:
-            operands = lrp._LRPMode._product_operands(base, args, kwargs)
-            if sum(lrp._live(t) for t in operands) == 2 and not inplace:
+            operands = mode.LRPMode.product_operands(base, args, kwargs)
+            if sum(mode.carries_relevance(t) for t in operands) == 2 and not inplace:
                 if self._is_probs(operands[0]):
-                    cap._record(operands[0])
+                    cap.record(operands[0])
                 return _Half.apply(func(*args, **kwargs), cap)
-            if base == "matmul" and lrp._live(operands[0]) and isinstance(operands[1], Tensor) \
+            if base == "matmul" and mode.carries_relevance(operands[0]) and isinstance(operands[1], Tensor) \
                     and operands[1].dim() == 2 and not inplace:
                 return _AlphaBeta.apply(operands[0], operands[1].T, None, cap)  # x @ W: a linear layer
-        if base in lrp._ACTIVATIONS and (kwargs.get("inplace") is True or any(a is True for a in args[1:])):
+        if base in mode.ACTIVATION_OPS and (kwargs.get("inplace") is True or any(a is True for a in args[1:])):
             inplace = True
-        if func in _NORMS or base == "softmax" or (base in lrp._ACTIVATIONS and not inplace):
+        if func in _NORMS or base == "softmax" or (base in mode.ACTIVATION_OPS and not inplace):
             x = args[0] if args else kwargs.get("input")
             out = func(*args, **kwargs)
-            if not lrp._live(x):
+            if not mode.carries_relevance(x):
                 return out
             # The probabilities are never changed in place (the mode refuses that): no copy for the N x N maps.
             out = _Identity.apply(x, out, cap, base == "softmax")
@@ -338,30 +345,30 @@ class _TAMode(TorchFunctionMode):
             x = args[0] if args else kwargs.get("input")
             weight = args[1] if len(args) > 1 else kwargs.get("weight")
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if lrp._live(weight) or lrp._live(bias) or not lrp._live(x):
-                return self._refuse(func, inplace, args, kwargs)
+            if mode.carries_relevance(weight) or mode.carries_relevance(bias) or not mode.carries_relevance(x):
+                return self.refuse(func, inplace, args, kwargs)
             return _AlphaBeta.apply(x, weight, bias, cap)
         if base == "add" and not inplace and len(args) == 2 and not kwargs:
             a, b = args
-            if not (lrp._live(a) and lrp._live(b)):
+            if not (mode.carries_relevance(a) and mode.carries_relevance(b)):
                 return func(*args, **kwargs)  # a constant (an attention mask, a bias): the gradient passes
             return _AddRule.apply(a, b, cap)
         if base in ("mul", "div") and not inplace:
             other = args[1] if len(args) > 1 else kwargs.get("other")
             first = args[0] if args else kwargs.get("input")
-            if not (lrp._live(other) and lrp._live(first)) and not (base == "div" and lrp._live(other)):
+            if not (mode.carries_relevance(other) and mode.carries_relevance(first)) and not (base == "div" and mode.carries_relevance(other)):
                 return func(*args, **kwargs)  # a product with a constant: relevance unchanged
-        if base == "unbind" and not inplace and lrp._live(args[0] if args else kwargs.get("input")):
+        if base == "unbind" and not inplace and mode.carries_relevance(args[0] if args else kwargs.get("input")):
             return unbind(args, kwargs)
         if (base in _ROUTING and not inplace) or name in ("detach", "requires_grad_"):
             out = func(*args, **kwargs)
             if base in _KEEPS_PROBS and args and self._is_probs(args[0]):
                 self._tag(out)
             return out
-        return self._refuse(func, inplace, args, kwargs)
+        return self.refuse(func, inplace, args, kwargs)
 
 
-class TransformerAttributionCapture(lrp.LRPCapture):
+class TransformerAttributionCapture(mode.LRPCapture):
     """:class:`~lightning_gae.lrp.LRPCapture` with the authors' rules; records in ``probs`` the attention
     probabilities (a softmax output multiplied with values) in call order. The forward's graph has two
     backward passes: the LRP relevance while ``plain`` is False, the plain gradient while it is True."""
@@ -387,11 +394,11 @@ class TransformerAttributionCapture(lrp.LRPCapture):
             buf = self._scratch[slot] = torch.empty(size, dtype=dtype, device=device)
         return buf[:size]
 
-    def _record(self, probs: Tensor) -> None:
+    def record(self, probs: Tensor) -> None:
         self.probs.append(probs)
         self.paths.append(self.current_path)
 
-    def _unit_rule(self, x: Tensor, output: Tensor) -> Tensor:
+    def unit_rule(self, x: Tensor, output: Tensor) -> Tensor:
         return _Identity.apply(x, output, self, False)
 
     def _watch(self, ctx: Any, x: Tensor, out: Tensor) -> None:
@@ -430,27 +437,18 @@ def attribution_row(probs: list[Tensor], lrp_grads: list[Tensor], grads: list[Te
     return _rolled_out([_abar(p, r, g) for p, r, g in zip(probs, lrp_grads, grads)], start)
 
 
-def explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_layer: nn.Module | str | None = None) -> Any:
+def explain(model: nn.Module, inputs: Any, target: Any, query: Any,
+            embedding_layer: nn.Module | str | None = None) -> Explanation:
     """``method="transformer_attribution"``: one forward under the authors' rules, two backward passes
     of its graph (the LRP relevance and the plain gradient at each attention map)."""
-    import sys
-
-    from lightning_gae import rules
-
-    ex = sys.modules["lightning_gae.explain"]  # (the package's name ``explain`` is the function)
-    from lightning_gae._structures import call_args, eval_mode, map_tensors, model_logits
-
-    ex._refuse_nonfinite(inputs)
     if isinstance(query, dict):
         raise ValueError(f"method={METHOD!r} explains one token set; query={{set: ...}} is for models with several")
-    cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     floats = []
     map_tensors(inputs, lambda t: floats.append(t.is_floating_point()) or t)
-    # Float inputs (pixels) are the leaves; token ids are not: the word embedding's output is, then.
+    # Float inputs (pixels) are the leaves: a tensor carries relevance when it depends on them. Token ids are
+    # not: the word embedding's output is, then.
     leaf = False if any(floats) else embedding_layer
-    with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
-        # The float inputs are the leaves: a tensor carries relevance when it depends on them.
-        args, kwargs = call_args(map_tensors(inputs, lambda t: t.detach().clone().requires_grad_(t.is_floating_point())))
+    with explaining(model, inputs, float_leaves=True) as (args, kwargs):
         capture = TransformerAttributionCapture(model, embedding_layer=leaf)
         with capture:
             output = capture.forward(*args, **kwargs)
@@ -460,10 +458,10 @@ def explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_la
         probs = [as_heads(p) for p in capture.probs]
         batch, num_tokens = probs[0].shape[0], probs[0].shape[-1]
         logits = model_logits(output)
-        keep = ex._keep_mask(kwargs, batch, num_tokens)
+        keep = keep_mask(kwargs, batch, num_tokens)
         keep = torch.ones(batch, num_tokens, dtype=torch.bool, device=probs[0].device) if keep is None else keep.to(probs[0].device)
-        query_index = ex._query_index(0 if query is None else query, batch, num_tokens, keep, probs[0].device)
-        score, target_index = ex._target_scores(output, logits, target, query_index, batch)
+        query_index = readout_query(0 if query is None else query, batch, num_tokens, keep, probs[0].device)
+        score, target_index = target_scores(output, logits, target, query_index, batch)
         if not score.requires_grad:
             raise ValueError("the explained score does not depend on the attention (no gradient path); check target")
         # Where the passes' gradients are asked for: the probabilities written out, a fused attention's q, k, v
@@ -497,8 +495,8 @@ def explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_la
                 else:
                     zero = torch.zeros_like(p)
                     abars.append(_abar(p.detach(), zero if r is None else as_heads(r), zero if g is None else as_heads(g)))
-            row = _rolled_out(abars, rules.start_rows(query_index, num_tokens))
-            tokens = ex._hide_own(row, query_index).masked_fill(~keep, 0.0).to(torch.float32)
-    return ex.Explanation(tokens=tokens, logits=None if logits is None else logits.detach(), target=target_index,
-                          score=score.detach(), method=METHOD, layers=capture.paths,
-                          query=None if query_index.is_floating_point() else query_index, relevance={"tokens": tokens})
+            row = _rolled_out(abars, start_rows(query_index, num_tokens))
+            tokens = hide_own(row, query_index).masked_fill(~keep, 0.0).to(torch.float32)
+    return Explanation(tokens=tokens, logits=None if logits is None else logits.detach(), target=target_index,
+                       score=score.detach(), method=METHOD, layers=capture.paths,
+                       query=None if query_index.is_floating_point() else query_index, relevance={"tokens": tokens})

@@ -1,6 +1,6 @@
 """The LRP forwards on a model wrapped in FSDP1 (``FullyShardedDataParallel``): its parameters held constant.
 
-As under FSDP2 (:mod:`lightning_gae._fsdp2`), the LRP modes tell which tensors carry relevance by ``requires_grad``,
+As under FSDP2 (:mod:`lightning_gae.lrp.fsdp2`), the LRP modes tell which tensors carry relevance by ``requires_grad``,
 and ``torch.func.functional_call``'s detached parameters do not hold inside an FSDP1 unit:
 
 * the unit's forward first writes back any original parameter that is no longer the one it manages

@@ -1,4 +1,5 @@
-"""``explain()``: capture + forward + one ``autograd.grad`` + rules + readout, for a whole batch."""
+"""``explain()``: capture + forward + one ``autograd.grad`` + rules + readout, for a whole batch; the LRP
+methods run their own forward and backward (:mod:`lightning_gae.lrp`)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,27 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from lightning_gae import lrp, rules, transformer_attribution
-from lightning_gae._structures import Target, call_args, eval_mode, map_tensors, model_logits, nonfinite_inputs
-from lightning_gae.attn_gradcam_vit import attn_gradcam_vit_row
-from lightning_gae.capture import AttentionRecord, AttentionRecorder
-from lightning_gae.streams import Streams, TokenSets, assign_token_sets
+from lightning_gae._structures import Target, eval_mode, map_tensors, model_logits
+from lightning_gae.engine import rules
+from lightning_gae.engine.capture import AttentionRecord, AttentionRecorder
+from lightning_gae.engine.readout import (
+    Explanation,
+    Query,
+    explaining,
+    hide_own,
+    keep_mask,
+    readout_query,
+    resolve_readout,
+    target_scores,
+)
+from lightning_gae.engine.rules import attn_gradcam_vit_row
+from lightning_gae.engine.token_sets import Streams, TokenSets, assign_token_sets
+from lightning_gae.lrp import attnlrp, transformer_attribution
 
 __all__ = ["Explanation", "LRP_METHODS", "allow_slow_attention_flow", "attention_flow_seconds", "explain", "eval_mode", "METHODS", "map_tensors", "model_logits"]
 
@@ -28,54 +39,6 @@ METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam", "
 LRP_METHODS: tuple[str, ...] = ("attnlrp", "transformer_attribution")
 _NEEDS_GRAD = {"gae", "attn_gradcam", "attn_gradcam_vit"}
 _LAST_LAYER_ONLY = {"raw_attention", "attn_gradcam", "attn_gradcam_vit"}
-Query = Union[int, Literal["last", "mean"], Sequence[int], Tensor]
-
-# Keys of a keyword-argument input that mark padding, and whether a True/nonzero entry means "keep".
-_PADDING_KEYS = {"attention_mask": True, "src_key_padding_mask": False, "key_padding_mask": False}
-
-
-@dataclass
-class Explanation:
-    """The relevance of every token for one prediction per sample.
-
-    Attributes:
-        tokens: float32 ``[B, N]``, aligned with the model's token sequence; the query token's own
-            entry and padded positions are 0.
-        logits: the logits the explanation was read from, detached (None when the output had none).
-        target: ``[B]`` class indices explained, or None for a callable target.
-        score: ``[B]`` the explained scalar ``y_t`` of each sample, detached.
-        method: a name in :data:`METHODS` (``"gae"``, ``"rollout"``, ``"raw_attention"``, ...) or ``"attnlrp"``.
-        layers: module paths of the attention layers used, in call order.
-        query: ``[B]`` index of the token whose row was read out (None for ``query="mean"``).
-        relevance: token set name -> float32 ``[B, N_set]``: every set's relevance for the
-            prediction (one entry, ``"tokens"``, for single-set models; ``"encoder"``/``"decoder"``
-            for encoder-decoders; ``"text"``/``"image"`` for dual encoders). Padding and the
-            query's own entry are 0.
-        query_set: the token set ``tokens`` belongs to.
-        conservation: ``[B]`` float32, ``method="attnlrp"`` only (else None): sum of each sample's token
-            relevance / its explained score; biases and position/token-type embeddings absorb the rest.
-    """
-
-    tokens: Tensor
-    logits: Tensor | None
-    target: Tensor | None
-    score: Tensor
-    method: str
-    layers: list[str] = field(default_factory=list)
-    query: Tensor | None = None
-    relevance: dict[str, Tensor] = field(default_factory=dict)
-    query_set: str = "tokens"
-    conservation: Tensor | None = None
-
-
-def _keep_mask(kwargs: Mapping[str, Any], batch: int, num_tokens: int) -> Tensor | None:
-    """``[B, N]`` bool, True for real tokens, from a padding mask among the keyword inputs."""
-    for key, true_keeps in _PADDING_KEYS.items():
-        mask = kwargs.get(key)
-        if isinstance(mask, Tensor) and mask.shape == (batch, num_tokens):
-            return mask != 0 if true_keeps else mask == 0
-    return None
-
 
 def _on_device(tensors: Sequence[Tensor], device: torch.device) -> list[Tensor]:
     """Every tensor on ``device``: a model split across devices (``device_map``) records each layer on its own."""
@@ -145,75 +108,12 @@ def _attended(layers: Sequence[AttentionRecord]) -> Tensor:
         return torch.stack(seen).any(dim=0)
 
 
-def _query_index(query: Query, batch: int, num_tokens: int, keep: Tensor, device: torch.device) -> Tensor:
-    """``[B]`` token indices, or for ``"mean"`` a float ``[B, N]`` start row: the mean of the real tokens' rows."""
-    if isinstance(query, str):
-        if query == "mean":
-            weights = keep.to(torch.float32)
-            return weights / weights.sum(dim=1, keepdim=True).clamp(min=1)
-        if query != "last":
-            raise ValueError(f"query={query!r}: use a token index, 'last', 'mean', or one index per sample")
-        # Last real token of each row (right padding), whatever the padding side.
-        positions = torch.arange(num_tokens, device=device).expand(batch, num_tokens)
-        return torch.where(keep, positions, -1).amax(dim=1)
-    index = torch.as_tensor(query, dtype=torch.long, device=device)
-    if index.dim() == 0:
-        index = index.expand(batch)
-    if index.shape != (batch,):
-        raise ValueError(f"query has shape {tuple(index.shape)}; give one index, 'last', 'mean', or {batch} indices (one per sample)")
-    if ((index < -num_tokens) | (index >= num_tokens)).any():
-        raise ValueError(f"query {index.tolist()} is out of range for {num_tokens} tokens")
-    index = index % num_tokens
-    padded = ~keep[torch.arange(batch, device=device), index]
-    if padded.any():
-        raise ValueError(
-            f"query {index.tolist()} lands on a padded position in samples {torch.nonzero(padded).flatten().tolist()}; "
-            "read a real token (e.g. query='last' for the last real token)"
-        )
-    return index
-
-
-def _target_scores(output: Any, logits: Tensor | None, target: Target, query: Tensor, batch: int) -> tuple[Tensor, Tensor | None]:
-    """``(y_t per sample [B], explained class per sample [B] or None)``."""
-    if callable(target):
-        score = target(output)
-        if not isinstance(score, Tensor) or score.reshape(-1).shape != (batch,):
-            got = tuple(score.shape) if isinstance(score, Tensor) else type(score).__name__
-            raise ValueError(f"target callable must return one scalar per sample, a Tensor of shape [{batch}]; got {got}")
-        return score.reshape(batch), None
-    if logits is None:
-        raise ValueError(
-            "the model output has no logits (a tensor, `.logits`, or a tuple whose first item is a tensor); "
-            "pass target=callable(output) -> Tensor[B] that returns the scalar to explain"
-        )
-    if logits.dim() == 3:
-        if query.is_floating_point():
-            raise ValueError("query='mean' reads no single position of sequence logits [B, T, C]; pass a token index or target=callable(output)")
-        # Sequence outputs ([B, T, C], e.g. a language model): the prediction made at the query token.
-        logits = logits[torch.arange(batch, device=logits.device), query.to(logits.device)]
-    if logits.dim() == 1:
-        logits = logits[:, None]
-    if logits.dim() != 2 or logits.shape[0] != batch:
-        raise ValueError(f"logits of shape {tuple(logits.shape)} are not [B, C] or [B, T, C]; pass target=callable(output)")
-    if target is None:
-        index = logits.argmax(dim=-1)
-    else:
-        index = torch.as_tensor(target, dtype=torch.long, device=logits.device)
-        index = index.expand(batch) if index.dim() == 0 else index.reshape(-1)
-        if index.shape != (batch,):
-            raise ValueError(f"target has {index.numel()} entries for a batch of {batch}; give an int, one index per sample, or a callable")
-        if ((index < 0) | (index >= logits.shape[-1])).any():
-            raise ValueError(f"target {index.tolist()} is out of range for {logits.shape[-1]} classes")
-    return logits.gather(1, index[:, None]).squeeze(1), index
-
-
-
 def _gae_backward(score: Tensor, layers: list[AttentionRecord], recorder: AttentionRecorder,
                   row_start: Tensor | None) -> tuple[list[Tensor] | None, Tensor | None]:
     """The one backward pass of GAE: ``(Ā per call, None)``, or ``(None, relevance row)``.
 
     With ``row_start`` (a single token set whose calls are all lean), the row form of Eq. 6 runs
-    inside the backward pass (:mod:`lightning_gae.lean`) and nothing ``N x N`` is kept. Otherwise
+    inside the backward pass (:mod:`lightning_gae.engine.lean`) and nothing ``N x N`` is kept. Otherwise
     lean calls leave their ``Ā`` in the backward pass and recorded probabilities get theirs from
     their gradient (Eq. 5).
     """
@@ -269,7 +169,7 @@ def allow_slow_attention_flow() -> Iterator[None]:
     It covers every ``explain`` call made in the block, also those made by ``compare`` and the
     callback::
 
-        from lightning_gae.explain import allow_slow_attention_flow
+        from lightning_gae.engine.explain import allow_slow_attention_flow
 
         with allow_slow_attention_flow():
             exp = lightning_gae.explain(model, inputs, method="attention_flow")
@@ -310,7 +210,7 @@ def _check_attention_flow(sets: TokenSets, query_index: Tensor, batch: int) -> N
             f"(estimated at {ATTENTION_FLOW_SECONDS_PER_EDGE:g} s per edge and max-flow; the limit is "
             f"{ATTENTION_FLOW_MAX_SECONDS:g} s). Use method='rollout', its cheap approximation, explain fewer samples "
             "per call, or run it anyway inside `with allow_slow_attention_flow():` "
-            "(`from lightning_gae.explain import allow_slow_attention_flow`)"
+            "(`from lightning_gae.engine.explain import allow_slow_attention_flow`)"
         )
 
 
@@ -335,15 +235,6 @@ def _relevance_row(method: str, layers: list[AttentionRecord], grads: list[Tenso
             raise ValueError("method='attn_gradcam_vit' weighs heads by the gradient of one query row; pass a token index, not query='mean'")
         return attn_gradcam_vit_row(attns[-1], grads[-1], query, keep)
     return rules.attn_gradcam_row(attns[-1], grads[-1], query, keep)
-
-
-def _hide_own(row: Tensor, query: Tensor) -> Tensor:
-    """The query's own identity entry set to 0 (a mean readout loses its start vector instead)."""
-    if query.is_floating_point():
-        return row - query.to(row.dtype)
-    row = row.clone()
-    row[torch.arange(row.shape[0], device=row.device), query] = 0.0
-    return row
 
 
 def _set_maps(method: str, sets: TokenSets, grads: list[Tensor], keeps: dict[str, Tensor],
@@ -400,7 +291,7 @@ def _multi_set_rows(method: str, sets: TokenSets, grads: list[Tensor], keeps: di
             last = max((i for i, (q, k) in enumerate(zip(sets.query_sets, sets.key_sets)) if q == r and k == x), default=None)
             if last is None:
                 continue
-            rows[x] = rules._select_rows(maps[last], starts[r])
+            rows[x] = rules.query_rows(maps[last], starts[r])
         return rows
     relevance = rules.token_set_relevance(steps, sets.sizes, rollout=method == "rollout")
     for x in sets.sizes:
@@ -408,7 +299,7 @@ def _multi_set_rows(method: str, sets: TokenSets, grads: list[Tensor], keeps: di
         matrix = relevance.get((r, x))
         if matrix is not None:
             # A set read at its own token gets R̂ = R − I: its identity entry is removed anyway.
-            rows[x] = rules._select_rows(matrix, starts[r])
+            rows[x] = rules.query_rows(matrix, starts[r])
             if r == x:
                 rows[x] = rows[x] + starts[x] if starts[x].is_floating_point() else rows[x]
     return rows
@@ -453,7 +344,7 @@ def explain(
             modules whose output is the probability tensor (e.g. ``"blocks.*.attn.attn_drop"``,
             for attention the automatic capture does not see), or modules that compute attention
             (their recorded calls are used; a module that a fused kernel replaced selects the
-            calls of its parent). See :class:`lightning_gae.capture.AttentionRecorder`.
+            calls of its parent). See :class:`lightning_gae.engine.capture.AttentionRecorder`.
         streams: a :class:`~lightning_gae.Streams` declaring the token sets, for models with
             several sets that no preset or data-flow inference assigns.
         embedding_layer: for ``"attnlrp"``: the word-embedding module (or its path) whose output is
@@ -506,7 +397,7 @@ def explain_methods(
         raise ValueError(f"method={unknown[0] if unknown else methods!r}; choose one of {METHODS + LRP_METHODS}")
     model = _unwrap_compiled(model)
     _pooling_warning(model, query)
-    lrp_runs = {"attnlrp": lambda: _explain_attnlrp(model, inputs, target, query, embedding_layer),
+    lrp_runs = {"attnlrp": lambda: attnlrp.explain(model, inputs, target, query, embedding_layer),
                 "transformer_attribution": lambda: transformer_attribution.explain(model, inputs, target, query, embedding_layer)}
     found: dict[str, Explanation] = {m: lrp_runs[m]() for m in methods if m in lrp_runs}
     rest = tuple(m for m in methods if m not in LRP_METHODS)
@@ -518,47 +409,10 @@ def explain_methods(
     return {m: found[m] for m in methods}
 
 
-def _refuse_nonfinite(inputs: Any) -> None:
-    bad = nonfinite_inputs(inputs)
-    if bad:
-        # Every relevance computed from them would be NaN, silently: say where they are instead.
-        where = ", ".join(f"{count} in {name}" for name, count in bad.items())
-        raise ValueError(f"the inputs hold NaN or inf values ({where}); an explanation of them would be NaN. Drop or "
-                         "repair those samples before explaining them")
-
-
-def _explain_attnlrp(model: nn.Module, inputs: Any, target: Target, query: Any,
-                     embedding_layer: nn.Module | str | None) -> Explanation:
-    """``method="attnlrp"``: one forward under :class:`~lightning_gae.lrp.LRPCapture`, one backward."""
-    _refuse_nonfinite(inputs)
-    if isinstance(query, Mapping):
-        raise ValueError("method='attnlrp' explains one score per sample; query={set: ...} is for models with several token sets")
-    cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
-    with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
-        args, kwargs = call_args(map_tensors(inputs, lambda t: t.detach().clone()))
-        run = lrp.relevance_forward(model, args, kwargs, embedding_layer)
-        batch, num_tokens = run.embeddings.shape[0], run.num_tokens
-        logits = model_logits(run.output)
-        keep = _keep_mask(kwargs, batch, num_tokens)
-        device = run.embeddings.device
-        keep = torch.ones(batch, num_tokens, dtype=torch.bool, device=device) if keep is None else keep.to(device)
-        query_index = _query_index(_resolve(0 if query is None else query, kwargs, args), batch, num_tokens, keep, device)
-        score, target_index = _target_scores(run.output, logits, target, query_index, batch)
-        tokens, conservation = lrp.token_relevance(run, score, keep)
-    return Explanation(tokens=tokens, logits=None if logits is None else logits.detach(), target=target_index,
-                       score=score.detach(), method="attnlrp", layers=run.attention,
-                       query=None if query_index.is_floating_point() else query_index, relevance={"tokens": tokens},
-                       conservation=conservation)
-
-
 def _explain(model: nn.Module, inputs: Any, target: Target, methods: tuple[str, ...], query: Any,
              attention_modules: Sequence[str] | str | None, streams: Streams | None, lean: bool) -> dict[str, Explanation]:
-    _refuse_nonfinite(inputs)
-    cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     # The graph is built for every method: token sets are told apart by following it.
-    with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
-        # Fresh copies: inference-mode tensors cannot enter an autograd graph.
-        args, kwargs = call_args(map_tensors(inputs, lambda t: t.detach().clone()))
+    with explaining(model, inputs) as (args, kwargs):
         with AttentionRecorder(model, attention_modules, lean=lean) as recorder:
             output = model(*args, **kwargs)
         if not recorder.records:
@@ -572,7 +426,7 @@ def _explain(model: nn.Module, inputs: Any, target: Target, methods: tuple[str, 
         single = len(sets.sizes) == 1
         if single:
             num_tokens = layers[0].num_queries
-            keep = _keep_mask(kwargs, batch, num_tokens)
+            keep = keep_mask(kwargs, batch, num_tokens)
             keeps = {sets.query_set: _attended(layers) if keep is None else keep.to(device)}
         else:
             keeps = {}
@@ -583,16 +437,16 @@ def _explain(model: nn.Module, inputs: Any, target: Target, methods: tuple[str, 
         main_query = per_set.pop(sets.query_set, None) if isinstance(query, Mapping) else query
         if main_query is None:
             main_query = sets.queries.get(sets.query_set, 0)
-        starts = {sets.query_set: _query_index(_resolve(main_query, kwargs, args), batch, sets.sizes[sets.query_set],
+        starts = {sets.query_set: readout_query(resolve_readout(main_query, kwargs, args), batch, sets.sizes[sets.query_set],
                                                keeps[sets.query_set], device)}
         for x in sets.sizes:
             if x != sets.query_set:
                 readout = per_set.get(x, sets.queries.get(x, 0))
-                starts[x] = _query_index(_resolve(readout, kwargs, args), batch, sets.sizes[x], keeps[x], device)
+                starts[x] = readout_query(resolve_readout(readout, kwargs, args), batch, sets.sizes[x], keeps[x], device)
         query_index = starts[sets.query_set]
         if "attention_flow" in methods:
             _check_attention_flow(sets, query_index, batch)
-        score, target_index = _target_scores(output, logits, target, query_index, batch)
+        score, target_index = target_scores(output, logits, target, query_index, batch)
 
         if any(m in _NEEDS_GRAD for m in methods) and not score.requires_grad:
             raise ValueError("the explained score does not depend on the attention (no gradient path); check target")
@@ -626,7 +480,7 @@ def _explain(model: nn.Module, inputs: Any, target: Target, methods: tuple[str, 
                     if x in sets.pools.values():
                         continue
                     own = single or _readers(sets)[x] == x
-                    row = _hide_own(row, starts[x]) if own else row
+                    row = hide_own(row, starts[x]) if own else row
                     relevance[x] = row.masked_fill(~keeps[x], 0.0).to(torch.float32).detach()
             tokens = relevance.get(sets.query_set)
             if tokens is None:
@@ -643,8 +497,3 @@ def _explain(model: nn.Module, inputs: Any, target: Target, methods: tuple[str, 
                 query_set=sets.query_set,
             )
     return explanations
-
-
-def _resolve(readout: Any, kwargs: Mapping[str, Any], args: Sequence[Any] = ()) -> Any:
-    """A preset's readout may be a function of the inputs (CLIP's text EOS position)."""
-    return readout(kwargs, args) if callable(readout) else readout

@@ -31,9 +31,11 @@ __all__ = [
     "rollout_row",
     "raw_attention_row",
     "attn_gradcam_row",
+    "attn_gradcam_vit_row",
     "attention_flow_capacities",
     "attention_flow_row",
     "one_hot_rows",
+    "query_rows",
     "start_rows",
 ]
 
@@ -300,7 +302,9 @@ def attention_flow_row(attns: Sequence[Tensor], query: Tensor, sources: Tensor |
     return torch.from_numpy(out).to(attns[0].device)
 
 
-def _select_rows(x: Tensor, query: Tensor) -> Tensor:
+def query_rows(x: Tensor, query: Tensor) -> Tensor:
+    """The query's row of each sample's map: ``x[b, query[b]]`` for ``x`` ``[B, N, N]`` and an index ``[B]``;
+    for a float ``query`` ``[B, N]`` (weights over the rows, e.g. mean pooling) their weighted sum."""
     if query.is_floating_point():
         row, x = _common(query, x)
         return torch.bmm(row.unsqueeze(1), x).squeeze(1)
@@ -309,7 +313,7 @@ def _select_rows(x: Tensor, query: Tensor) -> Tensor:
 
 def raw_attention_row(attn: Tensor, query: Tensor) -> Tensor:
     """Raw attention: the last layer's ``E_h A``, the query's row. ``[B, Nk]``."""
-    return _select_rows(_f32(attn).mean(dim=1), query)
+    return query_rows(_f32(attn).mean(dim=1), query)
 
 
 def attn_gradcam_row(attn: Tensor, grad: Tensor, query: Tensor, keep: Tensor | None = None) -> Tensor:
@@ -327,4 +331,60 @@ def attn_gradcam_row(attn: Tensor, grad: Tensor, query: Tensor, keep: Tensor | N
         pairs = (keep[:, :, None] & keep[:, None, :])[:, None].to(grad.dtype)
         weights = (grad * pairs).sum(dim=(-2, -1), keepdim=True) / pairs.sum(dim=(-2, -1), keepdim=True)
     cam = (weights * _f32(attn)).mean(dim=1).clamp_(min=0)
-    return _select_rows(cam, query)
+    return query_rows(cam, query)
+
+
+def attn_gradcam_vit_row(attn: Tensor, grad: Tensor, query: Tensor, keep: Tensor | None = None) -> Tensor:
+    """Attention Grad-CAM, ViT variant: heads weighted by their gradient's mean over the readout row.
+
+    Two variants of attention Grad-CAM exist in the authors' code. Both take the last layer's
+    attention :math:`A_h` and its gradient :math:`\\nabla A_h`, weight each head by a mean of its
+    gradient, average the weighted attention over heads and remove negatives; they differ in which
+    gradient entries the weight averages:
+
+    - the *matrix* variant (the LXMERT/GAE code, :func:`attn_gradcam_row`): all
+      :math:`N \\times N` entries;
+    - the *ViT* variant (here): only the readout row, the query's attention to the other tokens,
+      ``grad[:, h, query, others]``.
+
+    With :math:`q` the query (the CLS token) and :math:`K` the other (real) tokens,
+
+    .. math:: w_h = \\frac{1}{|K|} \\sum_{k \\in K} \\nabla A_h[q, k], \\qquad
+              r_k = \\Big(\\frac{1}{H} \\sum_h w_h\\, A_h[q, k]\\Big)^+ \\ (k \\in K), \\qquad r_q = 0.
+
+
+    Args:
+        attn: the last layer's attention probabilities ``[B, H, N, N]``.
+        grad: its gradient ``[B, H, N, N]``.
+        query: ``[B]`` the readout token of each sample (0 for a CLS token).
+        keep: ``[B, N]`` bool, True for real tokens; padded keys are left out of the gradient mean
+            and get 0, so a padded batch explains each sample as it would be explained alone.
+
+    Returns:
+        ``[B, N]`` in the promoted float32-or-wider dtype; the query's own entry is 0 (the
+        authors' code drops it: ``attn[:, h, 0, 1:]``).
+
+    >>> import torch
+    >>> attn = torch.tensor([[[[0.2, 0.5, 0.3], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]],
+    ...                       [[0.2, 0.2, 0.6], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]]])
+    >>> grad = torch.tensor([[[[9.0, 1.0, 3.0], [9.0, 9.0, 9.0], [9.0, 9.0, 9.0]],
+    ...                       [[9.0, -1.0, -1.0], [9.0, 9.0, 9.0], [9.0, 9.0, 9.0]]]])
+    >>> # w = (2, -1): token 1: (2 * 0.5 - 1 * 0.2) / 2 = 0.4; token 2: (2 * 0.3 - 1 * 0.6) / 2 = 0
+    >>> attn_gradcam_vit_row(attn, grad, torch.tensor([0]))
+    tensor([[0.0000, 0.4000, 0.0000]])
+    """
+    if attn.dim() != 4 or attn.shape != grad.shape or attn.shape[-2] != attn.shape[-1]:
+        raise ValueError(f"attn and grad must both be [B, H, N, N]; got {tuple(attn.shape)} and {tuple(grad.shape)}")
+    dtype = torch.promote_types(torch.promote_types(attn.dtype, grad.dtype), torch.float32)
+    batch, _, tokens, _ = attn.shape
+    rows = torch.arange(batch, device=attn.device)
+    # The readout row of every head: [B, H, N].
+    attn_row = attn[rows, :, query].to(dtype)
+    grad_row = grad[rows, :, query].to(dtype)
+    others = torch.ones(batch, tokens, dtype=torch.bool, device=attn.device)
+    others[rows, query] = False
+    if keep is not None:
+        others &= keep.to(attn.device).bool()
+    counted = others[:, None].to(dtype)
+    weights = (grad_row * counted).sum(dim=-1, keepdim=True) / counted.sum(dim=-1, keepdim=True)
+    return ((weights * attn_row).mean(dim=1).clamp(min=0) * others).to(dtype)

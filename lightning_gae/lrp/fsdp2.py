@@ -1,6 +1,6 @@
 """The LRP forwards on a model sharded with FSDP2 (``fully_shard``): its parameters held constant.
 
-The LRP modes (:mod:`lightning_gae.lrp`, :mod:`lightning_gae.transformer_attribution`) tell which tensors carry
+The LRP modes (:mod:`lightning_gae.lrp`, :mod:`lightning_gae.lrp.transformer_attribution`) tell which tensors carry
 relevance by ``requires_grad``, so their forward runs on detached parameters: ``torch.func.functional_call`` swaps
 each module's parameters for detached ones. Inside an FSDP2 unit that swap does not hold, and breaks the unit:
 

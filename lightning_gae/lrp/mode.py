@@ -1,7 +1,7 @@
 """AttnLRP (Achtibat et al., ICML 2024) on unmodified models, in gradient form.
 
 While :class:`LRPCapture` is active, the operations of a model's forward are swapped, through the
-same ``TorchFunctionMode`` mechanism as :mod:`lightning_gae.capture`, for ones whose backward pass
+same ``TorchFunctionMode`` mechanism as :mod:`lightning_gae.engine.capture`, for ones whose backward pass
 propagates relevance: the relevance of a tensor ``x`` is ``x * grad(x)`` where ``grad`` is the
 modified gradient of the explained score. The choices are LXT's (the reference implementation,
 ``lxt.efficient``, v2.1):
@@ -26,7 +26,7 @@ modified gradient of the explained score. The choices are LXT's (the reference i
 
 Fused attention (``F.scaled_dot_product_attention``, ``F.multi_head_attention_forward``) gets the rule on its
 inputs; past it, its plain gradient: SDPA runs as itself in float32/64 with no all-masked query (nothing
-``N x N`` kept), else it and ``nn.MultiheadAttention`` are computed explicitly as in :mod:`lightning_gae.capture`.
+``N x N`` kept), else it and ``nn.MultiheadAttention`` are computed explicitly as in :mod:`lightning_gae.engine.capture`.
 
 Which tensors carry relevance: the forward runs with the model's parameters detached
 (``torch.func.functional_call``) and the word-embedding output made a leaf, so a tensor requires
@@ -41,11 +41,8 @@ or hooked, also when the forward raises.
 from __future__ import annotations
 
 import inspect
-import sys
-import warnings
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,17 +50,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode, resolve_name
 
-from lightning_gae._fsdp1 import constant_gathered, fsdp1_units, managed_parameters
-from lightning_gae._fsdp2 import constant_parameters, fsdp2_units, unit_parameters
-from lightning_gae._lrp_ops import fused_applies, unbind
-from lightning_gae.capture import (
+from lightning_gae.lrp.fsdp1 import constant_gathered, fsdp1_units, managed_parameters
+from lightning_gae.lrp.fsdp2 import constant_parameters, fsdp2_units, unit_parameters
+from lightning_gae.lrp._ops import fused_applies, unbind
+from lightning_gae.engine.attention import (
+    MHA_SIGNATURE,
+    SDPA_ARGS,
     explicit_multi_head_attention_forward,
     explicit_scaled_dot_product_attention,
-    holds_compiled_module,
+    run_eagerly,
 )
 
-__all__ = ["LRPCapture", "LRPForward", "UnsupportedOperation", "input_embedding", "relevance_forward", "token_relevance",
-           "word_embedding"]
+__all__ = ["LRPCapture", "UnsupportedOperation", "identity_rule", "scale_gradient", "word_embedding"]
 
 
 class UnsupportedOperation(ValueError):
@@ -134,7 +132,7 @@ def scale_gradient(x: Tensor, factor: float) -> Tensor:
 # Which operation is which.
 
 # Linear in every relevance-carrying operand, shape ops and casts: the plain gradient is the rule.
-_LINEAR = {
+LINEAR_OPS = {
     "add", "sub", "neg", "sum", "mean", "cumsum", "embedding", "softmax",
     "dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
     "contiguous", "clone", "to", "type", "type_as", "float", "half", "bfloat16", "double", "cpu", "cuda",
@@ -146,14 +144,14 @@ _LINEAR = {
     "unfold", "diagonal",
 }
 # Products: linear when one operand carries relevance, the uniform rule when two do.
-_PRODUCTS = {"mul", "matmul", "bmm", "mm", "einsum"}
+PRODUCT_OPS = {"mul", "matmul", "bmm", "mm", "einsum"}
 # Linear in each operand, but bilinear when the input and the weight both carry relevance (no rule then):
 # the positions of the multiplied operands.
-_WEIGHTED = {"linear": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2), "conv1d": (0, 1),
+WEIGHTED_OPS = {"linear": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2), "addbmm": (1, 2), "conv1d": (0, 1),
              "conv2d": (0, 1), "conv3d": (0, 1), "conv_transpose1d": (0, 1), "conv_transpose2d": (0, 1),
              "conv_transpose3d": (0, 1), "bilinear": (0, 1)}
 # Elementwise activations: the identity rule.
-_ACTIVATIONS = {
+ACTIVATION_OPS = {
     "gelu", "silu", "relu", "relu6", "leaky_relu", "elu", "selu", "celu", "mish", "softplus", "hardswish",
     "hardsigmoid", "hardtanh", "tanh", "sigmoid",
 }
@@ -183,7 +181,7 @@ def _resolved(func: Callable) -> str | None:
 _RESOLVED: dict[Callable, str | None] = {}
 
 
-def _op_name(func: Callable) -> str:
+def op_name(func: Callable) -> str:
     full = _resolved(func) or getattr(func, "__name__", None) or repr(func)
     parts = full.split(".")
     name = parts[-2] if parts[-1] == "__get__" and len(parts) > 1 else parts[-1]
@@ -197,7 +195,7 @@ def _full_name(func: Callable) -> str:
     return _resolved(func) or getattr(func, "__qualname__", None) or repr(func)
 
 
-def _flat_tensors(args: Sequence[Any], kwargs: dict) -> list[Tensor]:
+def flat_tensors(args: Sequence[Any], kwargs: dict) -> list[Tensor]:
     found = []
     for a in [*args, *kwargs.values()]:
         if isinstance(a, Tensor):
@@ -207,7 +205,7 @@ def _flat_tensors(args: Sequence[Any], kwargs: dict) -> list[Tensor]:
     return found
 
 
-def _live(t: Any) -> bool:
+def carries_relevance(t: Any) -> bool:
     return isinstance(t, Tensor) and t.requires_grad
 
 
@@ -243,11 +241,9 @@ def _rms_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | N
 
 _LN_SIGNATURE = inspect.signature(F.layer_norm)
 _RMS_SIGNATURE = inspect.signature(F.rms_norm)
-_SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-_MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
 
 
-class _LRPMode(TorchFunctionMode):
+class LRPMode(TorchFunctionMode):
     """Swaps each operation of the forward for its AttnLRP form (see the module docstring)."""
 
     supported = ("linear maps, sums, LayerNorm/RMSNorm, elementwise activations, products (uniform rule), softmax, "
@@ -257,7 +253,7 @@ class _LRPMode(TorchFunctionMode):
         super().__init__()
         self.capture = capture
 
-    def _no_rule(self, func: Callable, out: Any) -> Any:
+    def no_rule(self, func: Callable, out: Any) -> Any:
         where = self.capture.current_path or "<model>"
         module = self.capture.current_type
         message = (
@@ -268,25 +264,25 @@ class _LRPMode(TorchFunctionMode):
         if isinstance(out, Tensor):
             return _NoRule.apply(out, message) if out.requires_grad else out
         if isinstance(out, (tuple, list)):
-            return type(out)(_NoRule.apply(t, message) if _live(t) else t for t in out)
+            return type(out)(_NoRule.apply(t, message) if carries_relevance(t) else t for t in out)
         return out
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if self.capture._in_unit:
+        if self.capture.in_unit:
             # Inside an activation module: its output is replaced by the identity rule as one unit.
             return func(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
             return self._sdpa(args, kwargs)
         if func is F.multi_head_attention_forward:
             return self._mha(args, kwargs)
-        live = [t for t in _flat_tensors(args, kwargs) if t.requires_grad]
+        live = [t for t in flat_tensors(args, kwargs) if t.requires_grad]
         if not live:
             return func(*args, **kwargs)
-        name = _op_name(func)
+        name = op_name(func)
         inplace = name.endswith("_") and not name.startswith("_")
         base = name[:-1] if inplace else name
-        if base in _ACTIVATIONS and (kwargs.get("inplace") is True or any(a is True for a in args[1:])):
+        if base in ACTIVATION_OPS and (kwargs.get("inplace") is True or any(a is True for a in args[1:])):
             inplace = True  # F.relu(x, inplace=True): x's own value is gone before a rule could use it
         if func is F.layer_norm:
             b = _LN_SIGNATURE.bind(*args, **kwargs)
@@ -296,41 +292,41 @@ class _LRPMode(TorchFunctionMode):
             return _rms_norm(**b.arguments)
         if base in _NORM_STATISTICS and not inplace:
             return func(*args, **kwargs).detach()
-        if base in _ACTIVATIONS and not inplace:
+        if base in ACTIVATION_OPS and not inplace:
             x = args[0] if args else kwargs.get("input")
             out = func(*args, **kwargs)
-            return identity_rule(x, out) if _live(x) else out
-        if base in _PRODUCTS or base == "div":
-            operands = self._product_operands(base, args, kwargs)
-            carrying = sum(_live(t) for t in operands)
+            return identity_rule(x, out) if carries_relevance(x) else out
+        if base in PRODUCT_OPS or base == "div":
+            operands = self.product_operands(base, args, kwargs)
+            carrying = sum(carries_relevance(t) for t in operands)
             if base == "div":
                 divisor = args[1] if len(args) > 1 else kwargs.get("other")
-                if _live(divisor):
-                    return self._refuse(func, inplace, args, kwargs)
+                if carries_relevance(divisor):
+                    return self.refuse(func, inplace, args, kwargs)
                 return func(*args, **kwargs)
             if carrying <= 1:
                 return func(*args, **kwargs)
             if inplace or carrying > 2:
-                return self._refuse(func, inplace, args, kwargs)
+                return self.refuse(func, inplace, args, kwargs)
             out = func(*args, **kwargs)
             self.capture._note_product(func, out)
             return _Scale.apply(out, 0.5)
-        if base in _WEIGHTED:
-            multiplied = [args[i] for i in _WEIGHTED[base] if i < len(args)]
-            if base == "bilinear" or sum(_live(t) for t in multiplied) > 1:
-                return self._refuse(func, inplace, args, kwargs)
+        if base in WEIGHTED_OPS:
+            multiplied = [args[i] for i in WEIGHTED_OPS[base] if i < len(args)]
+            if base == "bilinear" or sum(carries_relevance(t) for t in multiplied) > 1:
+                return self.refuse(func, inplace, args, kwargs)
             return func(*args, **kwargs)
         if base == "batch_norm":
             training = kwargs.get("training", args[5] if len(args) > 5 else False)
             # With running statistics (eval mode) it is an affine map per channel.
-            return self._refuse(func, inplace, args, kwargs) if training else func(*args, **kwargs)
-        if base == "unbind" and not inplace and _live(args[0] if args else kwargs.get("input")):
+            return self.refuse(func, inplace, args, kwargs) if training else func(*args, **kwargs)
+        if base == "unbind" and not inplace and carries_relevance(args[0] if args else kwargs.get("input")):
             return unbind(args, kwargs)
-        if base in _LINEAR or name in ("detach", "requires_grad_"):
+        if base in LINEAR_OPS or name in ("detach", "requires_grad_"):
             return func(*args, **kwargs)
-        return self._refuse(func, inplace, args, kwargs)
+        return self.refuse(func, inplace, args, kwargs)
 
-    def _refuse(self, func: Callable, inplace: bool, args: tuple, kwargs: dict) -> Any:
+    def refuse(self, func: Callable, inplace: bool, args: tuple, kwargs: dict) -> Any:
         if inplace:
             where = self.capture.current_path or "<model>"
             module = self.capture.current_type
@@ -339,10 +335,10 @@ class _LRPMode(TorchFunctionMode):
                 f"tensor (in module {where!r}{f', {module}' if module else ''}); an in-place operation cannot be given "
                 "one afterwards (lightning_gae.lrp)"
             )
-        return self._no_rule(func, func(*args, **kwargs))
+        return self.no_rule(func, func(*args, **kwargs))
 
     @staticmethod
-    def _product_operands(base: str, args: tuple, kwargs: dict) -> list[Any]:
+    def product_operands(base: str, args: tuple, kwargs: dict) -> list[Any]:
         if base == "einsum":
             rest = list(args[1:])
             return list(rest[0]) if len(rest) == 1 and isinstance(rest[0], (list, tuple)) else rest
@@ -351,9 +347,9 @@ class _LRPMode(TorchFunctionMode):
         return [lhs, rhs]
 
     def _sdpa(self, args: tuple, kwargs: dict) -> Tensor:
-        p = dict(zip(_SDPA_ARGS, args))
+        p = dict(zip(SDPA_ARGS, args))
         p.update(kwargs)
-        if not any(_live(p.get(n)) for n in ("query", "key", "value")):
+        if not any(carries_relevance(p.get(n)) for n in ("query", "key", "value")):
             return F.scaled_dot_product_attention(*args, **kwargs)
         # LXT's wrap_attention_forward: a quarter of the gradient to q and to k, half to v.
         p["query"], p["key"], p["value"] = (scale_gradient(p[n], f) for n, f in (("query", 0.25), ("key", 0.25), ("value", 0.5)))
@@ -365,8 +361,8 @@ class _LRPMode(TorchFunctionMode):
         return out.to(p["value"].dtype)
 
     def _mha(self, args: tuple, kwargs: dict) -> Any:
-        b = _MHA_SIGNATURE.bind(*args, **kwargs)
-        if not any(_live(b.arguments.get(n)) for n in ("query", "key", "value")):
+        b = MHA_SIGNATURE.bind(*args, **kwargs)
+        if not any(carries_relevance(b.arguments.get(n)) for n in ("query", "key", "value")):
             return F.multi_head_attention_forward(*args, **kwargs)
         # The projections are linear, so splitting the gradient of their inputs splits that of q, k, v.
         for n, f in (("query", 0.25), ("key", 0.25), ("value", 0.5)):
@@ -418,7 +414,7 @@ class LRPCapture:
     """
 
     method = "attnlrp"
-    mode_class: type[TorchFunctionMode] = _LRPMode
+    mode_class: type[TorchFunctionMode] = LRPMode
 
     def __init__(self, model: nn.Module, embedding_layer: nn.Module | str | None | bool = None) -> None:
         self.model = model
@@ -427,7 +423,7 @@ class LRPCapture:
         self._names = {m: n for n, m in model.named_modules(remove_duplicate=False)}
         self._stack: list[nn.Module] = []
         self._units = 0
-        self._suspended = 0  # > 0 while an FSDP1 unit's own code runs: all let through (lightning_gae._fsdp1)
+        self._suspended = 0  # > 0 while an FSDP1 unit's own code runs: all let through (lightning_gae.lrp.fsdp1)
         self._unit_input: Tensor | None = None
         self._exit: ExitStack | None = None
         self.embeddings: list[Tensor] = []
@@ -448,7 +444,9 @@ class LRPCapture:
         return type(self._stack[-1]).__name__ if self._stack else ""
 
     @property
-    def _in_unit(self) -> bool:
+    def in_unit(self) -> bool:
+        """Whether an activation module (one unit under the identity rule) or an FSDP1 unit's own code is running:
+        the modes then let every operation through without a rule."""
         return self._units > 0 or self._suspended > 0
 
     def _note_attention(self, kind: str, keys: int) -> None:
@@ -461,14 +459,14 @@ class LRPCapture:
 
     def _note_product(self, func: Callable, out: Tensor) -> None:
         # The first product of two relevance-carrying tensors in an attention module is Q·Kᵀ: [..., N, N].
-        if _op_name(func) in ("matmul", "bmm", "einsum", "baddbmm"):
+        if op_name(func) in ("matmul", "bmm", "einsum", "baddbmm"):
             self._note_attention("matmul", out.shape[-1])
 
     def _push(self, module: nn.Module, args: Any) -> Any:
         self._stack.append(module)
         if self._units:
             self._units += 1
-        elif _is_activation_module(module) and args and _live(args[0]):
+        elif _is_activation_module(module) and args and carries_relevance(args[0]):
             self._units = 1
             self._unit_input = args[0]
             if getattr(module, "inplace", False) is True:
@@ -483,10 +481,10 @@ class LRPCapture:
             self._units -= 1
             x, self._unit_input = (self._unit_input, None) if self._units == 0 else (None, self._unit_input)
             if x is not None and isinstance(output, Tensor) and output.shape == x.shape:
-                return self._unit_rule(x, output)
+                return self.unit_rule(x, output)
         return None
 
-    def _unit_rule(self, x: Tensor, output: Tensor) -> Tensor:
+    def unit_rule(self, x: Tensor, output: Tensor) -> Tensor:
         """What replaces an activation module's output (its input ``x``): the identity rule."""
         return identity_rule(x, output)
 
@@ -501,8 +499,8 @@ class LRPCapture:
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # The attribute paths functional_call swaps at, walked by nn.Module's own traversal: a wrapper that
         # reports its model's module names (the Captum classes' forward_func) keeps its real paths here.
-        # FSDP2 units gather their own parameters in the forward: they are held constant there (lightning_gae._fsdp2).
-        # FSDP1 units likewise, and the mode lets their own gathering through (lightning_gae._fsdp1).
+        # FSDP2 units gather their own parameters in the forward: they are held constant there (lightning_gae.lrp.fsdp2).
+        # FSDP1 units likewise, and the mode lets their own gathering through (lightning_gae.lrp.fsdp1).
         units, fsdp1 = fsdp2_units(self.model), fsdp1_units(self.model)
         params: dict[str, Tensor] = {}
         seen: set[int] = unit_parameters(units) | managed_parameters(fsdp1)
@@ -518,12 +516,7 @@ class LRPCapture:
         self.embeddings, self.attention, self._stack, self._units, self.num_tokens = [], [], [], 0, None
         self.from_ids = False
         with ExitStack() as stack:
-            if "torch._dynamo" in sys.modules:
-                # A torch.compile'd submodule runs eagerly, as under the capture: Dynamo would trace the mode.
-                stack.enter_context(torch.compiler.set_stance("force_eager"))
-            if holds_compiled_module(self.model):
-                stack.enter_context(warnings.catch_warnings())
-                warnings.filterwarnings("ignore", message=r"Using `torch\.compile\(module\)` when there are global hooks")
+            run_eagerly(stack, self.model)
             if self.embedding is not None:
                 stack.enter_context(self.embedding.register_forward_hook(self._leaf))
             stack.enter_context(nn.modules.module.register_module_forward_pre_hook(self._push))
@@ -537,114 +530,3 @@ class LRPCapture:
         self._stack, self._units, self._unit_input = [], 0, None
         if exit_stack is not None:
             exit_stack.close()
-
-
-@dataclass
-class LRPForward:
-    """One forward under :class:`LRPCapture`: the model's ``output``, the tensor relevance is read at
-    (``embeddings``, a leaf requiring grad: ``[B, n, D]`` token vectors, ``[B, D, h, w]`` a
-    convolution's patch grid, or ``[B, F]`` float features), the module paths of its ``attention``
-    and ``attended``, the key count of the first attention (None if none ran)."""
-
-    output: Any
-    embeddings: Tensor
-    attention: list[str]
-    attended: int | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        """The tokens explained: those attention sees, or the embedding's own when no attention ran."""
-        if self.attended is not None:
-            return self.attended
-        e = self.embeddings
-        return e.shape[-2] * e.shape[-1] if e.dim() == 4 else e.shape[1]
-
-
-def input_embedding(model: nn.Module, embedding_layer: nn.Module | str | None, token_ids: bool) -> nn.Module | None:
-    """Where ``method="attnlrp"`` reads relevance: ``embedding_layer`` if given; for token ids the word
-    embedding (:func:`word_embedding`); for float inputs a Hugging Face ``get_input_embeddings()``
-    (a ViT's patch embedding) or the first submodule named ``patch_embed`` (timm's convention), else
-    None (the float inputs themselves)."""
-    if embedding_layer is not None or token_ids:
-        return word_embedding(model, embedding_layer)
-    try:
-        return word_embedding(model)
-    except ValueError:
-        pass
-    for name, module in model.named_modules():
-        if name.rsplit(".", 1)[-1] == "patch_embed":
-            return module
-    return None
-
-
-def relevance_forward(model: nn.Module, args: tuple, kwargs: dict, embedding_layer: nn.Module | str | None = None) -> LRPForward:
-    """Run ``model(*args, **kwargs)`` under :class:`LRPCapture`; the embedding must run once.
-
-    Token ids are read at their word embedding; float inputs (pixels, features) at the patch
-    embedding (:func:`input_embedding`) or, without one, at a single ``[B, F]`` float input.
-    """
-    floats = [t for t in _flat_tensors(args, kwargs) if t.is_floating_point()]
-    module = input_embedding(model, embedding_layer, token_ids=not floats)
-    if module is None:
-        if len(floats) != 1 or floats[0].dim() != 2:
-            shapes = [list(t.shape) for t in floats]
-            raise ValueError(
-                f"method='attnlrp' reads relevance at an embedding whose output is one vector per token; "
-                f"{type(model).__name__} has no get_input_embeddings() and no 'patch_embed' module, and its float "
-                f"inputs {shapes} are not one [B, F] tensor of features: pass embedding_layer= (the module, or "
-                "its path such as 'stem.proj') whose output is [B, N, D] or a convolution's [B, D, h, w]"
-            )
-        floats[0].requires_grad_(True)
-    capture = LRPCapture(model, module if module is not None else False)
-    with capture:
-        output = capture.forward(*args, **kwargs)
-    if module is None:
-        return LRPForward(output, floats[0], list(capture.attention), capture.num_tokens)
-    if len(capture.embeddings) != 1:
-        runs = "never ran" if not capture.embeddings else f"ran {len(capture.embeddings)} times"
-        raise ValueError(
-            f"the embedding ({type(module).__name__}) {runs} in the forward; method='attnlrp' explains "
-            "one call of one module (an encoder-decoder may embed through its own modules, e.g. "
-            "'model.encoder.embed_tokens'): pass embedding_layer= naming it"
-        )
-    embeddings = capture.embeddings[0]
-    if embeddings.dim() not in (3, 4):
-        raise ValueError(f"the embedding ({type(module).__name__}) returned shape {list(embeddings.shape)}; method='attnlrp' "
-                         "needs one vector per token, [B, N, D], or a convolution's patch grid [B, D, h, w]")
-    # A word embedding's tokens are the explained ones; a patch embedding's are the last of what attention sees.
-    return LRPForward(output, embeddings, list(capture.attention), None if capture.from_ids else capture.num_tokens)
-
-
-def token_relevance(run: LRPForward, score: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
-    """``(relevance [B, N], conservation [B])``: ``sum_d e * grad e`` of each token, 0 where ``keep`` is
-    False, and its sum over the tokens divided by the score (NaN for a score of 0).
-
-    A patch grid ``[B, D, h, w]`` gives its ``h * w`` tokens row-major; ``[B, F]`` features one each.
-    When the embedding yields fewer tokens than attention sees, they are its last ones: the tokens
-    the model adds before them (CLS, ...) get 0, as ``prefix_tokens`` in the image and tabular
-    modalities.
-    """
-    if not score.requires_grad:
-        raise ValueError("the explained score does not depend on the embeddings (no gradient path); check target")
-    embeddings = run.embeddings
-    (grad,) = torch.autograd.grad(score.sum(), [embeddings])
-    with torch.no_grad():
-        product = embeddings * grad
-        if embeddings.dim() == 4:
-            tokens = product.sum(1).flatten(1)
-        elif embeddings.dim() == 3:
-            tokens = product.sum(-1)
-        else:
-            tokens = product
-        tokens = tokens.to(torch.float32)
-        prefix = keep.shape[1] - tokens.shape[1]
-        if prefix < 0:
-            raise ValueError(f"the embedding gives {tokens.shape[1]} tokens but attention sees {keep.shape[1]}; "
-                             "pass embedding_layer= naming the module whose output is one vector per attended token")
-        if prefix:
-            tokens = torch.cat([tokens.new_zeros(tokens.shape[0], prefix), tokens], dim=1)
-        tokens = tokens.masked_fill(~keep, 0.0)
-        total = score.detach().to(torch.float32)
-        conservation = tokens.sum(-1) / torch.where(total == 0, torch.ones_like(total), total)
-        conservation = torch.where(total == 0, torch.full_like(total, float("nan")), conservation)
-    return tokens, conservation

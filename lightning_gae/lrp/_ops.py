@@ -1,4 +1,4 @@
-"""Operations the LRP modes (:mod:`lightning_gae.lrp`, :mod:`lightning_gae.transformer_attribution`) run in
+"""Operations the LRP modes (:mod:`lightning_gae.lrp`, :mod:`lightning_gae.lrp.transformer_attribution`) run in
 a cheaper form than PyTorch's own, with the same values and gradients."""
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Rendering relevance as pictures: numpy ``uint8 [h, w, 3]`` arrays, ready for TensorBoard.
 
-Two families. :mod:`~lightning_gae.visualize.figures` (:func:`titled_image`, :func:`grid`,
+Two families. :mod:`~lightning_gae.display.figures` (:func:`titled_image`, :func:`grid`,
 :func:`token_strip`, ...) draws matplotlib figures on their own Agg canvas, never through
-``pyplot``. :mod:`~lightning_gae.visualize.panels` (:func:`colorize`, :func:`heatmap_panel`,
+``pyplot``. :mod:`~lightning_gae.display.panels` (:func:`colorize`, :func:`heatmap_panel`,
 :func:`panel_row`, :func:`token_rows`, :func:`feature_table`, :func:`evolution_grid`) builds the
 callback's pictures by colormap lookups and glyph bitmaps, without a figure per sample.
 """
 
-from lightning_gae.visualize.figures import (
+from lightning_gae.display.figures import (
     feature_bars,
     figure_to_array,
     grid,
@@ -17,7 +17,7 @@ from lightning_gae.visualize.figures import (
     titled_image,
     token_strip,
 )
-from lightning_gae.visualize.panels import (
+from lightning_gae.display.panels import (
     DIVERGING_CMAP,
     SEQUENTIAL_CMAP,
     colorbar,

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from lightning_gae._fsdp1 import through_root
+from lightning_gae.lrp.fsdp1 import through_root
 
 __all__ = ["FSDP1"]
 

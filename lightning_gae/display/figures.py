@@ -20,7 +20,7 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.patches import Rectangle
 from torch import Tensor
 
-from lightning_gae.visualize._common import PAD_PX, WHITE, ArrayLike, as_numpy, as_uint8
+from lightning_gae.display._common import PAD_PX, WHITE, ArrayLike, as_numpy, as_uint8
 
 __all__ = ["feature_bars", "figure_to_array", "grid", "normalize", "overlay", "side_by_side", "titled_image", "token_strip"]
 

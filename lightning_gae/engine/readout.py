@@ -1,0 +1,171 @@
+"""What every explanation shares, whichever method computes it: the result type, the preamble it runs
+under, and how a sample's readout row, real tokens and explained score are found.
+
+:class:`Explanation` is what :func:`~lightning_gae.explain` returns; :func:`explaining` is the
+preamble (eval mode, forked RNG, gradients on, fresh copies of the inputs); :func:`keep_mask`,
+:func:`readout_query` and :func:`target_scores` read the batch; :func:`hide_own` sets the query
+token's own identity entry to 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+import torch
+from torch import Tensor, nn
+
+from lightning_gae._structures import Target, call_args, eval_mode, map_tensors, nonfinite_inputs
+
+__all__ = ["PADDING_KEYS", "Explanation", "Query", "explaining", "hide_own", "keep_mask", "readout_query",
+           "refuse_nonfinite", "resolve_readout", "target_scores"]
+
+Query = Union[int, Literal["last", "mean"], Sequence[int], Tensor]
+
+# Keys of a keyword-argument input that mark padding, and whether a True/nonzero entry means "keep".
+PADDING_KEYS = {"attention_mask": True, "src_key_padding_mask": False, "key_padding_mask": False}
+
+
+@dataclass
+class Explanation:
+    """The relevance of every token for one prediction per sample.
+
+    Attributes:
+        tokens: float32 ``[B, N]``, aligned with the model's token sequence; the query token's own
+            entry and padded positions are 0.
+        logits: the logits the explanation was read from, detached (None when the output had none).
+        target: ``[B]`` class indices explained, or None for a callable target.
+        score: ``[B]`` the explained scalar ``y_t`` of each sample, detached.
+        method: a name in :data:`METHODS` (``"gae"``, ``"rollout"``, ``"raw_attention"``, ...) or ``"attnlrp"``.
+        layers: module paths of the attention layers used, in call order.
+        query: ``[B]`` index of the token whose row was read out (None for ``query="mean"``).
+        relevance: token set name -> float32 ``[B, N_set]``: every set's relevance for the
+            prediction (one entry, ``"tokens"``, for single-set models; ``"encoder"``/``"decoder"``
+            for encoder-decoders; ``"text"``/``"image"`` for dual encoders). Padding and the
+            query's own entry are 0.
+        query_set: the token set ``tokens`` belongs to.
+        conservation: ``[B]`` float32, ``method="attnlrp"`` only (else None): sum of each sample's token
+            relevance / its explained score; biases and position/token-type embeddings absorb the rest.
+    """
+
+    tokens: Tensor
+    logits: Tensor | None
+    target: Tensor | None
+    score: Tensor
+    method: str
+    layers: list[str] = field(default_factory=list)
+    query: Tensor | None = None
+    relevance: dict[str, Tensor] = field(default_factory=dict)
+    query_set: str = "tokens"
+    conservation: Tensor | None = None
+
+
+def keep_mask(kwargs: Mapping[str, Any], batch: int, num_tokens: int) -> Tensor | None:
+    """``[B, N]`` bool, True for real tokens, from a padding mask among the keyword inputs."""
+    for key, true_keeps in PADDING_KEYS.items():
+        mask = kwargs.get(key)
+        if isinstance(mask, Tensor) and mask.shape == (batch, num_tokens):
+            return mask != 0 if true_keeps else mask == 0
+    return None
+
+
+def readout_query(query: Query, batch: int, num_tokens: int, keep: Tensor, device: torch.device) -> Tensor:
+    """``[B]`` token indices, or for ``"mean"`` a float ``[B, N]`` start row: the mean of the real tokens' rows."""
+    if isinstance(query, str):
+        if query == "mean":
+            weights = keep.to(torch.float32)
+            return weights / weights.sum(dim=1, keepdim=True).clamp(min=1)
+        if query != "last":
+            raise ValueError(f"query={query!r}: use a token index, 'last', 'mean', or one index per sample")
+        # Last real token of each row (right padding), whatever the padding side.
+        positions = torch.arange(num_tokens, device=device).expand(batch, num_tokens)
+        return torch.where(keep, positions, -1).amax(dim=1)
+    index = torch.as_tensor(query, dtype=torch.long, device=device)
+    if index.dim() == 0:
+        index = index.expand(batch)
+    if index.shape != (batch,):
+        raise ValueError(f"query has shape {tuple(index.shape)}; give one index, 'last', 'mean', or {batch} indices (one per sample)")
+    if ((index < -num_tokens) | (index >= num_tokens)).any():
+        raise ValueError(f"query {index.tolist()} is out of range for {num_tokens} tokens")
+    index = index % num_tokens
+    padded = ~keep[torch.arange(batch, device=device), index]
+    if padded.any():
+        raise ValueError(
+            f"query {index.tolist()} lands on a padded position in samples {torch.nonzero(padded).flatten().tolist()}; "
+            "read a real token (e.g. query='last' for the last real token)"
+        )
+    return index
+
+
+def target_scores(output: Any, logits: Tensor | None, target: Target, query: Tensor, batch: int) -> tuple[Tensor, Tensor | None]:
+    """``(y_t per sample [B], explained class per sample [B] or None)``."""
+    if callable(target):
+        score = target(output)
+        if not isinstance(score, Tensor) or score.reshape(-1).shape != (batch,):
+            got = tuple(score.shape) if isinstance(score, Tensor) else type(score).__name__
+            raise ValueError(f"target callable must return one scalar per sample, a Tensor of shape [{batch}]; got {got}")
+        return score.reshape(batch), None
+    if logits is None:
+        raise ValueError(
+            "the model output has no logits (a tensor, `.logits`, or a tuple whose first item is a tensor); "
+            "pass target=callable(output) -> Tensor[B] that returns the scalar to explain"
+        )
+    if logits.dim() == 3:
+        if query.is_floating_point():
+            raise ValueError("query='mean' reads no single position of sequence logits [B, T, C]; pass a token index or target=callable(output)")
+        # Sequence outputs ([B, T, C], e.g. a language model): the prediction made at the query token.
+        logits = logits[torch.arange(batch, device=logits.device), query.to(logits.device)]
+    if logits.dim() == 1:
+        logits = logits[:, None]
+    if logits.dim() != 2 or logits.shape[0] != batch:
+        raise ValueError(f"logits of shape {tuple(logits.shape)} are not [B, C] or [B, T, C]; pass target=callable(output)")
+    if target is None:
+        index = logits.argmax(dim=-1)
+    else:
+        index = torch.as_tensor(target, dtype=torch.long, device=logits.device)
+        index = index.expand(batch) if index.dim() == 0 else index.reshape(-1)
+        if index.shape != (batch,):
+            raise ValueError(f"target has {index.numel()} entries for a batch of {batch}; give an int, one index per sample, or a callable")
+        if ((index < 0) | (index >= logits.shape[-1])).any():
+            raise ValueError(f"target {index.tolist()} is out of range for {logits.shape[-1]} classes")
+    return logits.gather(1, index[:, None]).squeeze(1), index
+
+
+def hide_own(row: Tensor, query: Tensor) -> Tensor:
+    """The query's own identity entry set to 0 (a mean readout loses its start vector instead)."""
+    if query.is_floating_point():
+        return row - query.to(row.dtype)
+    row = row.clone()
+    row[torch.arange(row.shape[0], device=row.device), query] = 0.0
+    return row
+
+
+def refuse_nonfinite(inputs: Any) -> None:
+    bad = nonfinite_inputs(inputs)
+    if bad:
+        # Every relevance computed from them would be NaN, silently: say where they are instead.
+        where = ", ".join(f"{count} in {name}" for name, count in bad.items())
+        raise ValueError(f"the inputs hold NaN or inf values ({where}); an explanation of them would be NaN. Drop or "
+                         "repair those samples before explaining them")
+
+
+def resolve_readout(readout: Any, kwargs: Mapping[str, Any], args: Sequence[Any] = ()) -> Any:
+    """A preset's readout may be a function of the inputs (CLIP's text EOS position)."""
+    return readout(kwargs, args) if callable(readout) else readout
+
+
+@contextmanager
+def explaining(model: nn.Module, inputs: Any, float_leaves: bool = False) -> Iterator[tuple[tuple, dict]]:
+    """The preamble of every explanation: ``(args, kwargs)`` of fresh copies of ``inputs`` for the model's call.
+
+    Refuses non-finite inputs (:func:`refuse_nonfinite`), then holds the model in eval mode, the RNG
+    (CPU and the model's CUDA devices) forked, inference mode off and gradients on, so that nothing the
+    explanation does is seen by the run around it. Inference-mode tensors cannot enter an autograd graph,
+    hence the copies; with ``float_leaves`` the float copies require grad (the leaves of an LRP pass).
+    """
+    refuse_nonfinite(inputs)
+    cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+    with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
+        yield call_args(map_tensors(inputs, lambda t: t.detach().clone().requires_grad_(float_leaves and t.is_floating_point())))

@@ -1,0 +1,125 @@
+"""Which model input each token set's tokens come from, and the modality of a ViT-style model inferred.
+
+A model's attention runs over one or more token sets (``explain(...).relevance``): one for a ViT,
+BERT or GPT-2, an encoder and a decoder set for an encoder-decoder, two towers for a dual encoder.
+:func:`token_set_inputs` pairs each set with its modality and its input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+from lightning_gae._structures import display_input, take
+from lightning_gae.engine.explain import explain
+from lightning_gae.modalities.tokens import ImageTokens, Modality
+
+__all__ = ["infer_modality", "token_set_input", "token_set_inputs"]
+
+
+def token_set_inputs(
+    inputs: Any,
+    sizes: Mapping[str, int],
+    modality: Mapping[str, Modality] | None = None,
+    set_inputs: Mapping[str, int | str] | None = None,
+    caller: str = "compare",
+) -> dict[str, tuple[Modality, int | str]]:
+    """Each token set's modality and the model input its tokens come from.
+
+    Args:
+        inputs: the model inputs: a mapping of keyword arguments, a tuple, or one tensor.
+        sizes: token set -> its token count (``{x: r.shape[1] for x, r in explain(...).relevance.items()}``).
+        modality: set -> modality; a set left out is inferred when exactly one input is images whose
+            patch grid fits its token count (:meth:`ImageTokens.infer`).
+        set_inputs: set -> the key of a mapping input or the position in a tuple; a set left out
+            takes the one input its modality fits (masks, keys ending in ``mask``, hold no tokens).
+        caller: named in the errors (``"GAECallback"``, ``"compare"``).
+
+    Returns:
+        set -> ``(modality, key or position)``, one input per set.
+
+    Raises:
+        ValueError: a set named that the model does not have, a set whose modality cannot be
+            inferred, an input two sets fit alike (equal lengths: pass ``set_inputs``), or an input
+            given that does not fit the set's modality.
+    """
+    given = dict(modality or {})
+    for name, argument in (("modality", given), ("set_inputs", set_inputs or {})):
+        unknown = [x for x in argument if x not in sizes]
+        if unknown:
+            raise ValueError(f"{caller}({name}=...) names token sets {unknown}; the model's sets are {list(sizes)} "
+                             "(from explain(...).relevance)")
+    if isinstance(inputs, Mapping):
+        # Masks (attention_mask, key_padding_mask, ...) are laid out like the tokens but hold none.
+        candidates = {k: v for k, v in inputs.items() if isinstance(v, Tensor) and not str(k).endswith("mask")}
+    elif isinstance(inputs, (tuple, list)):
+        candidates = {i: v for i, v in enumerate(inputs) if isinstance(v, Tensor)}
+    else:
+        candidates = {0: inputs}
+    out: dict[str, tuple[Modality, int | str]] = {}
+    for x, size in sizes.items():
+        key = (set_inputs or {}).get(x)
+        if key is not None and key not in candidates:
+            raise ValueError(f"{caller}(set_inputs={{{x!r}: {key!r}}}): the model inputs have no tensor {key!r}; "
+                             f"they are {list(candidates)}")
+        chosen = given.get(x)
+        if chosen is None:
+            inferred = [(k, ImageTokens.infer(v, size)) for k, v in candidates.items() if key in (None, k)]
+            inferred = [(k, m) for k, m in inferred if m is not None]
+            if len(inferred) != 1:
+                raise ValueError(f"{caller}: cannot infer the modality of token set {x!r} ({size} tokens); pass "
+                                 f"modality={{{x!r}: ImageTokens(patch_size=...) or TextTokens(...)}} for every set "
+                                 f"(the model's sets: {list(sizes)})")
+            key, chosen = inferred[0]
+        if key is None:
+            fits = [k for k, v in candidates.items() if chosen.matches_input(v, size)]
+            if len(fits) != 1:
+                found = f"the inputs {fits} fit it alike" if fits else "no input fits it"
+                raise ValueError(f"{caller}: token set {x!r} ({size} tokens, {chosen!r}): {found}; pass "
+                                 f"set_inputs={{set: input key or tuple position}} for the sets {list(sizes)}")
+            key = fits[0]
+        if not chosen.matches_input(candidates[key], size):
+            raise ValueError(f"{caller}: {chosen!r} of token set {x!r} ({size} tokens) does not fit input {key!r} of "
+                             f"shape {tuple(candidates[key].shape)}")
+        out[x] = (chosen, key)
+    taken = [key for _, key in out.values()]
+    doubled = sorted({str(k) for k in taken if taken.count(k) > 1})
+    if doubled:
+        raise ValueError(f"{caller}: the token sets {list(out)} were matched to the inputs {taken}, {doubled} more than "
+                         "once; pass modality={set: ImageTokens(...)/TextTokens(...)} for every set and "
+                         "set_inputs={set: input key or tuple position}")
+    return out
+
+
+def token_set_input(inputs: Any, key: int | str) -> tuple[Tensor, Any]:
+    """``(tensor, what the set's modality maps with)`` of the input at ``key`` (:func:`token_set_inputs`).
+
+    The second is the tensor itself, or for ``input_ids`` among keyword inputs a mapping that also
+    holds their ``attention_mask``, so that text padding is known.
+    """
+    tensor = inputs[key] if isinstance(inputs, (Mapping, tuple, list)) else inputs
+    mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) and key == "input_ids" else None
+    with_mask = isinstance(mask, Tensor) and mask.shape == tensor.shape
+    return tensor, ({"input_ids": tensor, "attention_mask": mask} if with_mask else tensor)
+
+
+def infer_modality(model: nn.Module, inputs: Any) -> ImageTokens:
+    """The :class:`ImageTokens` of a ViT-style model on square images, from one raw-attention pass.
+
+    Raises:
+        ValueError: inputs that are not square images, or a token count no patching explains
+            (the message names ``modality=``).
+    """
+    x = display_input(inputs)
+    probe = take(inputs, 0, 1, x.shape[0])
+    num_tokens = explain(model, probe, method="raw_attention").tokens.shape[1]
+    modality = ImageTokens.infer(display_input(probe), num_tokens)
+    if modality is None:
+        raise ValueError(
+            f"cannot tell how {type(model).__name__} made its {num_tokens} tokens from inputs of shape "
+            f"{tuple(x.shape)} (only square ViT-style images are inferred); pass modality=ImageTokens(...), "
+            "TextTokens(...) or TabularTokens(...)"
+        )
+    return modality
