@@ -7,7 +7,7 @@ Run from the root of a checkout::
 The main job's ViT (``configs/vit_digits.yaml``: width 64, 4 blocks, 17 tokens; ``--dim`` and
 ``--depth`` change its size) is trained for ten epochs on the digits once. Each run then loads those
 weights, fits one step at learning rate 0 (the weights stay as they are) and lets the callback score
-its whole subset on them when fit ends (``metric_interim_samples=0``): 256 samples,
+its whole subset on them when fit ends (``FaithfulnessOptions(interim_samples=0)``): 256 samples,
 the methods ``gae``, ``rollout`` and ``raw_attention`` and the random baseline, positive and negative
 perturbation AUC, 256 inputs per forward. What is measured is that scoring (``on_train_end``): the
 wall-clock seconds on rank zero, which waits for the gather of every rank's part, and the CPU seconds of
@@ -60,7 +60,7 @@ def _score_once(processes: int, strategy: str, vit: dict, weights: str, out: str
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.distributed.fsdp import fully_shard
 
-    from lightning_gae.callbacks import GAECallback
+    from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
     from recipes.digits import DigitsDataModule
     from recipes.vit import ViTClassifier
 
@@ -93,7 +93,8 @@ def _score_once(processes: int, strategy: str, vit: dict, weights: str, out: str
 
         chosen = CPUFSDPStrategy(auto_wrap_policy={Block})
     callback = Timed(num_samples=1, every_n_epochs=None, every_n_train_steps=10**6,
-                     methods=("gae", "rollout", "raw_attention"), metric_interim_samples=0, print_summary=False)
+                     methods=("gae", "rollout", "raw_attention"), print_summary=False,
+                     faithfulness=FaithfulnessOptions(interim_samples=0))
     with tempfile.TemporaryDirectory(prefix="lightning-gae-subset-") as root:
         trainer = Trainer(default_root_dir=root, logger=TensorBoardLogger(root), callbacks=[callback],
                           accelerator="cpu", devices=processes, strategy=chosen, max_steps=1, limit_val_batches=0,

@@ -136,13 +136,14 @@ def _first_validation_samples(datamodule: Any, count: int, callback: Any) -> tup
     datamodule.setup("validate")
     loader = datamodule.val_dataloader()
     if isinstance(loader, (list, tuple)):
-        loader = loader[callback.dataloader_idx if callback is not None else 0]
+        loader = loader[callback.batches.dataloader_idx if callback is not None else 0]
     # One batch of `count` straight from the dataset: the first samples, in order, whatever the loader's batch size.
     batch = next(iter(DataLoader(loader.dataset, batch_size=count, collate_fn=loader.collate_fn)))
-    if callback is None:
-        return default_batch_inputs(batch), default_batch_labels(batch), default_batch_ground_truth(batch), keyed_truth(batch)
-    return (callback.batch_inputs(batch), callback.batch_labels(batch), callback.batch_ground_truth(batch),
-            keyed_truth(batch))
+    given = None if callback is None else callback.batches
+    read_inputs = (given and given.inputs) or default_batch_inputs
+    read_labels = (given and given.labels) or default_batch_labels
+    read_truth = (given and given.ground_truth) or default_batch_ground_truth
+    return read_inputs(batch), read_labels(batch), read_truth(batch), keyed_truth(batch)
 
 
 def _set_comparison_picture(model: Any, inputs: Any, methods: Sequence[str], layout: dict[str, Any], target: Any,
@@ -252,7 +253,7 @@ def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
     model.eval()
     inputs, labels, truth, keyed = _first_validation_samples(datamodule, args.num_samples, callback)
     given = None if callback is None else callback.modality
-    streams = getattr(callback, "streams", None)
+    streams = None if callback is None else callback.engine.streams
     explained = callback.target if callback is not None and callable(callback.target) else None
     try:
         probe = explain(model, map_tensors(inputs, lambda t: t[:1] if t.dim() else t), target=explained,
@@ -264,7 +265,7 @@ def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
     output.mkdir(parents=True, exist_ok=True)
     if isinstance(given, Mapping) or (probe is not None and len(probe.relevance) > 1):
         # Each token set is scored against the ground truth the batches carry for it (compare() says why not perturbation).
-        set_inputs = getattr(callback, "set_inputs", None)
+        set_inputs = None if callback is None else callback.engine.set_inputs
         target = explained if explained is not None else (labels if args.protocol == "target" else None)
         result = compare(model, inputs, target, methods=args.methods, metrics=args.metrics or (), modality=given,
                          batch_size=args.batch_size, seed=args.seed, protocol=args.protocol, ground_truth=keyed or None,
@@ -304,7 +305,7 @@ def _answer_rows(model: Any, inputs: Any, labels: Any, truth: Any, callback: Any
     from lightning_gae.callbacks.samples import Samples
     from lightning_gae.modalities.tokens import TextTokens
 
-    wanted = None if callback is None else callback.answer_tokens
+    wanted = None if callback is None else callback.engine.answer_tokens
     samples = Samples(inputs=inputs, labels=labels, truth=truth, keyed={})
     if wanted is False or not has_answer_labels(samples) or (wanted is None and not holds_causal_lm(model)):
         return None

@@ -66,7 +66,7 @@ def test_the_main_job_ends_with_its_summary_under_the_progress_bar(tmp_path, run
     runs = tmp_path / "runs"
     done = run_python(["-m", "lightning_gae.cli", "fit", "--config", CONFIG, "--trainer.max_epochs=3",
                        "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2",
-                       "--trainer.callbacks.init_args.metric_samples=32", f"--trainer.logger.init_args.save_dir={runs}"],
+                       "--trainer.callbacks.init_args.faithfulness.samples=32", f"--trainer.logger.init_args.save_dir={runs}"],
                       cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout

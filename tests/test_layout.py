@@ -13,7 +13,7 @@ from lightning.pytorch import Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from lightning_gae.compare import compare
 from lightning_gae.metrics.ground_truth import GROUND_TRUTH
 from tests.helpers import layout
@@ -229,7 +229,7 @@ def test_the_callback_scores_tabular_ground_truth_as_compare_does(tmp_path):
     split = dict(num_train=256, num_val=64, num_columns=6, num_informative=3)
     modality = FeatureTokens(**split)
     callback = GAECallback(num_samples=8, every_n_epochs=1, methods=("gae", "rollout"), modality=modality,
-                           metrics=(), metric_samples=0)
+                           faithfulness=FaithfulnessOptions(metrics=(), samples=0))
     trainer = Trainer(max_epochs=1, limit_train_batches=4, logger=TensorBoardLogger(tmp_path, name="tab"),
                       callbacks=[callback], enable_progress_bar=False, enable_model_summary=False,
                       enable_checkpointing=False, accelerator="cpu", devices=1)

@@ -71,7 +71,7 @@ def test_callback_on_a_lora_fine_tune_of_the_recall_model(tmp_path):
     equal to the merged model's explanation of it."""
     from lightning.pytorch import seed_everything
 
-    from lightning_gae.callbacks import GAECallback
+    from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
     from lightning_gae.tensorboard import metadata
     from recipes.causal_lm_recall import RecallDataModule, RecallLM, RecallTokens
     from tests.helpers.events import read_events
@@ -86,8 +86,8 @@ def test_callback_on_a_lora_fine_tune_of_the_recall_model(tmp_path):
     seed_everything(0)
     module = LoraRecall()
     frozen = {n: p.detach().clone() for n, p in module.named_parameters() if "lora_" not in n}
-    callback = GAECallback(num_samples=2, methods=("gae", "attnlrp"), modality=RecallTokens(), metric_samples=0,
-                           metrics=(), print_summary=False)
+    callback = GAECallback(num_samples=2, methods=("gae", "attnlrp"), modality=RecallTokens(), print_summary=False,
+                           faithfulness=FaithfulnessOptions(samples=0, metrics=()))
     data = RecallDataModule(num_train=48, num_val=16, batch_size=8)
     make_trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=3, limit_val_batches=1).fit(module, data)
     # Only the adapters trained (the base weights are the ones the merged model folds the adapters into).

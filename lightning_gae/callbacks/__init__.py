@@ -1,5 +1,6 @@
-"""Lightning callbacks, one per file, the way ``lightning.pytorch.callbacks`` keeps its own."""
+"""Lightning callbacks: GAECallback and the option groups it takes."""
 
 from lightning_gae.callbacks.gae_monitor import GAECallback
+from lightning_gae.callbacks.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions
 
-__all__ = ["GAECallback"]
+__all__ = ["BatchOptions", "DisplayOptions", "EngineOptions", "FaithfulnessOptions", "GAECallback"]

@@ -1,4 +1,4 @@
-"""What GAECallback prints when a fit ends: the run's metrics, each method's faithfulness, where the logs are.
+"""What GAECallback prints when a run ends: the run's metrics, each method's faithfulness, where the logs are.
 
 Plain text, the same on every terminal and in a log file: the faithfulness rows are the Text tab's
 ``gae_faithfulness`` table (:func:`lightning_gae.tensorboard.summary.faithfulness_rows`), from the same scalars.
@@ -7,11 +7,75 @@ Plain text, the same on every terminal and in a log file: the faithfulness rows 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.loggers.logger import DummyLogger
 
 from lightning_gae.metrics import PERTURBATION_METRICS
-from lightning_gae.tensorboard.summary import faithfulness_rows
+from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, faithfulness_rows
 
-__all__ = ["fit_report", "text_table"]
+__all__ = ["event_logs", "fit_report", "only_dummy_loggers", "text_table", "whole_subset_hint", "why_no_logs",
+           "why_not_scored", "writers"]
+
+
+def only_dummy_loggers(trainer: Trainer) -> bool:
+    """fast_dev_run swaps the loggers for no-op ones: there is nowhere to log an explanation to."""
+    return bool(trainer.loggers) and all(isinstance(logger, DummyLogger) for logger in trainer.loggers)
+
+
+def writers(trainer: Trainer) -> list[Any]:
+    """The loggers' ``SummaryWriter``s (those that take images)."""
+    return [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
+
+
+def event_logs(trainer: Trainer) -> list[tuple[str, str]]:
+    """``(log_dir, save_dir)`` of the loggers that write TensorBoard event files (fast_dev_run's no-op loggers
+    answer every attribute, so they are left out by type)."""
+    return [(str(lg.log_dir), str(lg.save_dir)) for lg in trainer.loggers
+            if not isinstance(lg, DummyLogger) and hasattr(lg.experiment, "add_image")
+            and getattr(lg, "log_dir", None) and lg.save_dir]
+
+
+def whole_subset_hint(trainer: Trainer, subset_size: int | None, scores: Mapping[str, float] | None,
+                      logs: Sequence[tuple[str, str]]) -> list[str]:
+    """How to score the whole faithfulness subset (``subset_size`` samples), when the fit's last faithfulness scored
+    only its part. (Rank zero alone: ``trainer.log_dir`` would broadcast, so the loggers' own ``logs`` are read.)"""
+    if subset_size is None or not scores or scores.get(FAITHFULNESS_SAMPLES, subset_size) >= subset_size:
+        return []
+    lines = [f"these are {int(scores[FAITHFULNESS_SAMPLES])} of the {subset_size} samples of the faithfulness "
+             f"subset (FaithfulnessOptions.interim_samples); validating scores all of them:"]
+    checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
+    configs = [Path(log_dir, "config.yaml") for log_dir, _ in logs if Path(log_dir, "config.yaml").is_file()]
+    if checkpoint and configs:
+        # LightningCLI saved the run's config there; its validate subcommand reads it back.
+        lines.append(f"  lightning-gae validate --config {configs[0]} --ckpt_path {checkpoint}")
+    else:
+        lines.append(f"  trainer.validate(model, datamodule{', ckpt_path=' + repr(checkpoint) if checkpoint else ''})")
+    return lines
+
+
+def why_not_scored(trainer: Trainer, failure: str | None, metrics: Sequence[str], has_truth: bool) -> str:
+    """Why the run's summary shows no faithfulness (``failure``: the reason a scoring failed, if it did)."""
+    if failure is not None:
+        return failure
+    if only_dummy_loggers(trainer):
+        return "fast_dev_run replaces the loggers with no-op ones, so the callback explains nothing"
+    if not metrics and not has_truth:
+        return "FaithfulnessOptions(metrics=()) and the validation batches carry no ground truth"
+    if trainer.state.fn != "fit":
+        return "no explanation of this run scored the samples"
+    return "no explanation step scored the samples and none was due when training ended"
+
+
+def why_no_logs(trainer: Trainer) -> str:
+    """Why the run's summary names no event files."""
+    if not trainer.loggers:
+        return "the Trainer has no logger"
+    if only_dummy_loggers(trainer):
+        return "fast_dev_run writes no logs"
+    return "no logger writes TensorBoard event files; add lightning.pytorch.loggers.TensorBoardLogger"
 
 
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:

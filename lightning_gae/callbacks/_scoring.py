@@ -12,11 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from lightning.pytorch import LightningModule
+import torch
+from lightning.pytorch import LightningModule, Trainer
 from torch import Tensor
 from torchmetrics import Metric
 
-from lightning_gae._structures import map_tensors
+from lightning_gae._structures import map_tensors, take
+from lightning_gae.callbacks._distributed import random_rows, subset_part
+from lightning_gae.callbacks.samples import Samples
 from lightning_gae.metrics import AlignmentAccuracy, perturbation_metric
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional import explanation_stability
@@ -24,7 +27,8 @@ from lightning_gae.modalities.tokens import Modality, TextTokens
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, scalar_tag
 from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore, scored_truth, truth_score
 
-__all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "relevance_scalars", "set_truth_scalars"]
+__all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "relevance_scalars", "scored_batches",
+           "set_truth_scalars"]
 
 ScoredBatch = tuple[Any, dict[str, Tensor], Tensor, "Tensor | None", "Tensor | None"]
 """One batch to score: inputs, attributions by method, explained class, labels, ground truth."""
@@ -147,3 +151,27 @@ def set_truth_scalars(explanations: Mapping[str, Any], rows: Mapping[str, Mappin
             metric.update(*entry.update_args(view.modality, view.inputs, exp.relevance[owners[0]], truth))
             out.update({scalar_tag(f"{entry.name}_{k}", method): v.item() for k, v in metric.compute().items()})
     return out
+
+
+def scored_batches(trainer: Trainer, pl_module: LightningModule, subset: Samples,
+                   explain: Callable[[LightningModule, Any, Tensor | None], tuple[Mapping[str, Any], Mapping[str, Tensor]]],
+                   max_batch: int, random_baseline: bool, seed: int) -> Iterable[ScoredBatch]:
+    """This rank's part of ``subset`` (the faithfulness subset or its interim part; all of it on one process) in
+    batches of ``max_batch``, each explained once per method (``explain(module, inputs, labels)``)."""
+    total = len(subset)
+    rows, _ = subset_part(total, trainer.world_size, trainer.global_rank)
+    with torch.inference_mode(False):  # validate()'s hooks: labels made in inference mode cannot be targets
+        part = subset.part(rows)
+    for start in range(0, len(rows), max_batch):
+        stop = min(start + max_batch, len(rows))
+        inputs = take(part.inputs, start, stop, len(rows))
+        inputs = trainer.precision_plugin.convert_input(map_tensors(inputs, lambda t: t.to(pl_module.device)))
+        labels = None if part.labels is None else part.labels[start:stop]
+        explanations, maps = explain(pl_module, inputs, labels)
+        first = next(iter(explanations.values()))
+        scored: dict[str, Tensor] = {**{m: e.tokens for m, e in explanations.items()}, **maps}
+        if random_baseline:
+            # Seeded by position, so that a sample's random ranking is the same at every step and on any ranks.
+            scored["random"] = random_rows(first.tokens, rows[start:stop], seed, max_batch, total)
+        truth = None if part.truth is None else part.truth[start:stop]
+        yield inputs, scored, first.target, labels, truth

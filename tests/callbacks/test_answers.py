@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch import seed_everything
 
 from lightning_gae.language.answers import explain_answers
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import EngineOptions, FaithfulnessOptions, GAECallback
 from lightning_gae.callbacks.answer_samples import keep_readout
 from lightning_gae.tensorboard import metadata
 from recipes.causal_lm_recall import SPECIALS, VOCAB, RecallDataModule, RecallLM, RecallTokens
@@ -45,8 +45,8 @@ def test_each_answer_token_is_a_row_logged_and_scored_for_recall(tmp_path):
     seed_everything(0)
     data = RecallDataModule(num_train=96, num_val=24, batch_size=12)
     model = RecallLM(hidden_size=32, intermediate_size=64)
-    callback = GAECallback(num_samples=3, methods=("gae", "attnlrp"), modality=RecallTokens(), metric_samples=0,
-                           metrics=("positive_perturbation_auc",), print_summary=False)
+    callback = GAECallback(num_samples=3, methods=("gae", "attnlrp"), modality=RecallTokens(), print_summary=False,
+                           faithfulness=FaithfulnessOptions(samples=0, metrics=("positive_perturbation_auc",)))
     trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=2, limit_val_batches=2)
     trainer.fit(model, data)
 
@@ -104,7 +104,8 @@ def test_readout_token_is_never_removed():
 def test_answer_tokens_true_needs_lm_labels(tmp_path):
     from recipes.text_rationales import BertReviewClassifier, ReviewsDataModule, ReviewTokens
 
-    callback = GAECallback(num_samples=2, answer_tokens=True, modality=ReviewTokens(), metrics=(), print_summary=False)
+    callback = GAECallback(num_samples=2, modality=ReviewTokens(), print_summary=False,
+                           faithfulness=FaithfulnessOptions(metrics=()), engine=EngineOptions(answer_tokens=True))
     trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=1, limit_val_batches=1)
     model = BertReviewClassifier(max_length=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                  intermediate_size=32)

@@ -18,7 +18,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 
 import lightning_gae as lg
 from lightning_gae import ImageTokens
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions, GAECallback
 from recipes.digits import DigitsDataModule
 from recipes.vit import Block, ViTClassifier
 from tests.helpers.models import RankOneFails, small_vit
@@ -26,31 +26,42 @@ from tests.helpers.trainer import EPOCH_END_STEPS, CPUFSDPStrategy, heatmap_tag,
 
 
 @pytest.mark.parametrize(
-    "kwargs,message",
+    "build,message",
     [
-        ({"methods": ("lrp",)}, r"GAECallback\(methods=\['lrp'\]\): choose from"),
-        ({"target": "class"}, r"GAECallback\(target='class'\): use 'pred'"),
-        ({"every_n_epochs": 0}, r"GAECallback\(every_n_epochs=0\): use a positive integer"),
-        ({"every_n_epochs": None}, r"every_n_epochs and every_n_train_steps are both None"),
-        ({"metric_interim_samples": -1}, r"GAECallback\(metric_interim_samples=-1\): use a positive integer"),
+        (lambda: GAECallback(methods=("lrp",)), r"GAECallback\(methods=\['lrp'\]\): choose from"),
+        (lambda: GAECallback(target="class"), r"GAECallback\(target='class'\): use 'pred'"),
+        (lambda: GAECallback(every_n_epochs=0), r"GAECallback\(every_n_epochs=0\): use a positive integer"),
+        (lambda: GAECallback(every_n_epochs=None), r"every_n_epochs and every_n_train_steps are both None"),
+        (lambda: GAECallback(num_samples=0), r"GAECallback\(num_samples=0\): track at least one sample"),
+        (lambda: GAECallback(captum_baselines=("lime",)), r"GAECallback\(captum_baselines=\['lime'\]\): choose from"),
+        (lambda: GAECallback(target=lambda output: output[:, 0]),
+         r"GAECallback\(target=<callable>\).*faithfulness=FaithfulnessOptions\(metrics=\(\)\)"),
+        (lambda: GAECallback(modality=ImageTokens), r"GAECallback\(modality=<class.*give an ImageTokens"),
+        (lambda: GAECallback(faithfulness={"samples": 4}), r"GAECallback\(faithfulness=\{'samples': 4\}\): give a "
+                                                          r"FaithfulnessOptions"),
+        (lambda: GAECallback(modality=lg.TabularTokens(["a", "b"])),
+         r"removes features, but modality=.* has no value to put in their place"),
+        (lambda: FaithfulnessOptions(interim_samples=-1), r"FaithfulnessOptions\(interim_samples=-1\): use a positive"),
+        (lambda: FaithfulnessOptions(metrics=("faithfulness",)), r"FaithfulnessOptions\(metrics=\['faithfulness'\]\)"
+                                                                 r": \['faithfulness'\] are not metrics; choose from"),
+        (lambda: FaithfulnessOptions(samples=-1), r"FaithfulnessOptions\(samples=-1\): use a positive integer, or 0"),
+        (lambda: FaithfulnessOptions(every_n_explanations=0), r"FaithfulnessOptions\(every_n_explanations=0\)"),
+        (lambda: FaithfulnessOptions(max_batch=0), r"FaithfulnessOptions\(max_batch=0\): use a positive integer"),
+        (lambda: BatchOptions(dataloader_idx=-1), r"BatchOptions\(dataloader_idx=-1\): use a position"),
+        (lambda: BatchOptions(max_scan_batches=0), r"BatchOptions\(max_scan_batches=0\): use a positive integer"),
+        (lambda: BatchOptions(inputs="x"), r"BatchOptions\(inputs='x'\): give a function"),
+        (lambda: BatchOptions(sample_indices=[-1]), r"BatchOptions\(sample_indices=\[-1\]\): positions"),
+        (lambda: EngineOptions(answer_tokens="yes"), r"EngineOptions\(answer_tokens='yes'\): use True, False or None"),
+        (lambda: EngineOptions(set_inputs=["src"]), r"EngineOptions\(set_inputs=\['src'\]\): give a mapping"),
+        (lambda: DisplayOptions(evolution_length=0), r"DisplayOptions\(evolution_length=0\): use a positive integer"),
+        (lambda: DisplayOptions(top_fraction=0), r"DisplayOptions\(top_fraction=0\): use a fraction in \(0, 1\]"),
+        (lambda: DisplayOptions(heatmap_scale="log"), r"DisplayOptions\(heatmap_scale='log'\): use 'per_map'"),
     ],
 )
-def test_misconfiguration_is_an_error_in_setup(tmp_path, kwargs, message, make_trainer):
-    trainer = make_trainer(tmp_path, [GAECallback(**kwargs)], max_epochs=1, limit_train_batches=4)
+def test_misconfiguration_is_an_error_when_the_callback_is_built(build, message):
+    # A typo in a config fails before the model and the data are built, as Lightning's own callbacks do.
     with pytest.raises(ValueError, match=message):
-        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
-
-
-def test_an_unknown_metric_is_an_error_in_setup(tmp_path, make_trainer):
-    trainer = make_trainer(tmp_path, [GAECallback(metrics=("faithfulness",))], max_epochs=1, limit_train_batches=4)
-    with pytest.raises(ValueError, match=r"GAECallback\(metrics=\['faithfulness'\]\): choose from"):
-        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
-
-
-def test_an_unknown_captum_baseline_is_an_error_in_setup(tmp_path, make_trainer):
-    trainer = make_trainer(tmp_path, [GAECallback(captum_baselines=("lime",))], max_epochs=1, limit_train_batches=4)
-    with pytest.raises(ValueError, match=r"GAECallback\(captum_baselines=\['lime'\]\): choose from"):
-        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+        build()
 
 
 def test_no_logger_warns_with_the_fix(tmp_path, make_trainer):
@@ -126,10 +137,11 @@ class KeyedViT(ViTClassifier):
                      r"patch_size=2, prefix_tokens=1 would fit", id="wrong patch_size"),
         pytest.param({}, FeatureTransformer, r"cannot infer the modality.*modality=ImageTokens\(patch_size=...\), TextTokens",
                      id="no modality fits"),
-        pytest.param({}, KeyedViT, r"cannot be explained.*unexpected keyword argument 'index'.*pass batch_inputs=",
+        pytest.param({}, KeyedViT, r"cannot be explained.*unexpected keyword argument 'index'.*pass "
+                                   r"batches=BatchOptions\(inputs=",
                      id="forward rejects a batch key"),
-        pytest.param(dict(sample_indices=[10_000]), small_vit,
-                     r"sample_indices=...\): \[10000\] are outside the 360 samples of the validation set",
+        pytest.param(dict(batches=BatchOptions(sample_indices=[10_000])), small_vit,
+                     r"BatchOptions\(sample_indices=...\)\): \[10000\] are outside the 360 samples of the validation set",
                      id="sample outside the validation set"),
     ],
 )
@@ -174,7 +186,8 @@ class NaNAfterFirstEpoch(ViTClassifier):
 
 def test_nan_logits_skip_the_step_with_one_warning_and_nothing_non_finite_is_logged(tmp_path, make_trainer, read_events):
     # Two NaN steps (epochs 1 and 2), two methods: still one warning.
-    callback = GAECallback(num_samples=2, methods=("gae", "rollout"), metrics=(), random_baseline=False)
+    callback = GAECallback(num_samples=2, methods=("gae", "rollout"),
+                           faithfulness=FaithfulnessOptions(metrics=(), random_baseline=False))
     trainer = make_trainer(tmp_path, [callback], max_epochs=3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -213,7 +226,8 @@ def test_fsdp1_on_one_process_explains_through_the_root_unit(tmp_path, make_trai
     # FSDPStrategy wraps the LightningModule itself in the root unit (and each block in its own); the explanations
     # run through it. Two processes, where the parameters are sharded: tests/callbacks/test_multiprocess.py.
     # A block's modules are then at model.blocks.<i>._fsdp_wrapped_module.<name>, which the glob's * matches.
-    callback = GAECallback(num_samples=2, metric_samples=8, attention_modules=["model.blocks.*.attn"])
+    callback = GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(samples=8),
+                           engine=EngineOptions(attention_modules=["model.blocks.*.attn"]))
     trainer = make_trainer(tmp_path, [callback], strategy=CPUFSDPStrategy(auto_wrap_policy={Block}), devices=1)
     with _own_process_group(), no_skipped_explanation():
         trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
@@ -242,8 +256,8 @@ def test_the_lrp_methods_under_fsdp2_leave_training_as_it_was_on_one_process(tmp
     # detached parameters, and the first training step's backward raised "element 0 of tensors does not require
     # grad". Two processes, where the parameters are sharded: tests/callbacks/test_multiprocess.py.
     losses = []
-    for callbacks in ([GAECallback(num_samples=2, methods=("gae", "attnlrp", "transformer_attribution"), metric_samples=4,
-                                   every_n_train_steps=1)], []):
+    for callbacks in ([GAECallback(num_samples=2, methods=("gae", "attnlrp", "transformer_attribution"),
+                                   every_n_train_steps=1, faithfulness=FaithfulnessOptions(samples=4))], []):
         torch.manual_seed(0)
         model = _ShardedViT(dim=32, depth=2, heads=2)
         trainer = make_trainer(tmp_path, callbacks, logger=False, devices=1,
@@ -304,7 +318,7 @@ class DigitsWithBrokenSamples(DigitsDataModule):
 
 
 def test_samples_with_nan_or_inf_inputs_are_neither_tracked_nor_scored(tmp_path, make_trainer, read_events):
-    callback = GAECallback(num_samples=10, metric_samples=32, methods=("gae", "rollout"))
+    callback = GAECallback(num_samples=10, methods=("gae", "rollout"), faithfulness=FaithfulnessOptions(samples=32))
     trainer = make_trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -341,7 +355,8 @@ def test_the_lrp_methods_under_fsdp1_train_as_without_the_callback_and_explain_l
     # processes, where the parameters are sharded: tests/callbacks/test_multiprocess.py.
     methods = ("gae", "attnlrp", "transformer_attribution")
     runs = []
-    for callbacks in ([GAECallback(num_samples=2, methods=methods, metric_samples=4, every_n_train_steps=1)], []):
+    for callbacks in ([GAECallback(num_samples=2, methods=methods, every_n_train_steps=1,
+                                   faithfulness=FaithfulnessOptions(samples=4))], []):
         torch.manual_seed(0)
         model = RankOneFails(dim=32, depth=2, heads=2)
         trainer = make_trainer(tmp_path / str(len(runs)), callbacks, logger=bool(callbacks), devices=1,
@@ -360,7 +375,8 @@ def test_the_lrp_methods_under_fsdp1_train_as_without_the_callback_and_explain_l
     torch.save(weights, tmp_path / "weights.pt")
     model = RankOneFails(dim=32, depth=2, heads=2)
     model.load_state_dict(weights)
-    single = GAECallback(num_samples=2, sample_indices=callback.sample_indices, methods=methods[1:], metric_samples=4)
+    single = GAECallback(num_samples=2, methods=methods[1:], faithfulness=FaithfulnessOptions(samples=4),
+                         batches=BatchOptions(sample_indices=callback.sample_indices))
     alone_trainer = make_trainer(tmp_path / "single", [single], limit_val_batches=1)
     alone_trainer.validate(model, DigitsDataModule(batch_size=32))
     alone = read_events(alone_trainer.logger.log_dir)

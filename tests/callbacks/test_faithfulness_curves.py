@@ -13,7 +13,7 @@ from lightning.pytorch.cli import LightningCLI
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 from lightning_gae import ImageTokens, explain
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from lightning_gae.metrics import PositivePerturbationAUC, random_attribution
 from recipes.digits import DigitsDataModule
 from tests.helpers.models import small_vit
@@ -81,7 +81,7 @@ class Snapshots(Callback):
             return
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
-        self.taken.append((step, state, self.gae._interim))
+        self.taken.append((step, state, self.gae._run.interim))
 
 
 def _dense_auc(model, x, label, tokens):
@@ -93,8 +93,8 @@ def _dense_auc(model, x, label, tokens):
 
 def test_interim_points_equal_a_dense_rescoring_of_the_samples_they_name(tmp_path, make_trainer, read_events):
     seed_everything(0)
-    gae = GAECallback(num_samples=2, methods=("gae",), metrics=("positive_perturbation_auc",), metric_samples=40,
-                      metric_interim_samples=12, metric_every_n_explanations=1)
+    gae = GAECallback(num_samples=2, methods=("gae",),
+                      faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",), samples=40, interim_samples=12, every_n_explanations=1))
     snapshots = Snapshots(gae)
     trainer = make_trainer(tmp_path, [gae, snapshots], max_epochs=3, limit_train_batches=3)
     trainer.fit(small_vit(dropout=0.0), DigitsDataModule(batch_size=32))
@@ -128,8 +128,8 @@ def test_interim_points_equal_a_dense_rescoring_of_the_samples_they_name(tmp_pat
 def test_a_fit_ending_on_max_steps_scores_its_part_at_its_last_explanation_and_validate_all(tmp_path, make_trainer,
                                                                                             read_events):
     # Explanations every 2 optimizer steps up to max_steps=6: steps 2 and 4 are scheduled interim points, 6 the last.
-    gae = GAECallback(num_samples=2, every_n_epochs=None, every_n_train_steps=2, metric_samples=24,
-                      metric_interim_samples=8, metric_every_n_explanations=1, metrics=("positive_perturbation_auc",))
+    gae = GAECallback(num_samples=2, every_n_epochs=None, every_n_train_steps=2,
+                      faithfulness=FaithfulnessOptions(samples=24, interim_samples=8, every_n_explanations=1, metrics=("positive_perturbation_auc",)))
     trainer = make_trainer(tmp_path, [gae], max_epochs=5, max_steps=6, limit_train_batches=4)
     model, data = small_vit(), DigitsDataModule(batch_size=32)
     trainer.fit(model, data)
@@ -147,7 +147,7 @@ def test_a_fit_ending_on_max_steps_scores_its_part_at_its_last_explanation_and_v
 def test_the_custom_scalars_layout_charts_each_metric_with_every_method_as_its_own_run(tmp_path, make_trainer,
                                                                                       read_events):
     seed_everything(0)
-    gae = GAECallback(num_samples=2, methods=("gae", "rollout"), metric_samples=16)
+    gae = GAECallback(num_samples=2, methods=("gae", "rollout"), faithfulness=FaithfulnessOptions(samples=16))
     trainer = make_trainer(tmp_path, [gae], max_epochs=2, limit_train_batches=2)
     trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     log_dir = trainer.logger.log_dir

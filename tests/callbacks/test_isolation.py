@@ -12,7 +12,7 @@ from lightning.pytorch import Callback, seed_everything
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
 from tests.helpers.models import small_vit
@@ -64,7 +64,7 @@ def test_persistent_validation_workers_compute_the_same_validation_metrics(tmp_p
     # With persistent workers, iter() on the Trainer's validation loader returns the loop's live
     # iterator, reset: reading samples through it would leave the validation epoch the leftovers.
     logged, final = [], []
-    for callbacks in ([], [GAECallback(num_samples=2, metrics=())]):
+    for callbacks in ([], [GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(metrics=()))]):
         seed_everything(0)
         trainer = make_trainer(tmp_path / str(len(callbacks)), callbacks, limit_val_batches=3)
         trainer.fit(small_vit(), PersistentWorkersDigits(batch_size=32))
@@ -116,7 +116,8 @@ def test_training_draws_the_same_random_numbers_and_weights_with_the_callback(tm
     # The check before training explains the samples once; collection reads a dataset that draws from
     # numpy: every global RNG must be as it was, so training and its augmentations see the same numbers.
     results = []
-    for callbacks in ([], [GAECallback(num_samples=2, every_n_train_steps=2, metrics=())]):
+    for callbacks in ([], [GAECallback(num_samples=2, every_n_train_steps=2,
+                                       faithfulness=FaithfulnessOptions(metrics=()))]):
         seed_everything(5)
         model = DrawsRandomNumbers()
         make_trainer(tmp_path / str(len(callbacks)), callbacks).fit(model, AugmentedDigits(batch_size=32))
@@ -137,11 +138,12 @@ class Probe(Callback):
         self.refs: list[weakref.ref] = []
 
     def on_fit_end(self, trainer, pl_module):
-        self.refs = [weakref.ref(self.gae._inputs), *map(weakref.ref, self.gae._metric_objects.values())]
+        self.refs = [weakref.ref(self.gae._run.inputs), *map(weakref.ref, self.gae._run.metric_objects.values())]
 
 
 def test_after_fit_the_callback_frees_its_samples_and_metric_objects(tmp_path, make_trainer):
-    callback = GAECallback(num_samples=2, metrics=("positive_perturbation_auc", "deletion_auc"))
+    callback = GAECallback(num_samples=2,
+                           faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc", "deletion_auc")))
     probe = Probe(callback)
     trainer = make_trainer(tmp_path, [callback, probe], max_epochs=1)
     trainer.fit(small_vit(), DigitsDataModule(batch_size=32))

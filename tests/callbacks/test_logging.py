@@ -11,7 +11,7 @@ from lightning.pytorch.loggers import CSVLogger
 from pytorch_lightning.loggers import TensorBoardLogger as PLTensorBoardLogger
 from torch.utils.data import DataLoader, Subset
 
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import DisplayOptions, FaithfulnessOptions, GAECallback
 from recipes.digits import DigitsDataModule
 from tests.helpers.models import small_vit
 from tests.helpers.private import _MAX_IMAGE_SIDE
@@ -94,7 +94,8 @@ def test_more_samples_than_the_validation_set_warns_and_every_picture_stays_boun
     # evolution of 40 steps (40 columns of 128 px: wider than 5,000 px as drawn) is shrunk to the limit.
     data = DigitsDataModule()
     data.setup()
-    callback = GAECallback(num_samples=50, evolution_length=40, metrics=(), random_baseline=False)
+    callback = GAECallback(num_samples=50, faithfulness=FaithfulnessOptions(metrics=(), random_baseline=False),
+                           display=DisplayOptions(evolution_length=40))
     trainer = make_trainer(tmp_path, [callback], max_epochs=1)
     with pytest.warns(UserWarning, match=r"num_samples=50\): there are only the 6 samples of the validation set; "
                                          r"tracking all 6"):

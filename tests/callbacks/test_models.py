@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_gae import ImageTokens, TabularTokens, TextTokens, display
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
 from tests.helpers.models import small_vit
@@ -203,7 +203,7 @@ def test_tabular_tokens_without_means_and_with_metrics_stop_the_run_in_setup(tmp
                     DataLoader(TensorDataset(x[val], y[val]), batch_size=64))
     assert trainer.global_step == 0
     # Without the metrics nothing removes a feature, and the run explains as before.
-    GAECallback(modality=TabularTokens(names), metrics=()).setup(trainer, FTTransformer(x.shape[1]), "fit")
+    GAECallback(modality=TabularTokens(names), faithfulness=FaithfulnessOptions(metrics=())).setup(trainer, FTTransformer(x.shape[1]), "fit")
 
 
 # --- a ViT without a CLS token -------------------------------------------------------------------
@@ -226,8 +226,9 @@ def test_an_image_modality_without_cls_read_at_token_0_warns_to_use_the_mean(tmp
     # Issue 10 item 17: token 0 of a model without CLS is a patch, not what the head reads.
     seed_everything(0)
     model = _MeanPooledViT(dim=32, depth=2, heads=2)
-    callback = GAECallback(num_samples=2, methods=["gae"], metrics=[], query=query,
-                           modality=ImageTokens(patch_size=2, prefix_tokens=0))
+    callback = GAECallback(num_samples=2, methods=["gae"], query=query,
+                           modality=ImageTokens(patch_size=2, prefix_tokens=0),
+                           faithfulness=FaithfulnessOptions(metrics=[]))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         make_trainer(tmp_path, [callback], max_epochs=1).fit(model, DigitsDataModule(batch_size=32))
@@ -247,7 +248,8 @@ def test_attnlrp_beside_gae_on_a_hugging_face_text_model(tmp_path, make_trainer,
     train = DataLoader(synthetic_texts(32, seed=0), batch_size=8, shuffle=True, collate_fn=pad_batch)
     val = DataLoader(synthetic_texts(32, seed=1), batch_size=8, collate_fn=pad_batch)
     modality = TextTokens(vocab=VOCAB, special_ids=[CLS, SEP], pad_id=PAD)
-    callback = GAECallback(num_samples=2, methods=("gae", "attnlrp"), modality=modality, metric_samples=16)
+    callback = GAECallback(num_samples=2, methods=("gae", "attnlrp"), modality=modality,
+                           faithfulness=FaithfulnessOptions(samples=16))
     trainer = make_trainer(tmp_path, [callback], limit_val_batches=1)
     with no_skipped_explanation():
         trainer.fit(TextClassifier(), train, val)

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch import Callback
 
 from lightning_gae import ImageTokens, explain
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
 from lightning_gae.metrics import NegativePerturbationAUC, PositivePerturbationAUC, random_attribution
 from recipes.digits import DigitsDataModule
 from tests.helpers import processes
@@ -25,7 +25,7 @@ from tests.helpers.trainer import heatmap_tag
 
 
 def test_the_callback_pickles():
-    callback = GAECallback(num_samples=3, methods=("gae", "rollout"), dataloader_idx="val")
+    callback = GAECallback(num_samples=3, methods=("gae", "rollout"), batches=BatchOptions(dataloader_idx="val"))
     copy = pickle.loads(pickle.dumps(callback))
     assert (copy.num_samples, copy.methods, copy.dataloader_idx) == (3, ("gae", "rollout"), "val")
 
@@ -54,7 +54,7 @@ DDP_SCRIPT = """
     import torch
     from lightning.pytorch import Trainer, seed_everything
     from lightning.pytorch.loggers import TensorBoardLogger
-    from lightning_gae.callbacks import GAECallback
+    from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
     from recipes.digits import DigitsDataModule
     from tests.helpers.models import RankOneFails
     from tests.helpers.processes import leave_together
@@ -67,7 +67,8 @@ DDP_SCRIPT = """
 
     root = sys.argv[1]
     seed_everything(0)
-    callback, rows = GAECallback(num_samples=3, every_n_train_steps=2, metric_samples=64, metric_max_batch=32), ScoredRows()
+    callback, rows = GAECallback(num_samples=3, every_n_train_steps=2,
+                                   faithfulness=FaithfulnessOptions(samples=64, max_batch=32)), ScoredRows()
     trainer = Trainer(default_root_dir=root, logger=TensorBoardLogger(root, name="tb"), callbacks=[rows, callback, rows.after],
                       max_epochs=2, limit_train_batches=3, limit_val_batches=2, accelerator="cpu",
                       strategy="ddp", devices=2, enable_progress_bar=False, enable_model_summary=False,
@@ -108,7 +109,7 @@ class KeepPart(Callback):
         self.gae, self.part = gae, None
 
     def on_validation_end(self, trainer, pl_module):
-        self.part = self.gae._interim
+        self.part = self.gae._run.interim
 
 
 def _once_each(acc) -> bool:
@@ -142,8 +143,9 @@ def _sharded_run_like_one_process(acc, ranks, tmp_path, make_trainer, read_event
     assert all(c["perturbed"] > 0 for c in ranks[0]["rows"])
 
     # One unsharded process with the final weights: the same relevance, the same values and standard errors.
-    single = GAECallback(num_samples=2, sample_indices=ranks[0]["samples"], methods=("gae", "rollout"),
-                         metric_samples=16, metric_max_batch=4)
+    single = GAECallback(num_samples=2, methods=("gae", "rollout"),
+                         faithfulness=FaithfulnessOptions(samples=16, max_batch=4),
+                         batches=BatchOptions(sample_indices=ranks[0]["samples"]))
     alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
     for sample in ranks[0]["samples"]:
         for method in ("gae", "rollout"):
@@ -189,7 +191,7 @@ def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path, run_script,
 
     # Each rank reads a shard of the validation set; the samples are nevertheless those one process picks, and
     # the two scored fit's part of them on the final weights as the metrics score those samples in one process.
-    single = GAECallback(num_samples=3, metric_samples=64, metric_max_batch=32)
+    single = GAECallback(num_samples=3, faithfulness=FaithfulnessOptions(samples=64, max_batch=32))
     kept = KeepPart(single)
     _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events, also=[kept])
     assert samples == ranks[1]["samples"] == single.sample_indices
@@ -214,7 +216,7 @@ MODEL_PARALLEL_SCRIPT = """
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
-    from lightning_gae.callbacks import GAECallback
+    from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
     from recipes.digits import DigitsDataModule
     from tests.helpers.models import RankOneFails
     from tests.helpers.processes import leave_together
@@ -246,8 +248,8 @@ MODEL_PARALLEL_SCRIPT = """
         return trainer, model, weights, {name: float(value) for name, value in trainer.callback_metrics.items()}
 
     root = sys.argv[1]
-    callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "rollout"), metric_samples=16,
-                           metric_max_batch=4)
+    callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "rollout"),
+                           faithfulness=FaithfulnessOptions(samples=16, max_batch=4))
     rows = ScoredRows()
     trainer, model, weights, metrics = fit(root, [rows, callback, rows.after])
     _, plain, plain_weights, plain_metrics = fit(root, [])
@@ -257,7 +259,7 @@ MODEL_PARALLEL_SCRIPT = """
     # The check when validation starts fails on rank 1 only (before FSDP2 ever ran a forward): every rank stops.
     failing = ShardedViT(dim=32, depth=2, heads=2)
     failing.failing = "forward"
-    check = Trainer(logger=False, callbacks=[GAECallback(num_samples=2, metric_samples=4)], accelerator="cpu", devices=2,
+    check = Trainer(logger=False, callbacks=[GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(samples=4))], accelerator="cpu", devices=2,
                     strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), limit_val_batches=1,
                     enable_progress_bar=False, enable_model_summary=False)
     try:
@@ -310,7 +312,7 @@ def test_fsdp2_on_two_cpu_processes_explains_like_one_unsharded_process(tmp_path
 _LRP_RUN = """
     root = sys.argv[1]
     callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "attnlrp", "transformer_attribution"),
-                           metric_samples=8, metric_max_batch=4)
+                           faithfulness=FaithfulnessOptions(samples=8, max_batch=4))
     trainer, model, weights = fit(root, [callback])
     _, plain, plain_weights = fit(root, [])
     if trainer.is_global_zero:
@@ -339,8 +341,9 @@ def _lrp_run_like_one_process(done, tmp_path, make_trainer, read_events):
     assert _once_each(acc)
 
     # One unsharded process with the final weights: the relevance and the faithfulness values of the last step.
-    single = GAECallback(num_samples=2, sample_indices=samples, methods=("attnlrp", "transformer_attribution"),
-                         metric_samples=8, metric_max_batch=4)
+    single = GAECallback(num_samples=2, methods=("attnlrp", "transformer_attribution"),
+                         faithfulness=FaithfulnessOptions(samples=8, max_batch=4),
+                         batches=BatchOptions(sample_indices=samples))
     alone = _one_process(tmp_path / "single", tmp_path / "weights.pt", single, make_trainer, read_events)
     for sample in samples:
         for method in ("attnlrp", "transformer_attribution"):
@@ -360,7 +363,7 @@ LRP_FSDP2_SCRIPT = """
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
-    from lightning_gae.callbacks import GAECallback
+    from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
     from recipes.digits import DigitsDataModule
     from tests.helpers.models import RankOneFails
     from tests.helpers.processes import leave_together
@@ -402,7 +405,7 @@ LRP_FSDP1_SCRIPT = """
     from lightning.pytorch import Trainer, seed_everything
     from lightning.pytorch.loggers import TensorBoardLogger
     from torch.distributed.fsdp import FullyShardedDataParallel
-    from lightning_gae.callbacks import GAECallback
+    from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
     from recipes.digits import DigitsDataModule
     from recipes.vit import Block
     from tests.helpers.models import RankOneFails
@@ -438,7 +441,7 @@ FSDP1_SCRIPT = """
     from lightning.pytorch import Trainer, seed_everything
     from lightning.pytorch.loggers import TensorBoardLogger
     from torch.distributed.fsdp import FullyShardedDataParallel
-    from lightning_gae.callbacks import GAECallback
+    from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
     from recipes.digits import DigitsDataModule
     from recipes.vit import Block
     from tests.helpers.models import RankOneFails
@@ -474,8 +477,8 @@ FSDP1_SCRIPT = """
         return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
     root = sys.argv[1]
-    callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "rollout"), metric_samples=16,
-                           metric_max_batch=4)
+    callback = GAECallback(num_samples=2, every_n_train_steps=1, methods=("gae", "rollout"),
+                           faithfulness=FaithfulnessOptions(samples=16, max_batch=4))
     rows = ScoredRows()
     trainer, model, weights, metrics = fit(root, [rows, callback, rows.after])
     _, plain, plain_weights, plain_metrics = fit(root, [])
@@ -485,8 +488,9 @@ FSDP1_SCRIPT = """
     # global step 1 and succeeds at step 4 (in the second epoch).
     between = dict(use_orig_params=False, fails={1: "forward"}, accumulate_grad_batches=2, limit_train_batches=6,
                    val_check_interval=3)
-    accumulated = GAECallback(num_samples=2, sample_indices=callback.sample_indices, methods=("gae", "rollout"),
-                              metric_samples=16, metric_interim_samples=8, metric_max_batch=4)
+    accumulated = GAECallback(num_samples=2, methods=("gae", "rollout"),
+                              faithfulness=FaithfulnessOptions(samples=16, interim_samples=8, max_batch=4),
+                              batches=BatchOptions(sample_indices=callback.sample_indices))
     _, acc_model, acc_weights, acc_metrics = fit(root, [accumulated], name="accumulated", **between)
     _, acc_plain, acc_plain_weights, acc_plain_metrics = fit(root, [], **between)
     if trainer.is_global_zero:
@@ -496,7 +500,7 @@ FSDP1_SCRIPT = """
     # The check when validation starts fails on rank 1 only (before FSDP1 ever ran a forward): every rank stops.
     failing = FailingViT(dim=32, depth=2, heads=2)
     failing.failing = "forward"
-    check = Trainer(logger=False, callbacks=[GAECallback(num_samples=2, metric_samples=4)], accelerator="cpu", devices=2,
+    check = Trainer(logger=False, callbacks=[GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(samples=4))], accelerator="cpu", devices=2,
                     strategy=CPUFSDPStrategy(auto_wrap_policy={Block}), limit_val_batches=1, enable_progress_bar=False,
                     enable_model_summary=False)
     try:
@@ -566,7 +570,7 @@ DDP_SPAWN_SCRIPT = """
     import sys
     from lightning.pytorch import Trainer, seed_everything
     from lightning.pytorch.loggers import TensorBoardLogger
-    from lightning_gae.callbacks import GAECallback
+    from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
     from recipes.digits import DigitsDataModule
     from recipes.vit import ViTClassifier
 
@@ -574,7 +578,8 @@ DDP_SPAWN_SCRIPT = """
         root = sys.argv[1]
         seed_everything(0)
         trainer = Trainer(default_root_dir=root, logger=TensorBoardLogger(root, name="tb"),
-                          callbacks=[GAECallback(num_samples=2, sample_indices=[0, 5], metrics=())],
+                          callbacks=[GAECallback(num_samples=2, batches=BatchOptions(sample_indices=[0, 5]),
+                                                  faithfulness=FaithfulnessOptions(metrics=()))],
                           max_epochs=2, limit_train_batches=2, limit_val_batches=1, accelerator="cpu",
                           strategy="ddp_spawn", devices=2, enable_progress_bar=False, enable_model_summary=False,
                           enable_checkpointing=False)

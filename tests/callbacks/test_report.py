@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lightning.pytorch import seed_everything
 
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from recipes.digits import DigitsDataModule
 from tests.helpers.models import small_vit
 
@@ -40,7 +40,7 @@ def assert_printed_as_logged(printed: str, logged: float, digits: int) -> None:
 
 def test_fit_prints_the_metrics_and_faithfulness_it_logged_and_where(tmp_path, make_trainer, read_events, capsys):
     seed_everything(0)
-    callback = GAECallback(num_samples=2, methods=("gae", "rollout"), metric_samples=32)
+    callback = GAECallback(num_samples=2, methods=("gae", "rollout"), faithfulness=FaithfulnessOptions(samples=32))
     trainer = make_trainer(tmp_path, [callback], limit_train_batches=3)
     trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     out = capsys.readouterr().out
@@ -77,16 +77,16 @@ def test_the_summary_says_why_nothing_was_scored_or_written(tmp_path, make_train
     assert "faithfulness: not scored (fast_dev_run replaces the loggers with no-op ones" in out
     assert "event files: none (fast_dev_run writes no logs)" in out and "tensorboard --logdir" not in out
 
-    trainer = make_trainer(tmp_path, [GAECallback(num_samples=2, metrics=())], max_epochs=1)
+    trainer = make_trainer(tmp_path, [GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(metrics=()))], max_epochs=1)
     trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     out = capsys.readouterr().out
-    assert "faithfulness: not scored (metrics=() and the validation batches carry no ground truth)" in out
+    assert "faithfulness: not scored (FaithfulnessOptions(metrics=()) and the validation batches carry no ground truth)" in out
     assert f"event files: {trainer.logger.log_dir}\n" in out
 
 
 def test_print_summary_false_prints_nothing_and_keeps_the_text(tmp_path, make_trainer, capsys):
     seed_everything(0)
-    callback = GAECallback(num_samples=2, metric_samples=8, print_summary=False)
+    callback = GAECallback(num_samples=2, print_summary=False, faithfulness=FaithfulnessOptions(samples=8))
     trainer = make_trainer(tmp_path, [callback], max_epochs=1)
     trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     assert HEADER not in capsys.readouterr().out
@@ -96,7 +96,8 @@ def test_print_summary_false_prints_nothing_and_keeps_the_text(tmp_path, make_tr
 def test_scores_of_the_last_explanation_step_are_the_ones_printed(tmp_path, make_trainer, read_events, capsys):
     """metric_samples=0 scores the tracked samples at every explanation step: the summary shows the last step's."""
     seed_everything(0)
-    callback = GAECallback(num_samples=3, methods=("gae",), metric_samples=0, metrics=("deletion_auc",))
+    callback = GAECallback(num_samples=3, methods=("gae",),
+                           faithfulness=FaithfulnessOptions(samples=0, metrics=("deletion_auc",)))
     trainer = make_trainer(tmp_path, [callback])
     trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     out = capsys.readouterr().out
@@ -111,7 +112,8 @@ def test_scores_of_the_last_explanation_step_are_the_ones_printed(tmp_path, make
 def test_validate_after_fit_prints_the_whole_subset_it_scored_where_fit_printed_its_part(tmp_path, make_trainer,
                                                                                        read_events, capsys):
     seed_everything(0)
-    callback = GAECallback(num_samples=2, methods=("gae",), metric_samples=40, metric_interim_samples=8)
+    callback = GAECallback(num_samples=2, methods=("gae",),
+                           faithfulness=FaithfulnessOptions(samples=40, interim_samples=8))
     trainer = make_trainer(tmp_path, [callback], limit_train_batches=3)
     model, data = small_vit(), DigitsDataModule(batch_size=32)
     trainer.fit(model, data)

@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import CombinedLoader
 from torch.utils.data import DataLoader, Subset, SubsetRandomSampler
 
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
 from tests.helpers.models import small_vit
@@ -30,7 +30,7 @@ def test_samples_are_class_balanced():
 def test_tracked_samples_cover_every_class_or_the_warning_names_the_missing_ones(tmp_path, make_trainer):
     data = DigitsDataModule(batch_size=64)
     seed_everything(0)
-    every = GAECallback(num_samples=10, methods=("gae",), metric_samples=0, metrics=())
+    every = GAECallback(num_samples=10, methods=("gae",), faithfulness=FaithfulnessOptions(samples=0, metrics=()))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         make_trainer(tmp_path / "ten", [every], max_epochs=1, limit_train_batches=4).fit(small_vit(), data)
@@ -39,7 +39,7 @@ def test_tracked_samples_cover_every_class_or_the_warning_names_the_missing_ones
     assert sorted(int(labels[i]) for i in every.sample_indices) == list(range(10))
 
     seed_everything(0)
-    eight = GAECallback(num_samples=8, methods=("gae",), metric_samples=0, metrics=())
+    eight = GAECallback(num_samples=8, methods=("gae",), faithfulness=FaithfulnessOptions(samples=0, metrics=()))
     with pytest.warns(UserWarning, match=r"10 classes, so the tracked samples show no sample of class \[8, 9\]; "
                                          r"pass num_samples=10"):
         make_trainer(tmp_path / "eight", [eight], max_epochs=1, limit_train_batches=4).fit(small_vit(), data)
@@ -48,16 +48,16 @@ def test_tracked_samples_cover_every_class_or_the_warning_names_the_missing_ones
 
 def test_resume_tracks_the_same_samples(tmp_path, make_trainer, read_events):
     seed_everything(0)
-    first = GAECallback(num_samples=4, seed=0)
+    first = GAECallback(num_samples=4, batches=BatchOptions(seed=0))
     checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1, filename="{epoch}")
     make_trainer(tmp_path, [first, checkpoint], max_epochs=2, limit_train_batches=4).fit(
         small_vit(), DigitsDataModule(batch_size=32))
 
-    fresh = GAECallback(num_samples=4, seed=99)  # on its own it chooses other samples
+    fresh = GAECallback(num_samples=4, batches=BatchOptions(seed=99))  # on its own it chooses other samples
     make_trainer(tmp_path, [fresh], max_epochs=1, limit_train_batches=4).fit(small_vit(), DigitsDataModule(batch_size=32))
     assert fresh.sample_indices != first.sample_indices
 
-    resumed = GAECallback(num_samples=4, seed=99)
+    resumed = GAECallback(num_samples=4, batches=BatchOptions(seed=99))
     trainer = make_trainer(tmp_path, [resumed], max_epochs=2, limit_train_batches=4)
     trainer.fit(small_vit(), DigitsDataModule(batch_size=32), ckpt_path=str(tmp_path / "ckpt" / "epoch=0.ckpt"))
     assert resumed.sample_indices == first.sample_indices
@@ -86,7 +86,8 @@ def two_loaders(kind):
 
 @pytest.mark.parametrize("kind,index", [("dict", "large"), ("dict", 1), ("combined", "large"), ("combined", 1)])
 def test_samples_come_from_the_named_or_numbered_validation_dataloader(tmp_path, kind, index, make_trainer, read_events):
-    callback = GAECallback(sample_indices=[300], dataloader_idx=index, metrics=())
+    callback = GAECallback(faithfulness=FaithfulnessOptions(metrics=()),
+                           batches=BatchOptions(sample_indices=[300], dataloader_idx=index))
     trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=1, limit_val_batches=1)
     trainer.fit(TwoLoaders(dim=32, depth=2, heads=2), *two_loaders(kind))
     assert read_events(trainer.logger.log_dir).image_steps(heatmap_tag(300)) == [0]
@@ -95,12 +96,12 @@ def test_samples_come_from_the_named_or_numbered_validation_dataloader(tmp_path,
 @pytest.mark.parametrize(
     "index,message",
     [("small", r"\[300\] are outside the 40 samples"),
-     ("medium", r"dataloader_idx='medium'\): the validation dataloaders are named \['small', 'large'\]"),
-     (2, r"dataloader_idx=2\): there are 2 validation dataloaders \(named \['small', 'large'\]\); use 0..1 or a name")],
+     ("medium", r"BatchOptions\(dataloader_idx='medium'\)\): the validation dataloaders are named \['small', 'large'\]"),
+     (2, r"BatchOptions\(dataloader_idx=2\)\): there are 2 validation dataloaders \(named \['small', 'large'\]\); use 0..1 or a name")],
     ids=["small", "unknown name", "past the last"],
 )
 def test_a_validation_dataloader_that_is_not_there_stops_the_run_with_the_choices(tmp_path, index, message, make_trainer):
-    trainer = make_trainer(tmp_path, [GAECallback(sample_indices=[300], dataloader_idx=index)], max_epochs=1)
+    trainer = make_trainer(tmp_path, [GAECallback(batches=BatchOptions(sample_indices=[300], dataloader_idx=index))], max_epochs=1)
     with pytest.raises(ValueError, match=message):
         trainer.fit(TwoLoaders(dim=32, depth=2, heads=2), *two_loaders("dict"))
 
@@ -109,7 +110,7 @@ def test_a_validation_split_chosen_by_a_sampler_is_where_samples_come_from(tmp_p
     data = DigitsDataModule()
     data.setup()
     split = DataLoader(data.val_set, batch_size=4, sampler=SubsetRandomSampler(range(100, 110)))
-    callback = GAECallback(num_samples=20, metrics=())
+    callback = GAECallback(num_samples=20, faithfulness=FaithfulnessOptions(metrics=()))
     with pytest.warns(UserWarning, match=r"num_samples=20\): there are only the 10 samples of the validation set"):
         make_trainer(tmp_path, [callback]).validate(small_vit(), split)
     assert sorted(callback.sample_indices) == list(range(10))

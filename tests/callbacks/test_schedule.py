@@ -7,7 +7,7 @@ import pytest
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from recipes.digits import DigitsDataModule
 from tests.helpers.models import small_vit
 from tests.helpers.trainer import assert_heatmaps_at_steps, heatmap_tag, no_skipped_explanation
@@ -41,7 +41,7 @@ def test_accumulation_explains_once_per_optimizer_step_multiple_of_n(tmp_path, m
 
 
 def test_validate_after_fit_with_the_same_callback_logs_at_lightnings_step(tmp_path, make_trainer, read_events):
-    callback = GAECallback(num_samples=2, metrics=())
+    callback = GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(metrics=()))
     trainer = make_trainer(tmp_path, [callback])
     model, data = small_vit(), DigitsDataModule(batch_size=32)
     trainer.fit(model, data)
@@ -57,7 +57,7 @@ def test_scalars_land_at_the_step_of_the_modules_own_validation_logs_under_accum
                                                                                          read_events):
     # Validation every 3 micro-batches with 2 per optimizer step: once mid-accumulation (global step 1,
     # Lightning's step 1), once at the epoch end (global step 3, Lightning's step still 2).
-    callback = GAECallback(num_samples=2, metrics=())
+    callback = GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(metrics=()))
     trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=6,
                            accumulate_grad_batches=2, val_check_interval=3, limit_val_batches=1)
     trainer.fit(small_vit(), DigitsDataModule(batch_size=16))
@@ -69,7 +69,7 @@ def test_scalars_land_at_the_step_of_the_modules_own_validation_logs_under_accum
 
 def test_fast_dev_run_explains_nothing_and_warns_nothing(tmp_path):
     """fast_dev_run gives the Trainer no-op loggers: the callback checks its setup and stays quiet."""
-    callback = GAECallback(num_samples=10, metric_samples=16)
+    callback = GAECallback(num_samples=10, faithfulness=FaithfulnessOptions(samples=16))
     trainer = Trainer(default_root_dir=tmp_path, fast_dev_run=True, logger=TensorBoardLogger(tmp_path),
                       callbacks=[callback], enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
     with warnings.catch_warnings(record=True) as seen:

@@ -13,7 +13,7 @@ from tensorboard.util import tensor_util
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_gae import ImageTokens, TextTokens, explain
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
 from lightning_gae.metrics import PositivePerturbationAUC, random_attribution
 from lightning_gae.metrics.functional import relevance_segmentation
 from recipes.digits import DigitsDataModule
@@ -23,7 +23,8 @@ from tests.helpers.models import small_vit
 
 def test_perturbation_aucs_are_logged_for_every_method_and_random(tmp_path, make_trainer, read_events):
     seed_everything(0)
-    callback = GAECallback(num_samples=4, methods=("gae", "rollout"), metric_every_n_explanations=1)
+    callback = GAECallback(num_samples=4, methods=("gae", "rollout"),
+                           faithfulness=FaithfulnessOptions(every_n_explanations=1))
     trainer = make_trainer(tmp_path, [callback], limit_train_batches=4)
     trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     logged = read_events(trainer.logger.log_dir).scalar_values()
@@ -55,7 +56,7 @@ def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weig
     # Explanation steps at the end of epochs 0-3. The subset is scored at the first explanation step and every
     # n-th after it; the final weights (those of the last explanation step here) are always scored, once.
     seed_everything(0)
-    callback = GAECallback(num_samples=2, metric_samples=16, metric_every_n_explanations=every)
+    callback = GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(samples=16, every_n_explanations=every))
     trainer = make_trainer(tmp_path, [callback], max_epochs=4, limit_train_batches=2)
     trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     acc = read_events(trainer.logger.log_dir)
@@ -89,7 +90,8 @@ def test_fit_that_ends_between_explanation_steps_scores_the_final_weights_in_eva
     # every_n_epochs=2 over 3 epochs: one explanation step (epoch 1). The last epoch's weights are scored when
     # fit ends, at the step Lightning logs then, with dropout off like every other forward of the callback.
     seed_everything(0)
-    callback = GAECallback(num_samples=2, metric_samples=16, every_n_epochs=2, metric_every_n_explanations=None)
+    callback = GAECallback(num_samples=2, every_n_epochs=2,
+                           faithfulness=FaithfulnessOptions(samples=16, every_n_explanations=None))
     trainer = make_trainer(tmp_path, [callback], max_epochs=3, limit_train_batches=2)
     model = ModeRecordingViT()
     trainer.fit(model, DigitsDataModule(batch_size=32))
@@ -104,8 +106,8 @@ def test_fit_that_ends_between_explanation_steps_scores_the_final_weights_in_eva
 def test_explanations_between_training_steps_score_in_eval_mode(tmp_path, make_trainer, read_events):
     # on_train_batch_end sees the module in training mode: the metrics' forwards must not run with dropout.
     seed_everything(0)
-    callback = GAECallback(num_samples=2, metric_samples=16, every_n_epochs=None, every_n_train_steps=3,
-                           metric_every_n_explanations=1)
+    callback = GAECallback(num_samples=2, every_n_epochs=None, every_n_train_steps=3,
+                           faithfulness=FaithfulnessOptions(samples=16, every_n_explanations=1))
     trainer = make_trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=4)
     model = ModeRecordingViT()
     trainer.fit(model, DigitsDataModule(batch_size=32))
@@ -117,7 +119,8 @@ def test_explanations_between_training_steps_score_in_eval_mode(tmp_path, make_t
 
 
 def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp_path, make_trainer, read_events):
-    callback = GAECallback(num_samples=3, metrics=("deletion_auc", "insertion_auc", "comprehensiveness"))
+    callback = GAECallback(num_samples=3,
+                           faithfulness=FaithfulnessOptions(metrics=("deletion_auc", "insertion_auc", "comprehensiveness")))
     trainer = make_trainer(tmp_path, [callback], limit_train_batches=4, inference_mode=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -127,7 +130,7 @@ def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp
     for metric in ("deletion_auc", "insertion_auc", "comprehensiveness"):
         assert math.isfinite(logged[f"{metric}/gae"][0]) and f"{metric}/random" in logged
     assert "positive_perturbation_auc/gae" not in logged
-    assert all(m.device.type == "cpu" for m in callback._metric_objects.values())
+    assert all(m.device.type == "cpu" for m in callback._run.metric_objects.values())
 
 
 @pytest.mark.parametrize(
@@ -141,10 +144,10 @@ def test_perturbation_metrics_follow_the_papers_protocol_for_the_explained_class
     # while the model still predicts the label ("predicted": the 0% step is the accuracy); explaining
     # the label (or the prediction, when there are no labels) it counts while the model predicts that class.
     seed_everything(0)
-    options = {} if with_labels else {"batch_labels": lambda batch: None}
-    # metric_samples=0: the displayed samples are scored, so the test can rebuild exactly what was scored.
-    callback = GAECallback(num_samples=8, target=target, metrics=("positive_perturbation_auc",),
-                           random_baseline=False, metric_samples=0, **options)
+    options = {} if with_labels else {"batches": BatchOptions(labels=lambda batch: None)}
+    # FaithfulnessOptions(samples=0): the displayed samples are scored, so the test can rebuild exactly what was scored.
+    callback = GAECallback(num_samples=8, target=target, **options,
+                           faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",), random_baseline=False, samples=0))
     model = small_vit()
     trainer = make_trainer(tmp_path, [callback], limit_train_batches=4)
     data = DigitsDataModule(batch_size=32)
@@ -211,7 +214,7 @@ class SquaresViT(ViTClassifier):
 
 def test_segmentation_is_scored_when_the_batch_has_masks(tmp_path, make_trainer, read_events):
     seed_everything(0)
-    callback = GAECallback(num_samples=8, methods=("gae",), metrics=(), metric_samples=0)
+    callback = GAECallback(num_samples=8, methods=("gae",), faithfulness=FaithfulnessOptions(metrics=(), samples=0))
     trainer = make_trainer(tmp_path, [callback], max_epochs=3, limit_train_batches=16)
     model = SquaresViT(num_classes=4, dim=32, depth=2, heads=2, dropout=0.0, lr=3e-3)
     trainer.fit(model)
@@ -230,7 +233,7 @@ def test_segmentation_is_scored_when_the_batch_has_masks(tmp_path, make_trainer,
     index = torch.tensor(callback.sample_indices)
     images, masks = data.images[index], data.masks[index]
     tokens = explain(model, images, method="gae").tokens
-    expected = {"gae": tokens, "random": random_attribution(tokens, callback.seed)}
+    expected = {"gae": tokens, "random": random_attribution(tokens, callback.batches.seed)}
     for method, relevance in expected.items():
         direct = relevance_segmentation(ImageTokens(patch_size=2).to_input(relevance, images), masks)
         for key, value in direct.items():
@@ -299,7 +302,8 @@ def test_rationale_agreement_is_scored_when_the_batch_has_rationales(tmp_path, m
     pytest.importorskip("transformers")
     seed_everything(0)
     modality = TextTokens(vocab=[f"w{i}" for i in range(30)], special_ids=[1, 2], pad_id=0, mask_id=3)
-    callback = GAECallback(num_samples=8, modality=modality, metrics=("positive_perturbation_auc",))
+    callback = GAECallback(num_samples=8, modality=modality,
+                           faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",)))
     trainer = make_trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=8)
     trainer.fit(TextClassifier())
     logged = read_events(trainer.logger.log_dir).scalar_values()
@@ -322,7 +326,7 @@ def test_captum_baselines_share_the_grid_and_the_metric_tags(tmp_path, make_trai
     for method in ("saliency", "integrated_gradients"):
         assert f"positive_perturbation_auc/{method}" in acc.Tags()["scalars"]
     # One picture per sample, one panel per method, input first; gae + 2 baselines = 4 panels of equal width.
-    only_gae = GAECallback(num_samples=2, sample_indices=callback.sample_indices)
+    only_gae = GAECallback(num_samples=2, batches=BatchOptions(sample_indices=callback.sample_indices))
     plain = make_trainer(tmp_path / "plain", [only_gae], limit_train_batches=4, inference_mode=True)
     plain.validate(small_vit(), DigitsDataModule(batch_size=32))
     plain_acc = read_events(plain.logger.log_dir)
@@ -334,8 +338,9 @@ def test_faithfulness_is_scored_on_its_own_subset_in_batches_with_standard_error
                                                                                  read_events):
     # 16 samples read and all 16 scored, in batches of 5 (uneven), separately from the 2 shown.
     seed_everything(0)
-    callback = GAECallback(num_samples=2, metric_samples=16, metric_max_batch=5, max_scan_batches=1,
-                           metrics=("positive_perturbation_auc",), random_baseline=False)
+    callback = GAECallback(num_samples=2,
+                           faithfulness=FaithfulnessOptions(samples=16, max_batch=5, metrics=("positive_perturbation_auc",), random_baseline=False),
+                           batches=BatchOptions(max_scan_batches=1))
     data = DigitsDataModule(batch_size=16)
     model = small_vit()
     trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=2)

@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch import seed_everything
 
 from lightning_gae import ImageTokens, TextTokens, explain
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import EngineOptions, FaithfulnessOptions, GAECallback
 from lightning_gae.metrics import AlignmentAccuracy, RationaleAgreement, RelevanceSegmentation
 from lightning_gae.tensorboard import metadata
 from recipes.dual_encoder import ShapeCLIP, image_text_similarity
@@ -32,8 +32,8 @@ def _copy_vocab():
 
 def _seq2seq_callback(**kwargs):
     text = TextTokens(vocab=_copy_vocab(), pad_id=PAD)
-    return GAECallback(num_samples=3, methods=SEQ_METHODS, metrics=(), modality={"encoder": text, "decoder": text},
-                       **kwargs)
+    return GAECallback(num_samples=3, methods=SEQ_METHODS, modality={"encoder": text, "decoder": text}, **kwargs,
+                       faithfulness=FaithfulnessOptions(metrics=()))
 
 
 def _seq2seq_model():
@@ -49,7 +49,7 @@ def _copy_data(source_length=7):
 def seq2seq_run(tmp_path_factory, make_trainer, read_events):
     root = tmp_path_factory.mktemp("seq2seq")
     seed_everything(0)
-    callback = _seq2seq_callback(set_inputs={"encoder": "src", "decoder": "tgt_in"})
+    callback = _seq2seq_callback(engine=EngineOptions(set_inputs={"encoder": "src", "decoder": "tgt_in"}))
     model, data = _seq2seq_model(), _copy_data()
     trainer = make_trainer(root, [callback], name="s2s", max_epochs=1, limit_val_batches=1)
     trainer.fit(model, data)
@@ -163,7 +163,7 @@ def test_unequal_lengths_find_each_sets_input(tmp_path, make_trainer, read_event
 def test_perturbation_metrics_on_token_sets_stop_the_run_with_the_fix(tmp_path, make_trainer):
     text = TextTokens(vocab=_copy_vocab(), pad_id=PAD)
     callback = GAECallback(num_samples=2, modality={"encoder": text, "decoder": text},
-                           set_inputs={"encoder": "src", "decoder": "tgt_in"})
+                           engine=EngineOptions(set_inputs={"encoder": "src", "decoder": "tgt_in"}))
     with pytest.raises(ValueError, match=r"token sets \['encoder', 'decoder'\].*Pass metrics=\(\)"):
         make_trainer(tmp_path, [callback], name="s2s", max_epochs=1, limit_val_batches=1).validate(_seq2seq_model(),
                                                                                                _copy_data())
@@ -181,8 +181,10 @@ def clip_run(tmp_path_factory, make_trainer, read_events):
     root = tmp_path_factory.mktemp("clip")
     seed_everything(0)
     # 32 px images in 8 px patches: 16 patches + CLS = 17 tokens, as many as the 17 caption positions.
-    callback = GAECallback(num_samples=2, methods=CLIP_METHODS, metrics=(), target=image_text_similarity,
-                           modality={"text": _shape_text(), "image": ImageTokens(patch_size=8)}, streams=shape_clip_streams())
+    callback = GAECallback(num_samples=2, methods=CLIP_METHODS, target=image_text_similarity,
+                           modality={"text": _shape_text(), "image": ImageTokens(patch_size=8)},
+                           faithfulness=FaithfulnessOptions(metrics=()),
+                           engine=EngineOptions(streams=shape_clip_streams()))
     model = ShapeCLIP(image_size=32, patch_size=8, max_length=17, hidden_size=32, intermediate_size=32, num_layers=2,
                       num_heads=2, projection_dim=16)
     data = ShapesDataModule(task="contrastive", num_train=64, num_val=16, max_length=17, batch_size=16)
@@ -246,10 +248,11 @@ def test_sets_that_cannot_be_told_apart_stop_the_run_and_name_the_fix(tmp_path, 
     model = ShapeCLIP(image_size=32, patch_size=8, hidden_size=32, intermediate_size=32, num_layers=1, num_heads=2,
                       projection_dim=16)
     data = ShapesDataModule(task="contrastive", num_train=64, num_val=16, max_length=16, batch_size=16)
-    guessed = GAECallback(num_samples=2, metrics=(), target=image_text_similarity, streams=shape_clip_streams())
+    guessed = GAECallback(num_samples=2, target=image_text_similarity, faithfulness=FaithfulnessOptions(metrics=()),
+                          engine=EngineOptions(streams=shape_clip_streams()))
     with pytest.raises(ValueError, match=r"\['pixel_values'\] more than once; pass modality="):
         make_trainer(tmp_path, [guessed], name="clip", max_epochs=1, limit_val_batches=1).validate(model, data)
-    pointed = GAECallback(num_samples=2, metrics=(), target=image_text_similarity, streams=shape_clip_streams(),
-                          set_inputs={"text": "input_ids"})
+    pointed = GAECallback(num_samples=2, target=image_text_similarity, faithfulness=FaithfulnessOptions(metrics=()),
+                          engine=EngineOptions(streams=shape_clip_streams(), set_inputs={"text": "input_ids"}))
     with pytest.raises(ValueError, match=r"cannot infer the modality of token set 'text'"):
         make_trainer(tmp_path, [pointed], name="clip", max_epochs=1, limit_val_batches=1).validate(model, data)

@@ -19,7 +19,7 @@ from matplotlib import image as mpimg
 from tensorboard.plugins.custom_scalar import layout_pb2
 
 from lightning_gae import ImageTokens, explain, display
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from lightning_gae.metrics import PerturbationAUC
 from lightning_gae.tensorboard import TensorBoardViews, custom_scalars_layout, scalar_tag
 from recipes.digits import DigitsDataModule
@@ -38,7 +38,7 @@ def run(tmp_path_factory, make_trainer):
     """
     root = tmp_path_factory.mktemp("tb")
     seed_everything(0)
-    callback = GAECallback(num_samples=3, methods=METHODS, metric_samples=0)  # curves of the shown samples
+    callback = GAECallback(num_samples=3, methods=METHODS, faithfulness=FaithfulnessOptions(samples=0))  # curves of the shown samples
     model = small_vit(dropout=0.1)
     data = DigitsDataModule(batch_size=32)
     trainer = make_trainer(root, [callback], name="runs", max_epochs=2, limit_train_batches=4, limit_val_batches=2)
@@ -456,7 +456,8 @@ def test_a_map_that_is_zero_everywhere_says_why_instead_of_a_black_panel(tmp_pat
     torch.nn.init.zeros_(head.weight)
     torch.nn.init.zeros_(head.bias)
     head.requires_grad_(False)
-    callback = GAECallback(num_samples=2, methods=("raw_attention", "attn_gradcam"), metrics=(), random_baseline=False)
+    callback = GAECallback(num_samples=2, methods=("raw_attention", "attn_gradcam"),
+                           faithfulness=FaithfulnessOptions(metrics=(), random_baseline=False))
     trainer = make_trainer(tmp_path, [callback], name="zero", max_epochs=1)
     trainer.fit(model, DigitsDataModule(batch_size=32))
     logdir = Path(trainer.logger.log_dir)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from lightning.pytorch import seed_everything
 
-from lightning_gae.callbacks import GAECallback
+from lightning_gae.callbacks import EngineOptions, FaithfulnessOptions, GAECallback
 from lightning_gae.tensorboard.plugin import ALL_ZERO, ALL_ZERO_DEFAULT
 from recipes.seq2seq import CopyTaskDataModule, CopyTokens, Seq2SeqCopier
 from recipes.tensorboard_screenshots import DASHBOARD, Chromium, find_chromium
@@ -24,8 +24,10 @@ def seq2seq(tmp_path_factory, make_trainer, read_events):
     root = tmp_path_factory.mktemp("s2s_tab")
     seed_everything(0)
     tokens = CopyTokens(num_symbols=20, num_distractors=8)
-    callback = GAECallback(num_samples=2, methods=METHODS, metrics=(), random_baseline=False, query="last",
-                           modality={"encoder": tokens, "decoder": tokens}, set_inputs={"encoder": "src", "decoder": "tgt_in"})
+    callback = GAECallback(num_samples=2, methods=METHODS, query="last",
+                           modality={"encoder": tokens, "decoder": tokens},
+                           faithfulness=FaithfulnessOptions(metrics=(), random_baseline=False),
+                           engine=EngineOptions(set_inputs={"encoder": "src", "decoder": "tgt_in"}))
     model = Seq2SeqCopier(d_model=32, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32)
     data = CopyTaskDataModule(num_train=128, num_val=32, source_length=10, copy_length=6, batch_size=16)
     trainer = make_trainer(root, [callback], name="s2s", max_epochs=1, limit_val_batches=1)

@@ -1,0 +1,252 @@
+"""GAECallback's options beyond the everyday ones, grouped by concern; each group checks itself when built.
+
+A YAML config of ``LightningCLI`` sets them as nested keys of the callback's ``init_args``::
+
+    - class_path: lightning_gae.callbacks.GAECallback
+      init_args:
+        methods: [gae, rollout]
+        faithfulness:
+          metrics: [positive_perturbation_auc]
+          samples: 128
+        batches:
+          inputs: recipes.text.batch_inputs
+        display:
+          heatmap_scale: fixed
+
+and on the command line ``--trainer.callbacks.faithfulness.samples=64`` overrides one of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from lightning_gae.attribution import CAPTUM_METHODS
+from lightning_gae.display.views import Scale
+from lightning_gae.engine.explain import LRP_METHODS, METHODS
+from lightning_gae.engine.token_sets import Streams
+from lightning_gae.metrics import PERTURBATION_METRICS
+from lightning_gae.modalities.tokens import Modality, TabularTokens
+
+__all__ = ["BatchOptions", "DisplayOptions", "EngineOptions", "FaithfulnessOptions", "check_arguments"]
+
+
+def _positive(owner: str, name: str, value: Any, allow_none: bool = False, hint: str = "") -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}({name}={value!r}): use a positive integer{hint}")
+
+
+@dataclass
+class FaithfulnessOptions:
+    """How faithful each method is, scored on a fixed subset of the validation set.
+
+    Args:
+        metrics: faithfulness metrics by name, any of ``"positive_perturbation_auc"``,
+            ``"negative_perturbation_auc"``, ``"deletion_auc"``, ``"insertion_auc"``, ``"comprehensiveness"``,
+            ``"sufficiency"``, ``"aopc"``, ``"abpc"``; tokens are removed the modality's way. ``()``: none (ground truth
+            in the batches is still scored).
+        random_baseline: also score a seeded random attribution, the floor every method should beat.
+        samples: how many validation samples (seeded, stratified by class when there are labels, at most the
+            samples read) the metrics and the ground-truth scalars are scored on, apart from the samples shown;
+            each scalar ``<metric>/<method>`` comes with its standard error ``<metric>/<method>/stderr`` over them.
+            0 scores the displayed samples instead, at every explanation step.
+        interim_samples: how many of ``samples`` a ``fit`` scores (a seeded, stratified part, the same at every
+            step and on the final weights, so that a curve's points differ by the weights, not by the samples);
+            ``validate``/``test`` score all ``samples``. 0, or at least ``samples``: all of them at every point.
+        every_n_explanations: when a ``fit`` scores: at the first explanation step and every ``n``-th after it
+            (1: every step), and on the final weights; None: the final weights only.
+        max_batch: at most this many samples per explained batch and perturbed inputs per forward.
+
+    Raises:
+        ValueError: an unknown metric, a negative count, or a schedule that is not a positive integer.
+    """
+
+    metrics: Sequence[str] = ("positive_perturbation_auc", "negative_perturbation_auc")
+    random_baseline: bool = True
+    samples: int = 256
+    interim_samples: int = 32
+    every_n_explanations: int | None = 2
+    max_batch: int = 256
+
+    def __post_init__(self) -> None:
+        self.metrics = tuple(self.metrics)
+        unknown = [m for m in self.metrics if m not in PERTURBATION_METRICS]
+        if unknown:
+            raise ValueError(f"FaithfulnessOptions(metrics={list(self.metrics)}): {unknown} are not metrics; choose "
+                             f"from {sorted(PERTURBATION_METRICS)}")
+        _positive("FaithfulnessOptions", "max_batch", self.max_batch)
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 0:
+            raise ValueError(f"FaithfulnessOptions(samples={self.samples!r}): use a positive integer, or 0 to score "
+                             "the displayed samples")
+        _positive("FaithfulnessOptions", "every_n_explanations", self.every_n_explanations, allow_none=True,
+                  hint=" (1: every explanation step), or None to score once, on the final weights")
+        if isinstance(self.interim_samples, bool) or not isinstance(self.interim_samples, int) or self.interim_samples < 0:
+            raise ValueError(f"FaithfulnessOptions(interim_samples={self.interim_samples!r}): use a positive integer, "
+                             "or 0 to score all the samples at every scheduled step")
+
+
+@dataclass
+class BatchOptions:
+    """Which validation batches the samples come from and how a batch is read.
+
+    Args:
+        dataloader_idx: which validation dataloader: its position (as ``validation_step``'s ``dataloader_idx``
+            numbers them) or, for a mapping of dataloaders or a ``CombinedLoader`` over one, its key.
+        inputs: ``batch -> model inputs``; None: ``x`` of ``(x, y)``, a mapping without its labels and ground truth.
+        labels: ``batch -> labels``; None: ``y`` of ``(x, y)``, a mapping's ``labels``.
+        ground_truth: ``batch -> masks [B, H, W] or rationales [B, T]``; None: a mapping's
+            ``masks``/``segmentation``/``rationales``, or ``z`` of ``(x, y, z)``.
+        max_scan_batches: at most this many validation batches are read to choose the samples.
+        sample_indices: positions in the validation set to track instead of a seeded choice.
+        seed: seed of the choice of the tracked samples and of the faithfulness subset.
+
+    Raises:
+        ValueError: a ``dataloader_idx`` that is neither a position nor a key, a scan limit below 1, or a
+            negative sample index.
+    """
+
+    dataloader_idx: int | str = 0
+    inputs: Callable[[Any], Any] | None = None
+    labels: Callable[[Any], Tensor | None] | None = None
+    ground_truth: Callable[[Any], Tensor | None] | None = None
+    max_scan_batches: int = 64
+    sample_indices: Sequence[int] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        index = self.dataloader_idx
+        if isinstance(index, bool) or not isinstance(index, (int, str)) or (isinstance(index, int) and index < 0):
+            raise ValueError(f"BatchOptions(dataloader_idx={index!r}): use a position 0, 1, ... or the key of a "
+                             "mapping of validation dataloaders")
+        _positive("BatchOptions", "max_scan_batches", self.max_scan_batches)
+        for name in ("inputs", "labels", "ground_truth"):
+            reader = getattr(self, name)
+            if reader is not None and not callable(reader):
+                raise ValueError(f"BatchOptions({name}={reader!r}): give a function batch -> {name}, or None for "
+                                 "the default reader")
+        if self.sample_indices is not None:
+            self.sample_indices = [int(i) for i in self.sample_indices]
+            if any(i < 0 for i in self.sample_indices):
+                raise ValueError(f"BatchOptions(sample_indices={self.sample_indices}): positions in the validation "
+                                 "set are 0 or more")
+
+
+@dataclass
+class EngineOptions:
+    """How the model is explained, where it cannot be found out by itself.
+
+    Args:
+        attention_modules: module-path globs of the modules whose output is the attention probabilities
+            (``attention_modules=`` of :func:`~lightning_gae.explain`), for models that compute attention
+            without a softmax the capture recognises.
+        streams: declares the token sets where no preset or inference finds them (:class:`~lightning_gae.Streams`).
+        embedding_layer: module path of the token embedding, for Captum baselines on token ids and for
+            ``"attnlrp"``; None finds it for Hugging Face models.
+        set_inputs: for several token sets, which model input each set's tokens come from: the key of a mapping
+            input or the position in a tuple input, e.g. ``{"encoder": 0, "decoder": 1}``. None finds the one
+            input each set's modality fits; when two fit alike the run stops and asks for this.
+        answer_tokens: explain a causal language model's answer tokens (the labels that are not -100), each one
+            a sample read at the position that predicts it; None: when the module holds a Hugging Face causal LM
+            and the batches carry ``input_ids`` and ``labels [B, T]``.
+
+    Raises:
+        ValueError: arguments of the wrong type.
+    """
+
+    attention_modules: Sequence[str] | None = None
+    streams: Streams | None = None
+    embedding_layer: str | None = None
+    set_inputs: Mapping[str, int | str] | None = None
+    answer_tokens: bool | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attention_modules, str):
+            self.attention_modules = [self.attention_modules]
+        if self.streams is not None and not isinstance(self.streams, Streams):
+            raise ValueError(f"EngineOptions(streams={self.streams!r}): give a lightning_gae.Streams(...)")
+        if self.set_inputs is not None and not isinstance(self.set_inputs, Mapping):
+            raise ValueError(f"EngineOptions(set_inputs={self.set_inputs!r}): give a mapping token set -> input key "
+                             "or tuple position")
+        if self.answer_tokens is not None and not isinstance(self.answer_tokens, bool):
+            raise ValueError(f"EngineOptions(answer_tokens={self.answer_tokens!r}): use True, False or None")
+
+
+@dataclass
+class DisplayOptions:
+    """How the explanations are drawn.
+
+    Args:
+        evolution_length: how many past heatmaps an evolution strip shows; a sample's strip is written every
+            ``evolution_length`` explanation steps and at the last one of a run.
+        top_fraction: the share of tokens counted as "top" by the overlap and concentration scalars.
+        heatmap_scale: ``"per_map"`` (each heatmap's colours span 0 to its own largest magnitude) or ``"fixed"``
+            (a method's colour range is set at its first logged step and kept, so that steps compare).
+
+    Raises:
+        ValueError: a non-positive length, a fraction outside (0, 1], an unknown scale.
+    """
+
+    evolution_length: int = 5
+    top_fraction: float = 0.1
+    heatmap_scale: Scale = "per_map"
+
+    def __post_init__(self) -> None:
+        _positive("DisplayOptions", "evolution_length", self.evolution_length)
+        if not 0 < self.top_fraction <= 1:
+            raise ValueError(f"DisplayOptions(top_fraction={self.top_fraction}): use a fraction in (0, 1]")
+        if self.heatmap_scale not in ("per_map", "fixed"):
+            raise ValueError(f"DisplayOptions(heatmap_scale={self.heatmap_scale!r}): use 'per_map' (each map its own "
+                             "colour range) or 'fixed' (each method's range from its first step)")
+
+
+def check_arguments(callback: Any) -> None:
+    """Every check of ``GAECallback``'s arguments that needs neither the model nor the data, run when it is built:
+    a typo in a config fails before either is built (as Lightning's own callbacks check theirs)."""
+    for name, group, kind in (("faithfulness", callback.faithfulness, FaithfulnessOptions),
+                              ("batches", callback.batches, BatchOptions), ("engine", callback.engine, EngineOptions),
+                              ("display", callback.display, DisplayOptions)):
+        if not isinstance(group, kind):
+            raise ValueError(f"GAECallback({name}={group!r}): give a {kind.__name__}(...)")
+    unknown = [m for m in callback.methods if m not in METHODS + LRP_METHODS]
+    if unknown or not callback.methods:
+        raise ValueError(f"GAECallback(methods={list(callback.methods)}): choose from {list(METHODS + LRP_METHODS)}")
+    if not callable(callback.target) and callback.target not in ("pred", "label"):
+        raise ValueError(f"GAECallback(target={callback.target!r}): use 'pred' (predicted class), 'label', or a "
+                         "callable output -> Tensor[B]")
+    if callable(callback.target) and (callback.faithfulness.metrics or callback.captum_baselines):
+        raise ValueError("GAECallback(target=<callable>) explains a score that is not a class, which the "
+                         "perturbation metrics and Captum baselines cannot score: pass "
+                         "faithfulness=FaithfulnessOptions(metrics=()) and captum_baselines=()")
+    if isinstance(callback.modality, Mapping):
+        wrong = {k: type(v).__name__ for k, v in callback.modality.items() if not isinstance(v, Modality)}
+        if wrong:
+            raise ValueError(f"GAECallback(modality={{...}}): {wrong} are not modalities; give each token set an "
+                             "ImageTokens, TextTokens or TabularTokens")
+    elif callback.modality is not None and not isinstance(callback.modality, Modality):
+        raise ValueError(f"GAECallback(modality={callback.modality!r}): give an ImageTokens, TextTokens or "
+                         "TabularTokens, a mapping {token set: modality}, or None to infer it")
+    for name in ("every_n_epochs", "every_n_train_steps"):
+        value = getattr(callback, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"GAECallback({name}={value}): use a positive integer, or None to switch it off")
+    if callback.every_n_epochs is None and callback.every_n_train_steps is None:
+        raise ValueError("GAECallback: every_n_epochs and every_n_train_steps are both None; set one of them")
+    if callback.num_samples < 1 and not callback.batches.sample_indices:
+        raise ValueError(f"GAECallback(num_samples={callback.num_samples}): track at least one sample")
+    unknown = [m for m in callback.captum_baselines if m not in CAPTUM_METHODS]
+    if unknown:
+        raise ValueError(f"GAECallback(captum_baselines={list(callback.captum_baselines)}): choose from "
+                         f"{list(CAPTUM_METHODS)}")
+    tabular = callback.modality.values() if isinstance(callback.modality, Mapping) else [callback.modality]
+    if any(isinstance(m, TabularTokens) and m.means is None for m in tabular) and callback.faithfulness.metrics:
+        raise ValueError(
+            f"GAECallback(faithfulness=FaithfulnessOptions(metrics={list(callback.faithfulness.metrics)})) removes "
+            f"features, but modality={callback.modality!r} has no value to put in their place: build it with "
+            "TabularTokens(..., means=[...]) (the training features' means, in the scale the model sees) or "
+            "TabularTokens(...).fit(train_features), or pass faithfulness=FaithfulnessOptions(metrics=())"
+        )
