@@ -245,6 +245,7 @@ def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
     import torch
 
     from lightning_gae.compare import comparison_grid, compare, infer_modality, token_set_inputs
+    from lightning_gae.options import EngineOptions, FaithfulnessOptions
     from lightning_gae.engine.explain import explain, map_tensors
 
     model, datamodule, callback = _configured(args.config)
@@ -267,9 +268,10 @@ def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
         # Each token set is scored against the ground truth the batches carry for it (compare() says why not perturbation).
         set_inputs = None if callback is None else callback.engine.set_inputs
         target = explained if explained is not None else (labels if args.protocol == "target" else None)
-        result = compare(model, inputs, target, methods=args.methods, metrics=args.metrics or (), modality=given,
-                         batch_size=args.batch_size, seed=args.seed, protocol=args.protocol, ground_truth=keyed or None,
-                         streams=streams, set_inputs=set_inputs, progress=bars)
+        result = compare(model, inputs, target, methods=args.methods, modality=given, batch_size=args.batch_size,
+                         seed=args.seed, protocol=args.protocol, ground_truth=keyed or None, progress=bars,
+                         faithfulness=FaithfulnessOptions(metrics=args.metrics or ()),
+                         engine=EngineOptions(streams=streams, set_inputs=set_inputs))
         layout = token_set_inputs(inputs, {x: r.shape[1] for x, r in probe.relevance.items()}, given, set_inputs)
         sequence = (explained is None and probe.logits is not None and probe.logits.dim() == 3
                     and probe.logits.shape[1] == probe.tokens.shape[1])
@@ -286,10 +288,10 @@ def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
         query = "last"
     modality = given if given is not None else infer_modality(model, inputs)
 
-    result = compare(model, inputs, labels, methods=args.methods, metrics=args.metrics or COMPARE_METRICS,
-                     modality=modality, batch_size=args.batch_size, seed=args.seed, protocol=args.protocol,
-                     ground_truth=truth, progress=bars, query=query, recall=rows is not None and truth is not None,
-                     groups=groups)
+    result = compare(model, inputs, labels, methods=args.methods, modality=modality, batch_size=args.batch_size,
+                     seed=args.seed, protocol=args.protocol, ground_truth=truth, progress=bars, query=query,
+                     recall=rows is not None and truth is not None, groups=groups,
+                     faithfulness=FaithfulnessOptions(metrics=args.metrics or COMPARE_METRICS))
     first = map_tensors(inputs, lambda t: t[:_GRID_SAMPLES])
     picture = comparison_grid(model, first, methods=args.methods, modality=modality, seed=args.seed, query=query)
     bars.writing = True

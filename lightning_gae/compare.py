@@ -31,6 +31,7 @@ from lightning_gae.metrics import PERTURBATION_METRICS, AlignmentAccuracy, pertu
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional.perturbation import Protocol, check_protocol
 from lightning_gae.modalities.tokens import ImageTokens, Modality
+from lightning_gae.options import EngineOptions, FaithfulnessOptions
 from lightning_gae.engine.token_sets import Streams
 from lightning_gae.language.decoder_rows import is_sequence_output, last_positions, sequence_rows
 from lightning_gae.metrics.ground_truth import RECALL, SET_TRUTH, TruthScore, truth_score
@@ -138,20 +139,17 @@ def compare(
     inputs: Any,
     target: SetTarget = None,
     methods: Sequence[str] = DEFAULT_METHODS,
-    metrics: Sequence[str] = ("positive_perturbation_auc", "negative_perturbation_auc"),
     modality: Modality | Mapping[str, Modality] | None = None,
-    batch_size: int = 64,
-    max_batch: int = 256,
-    embedding_layer: str | nn.Module | None = None,
-    seed: int = 0,
-    protocol: Protocol = "target",
     ground_truth: Tensor | Mapping[str, Tensor] | None = None,
-    streams: Streams | None = None,
-    set_inputs: Mapping[str, int | str] | None = None,
-    progress: Progress | None = None,
     query: Any = None,
+    faithfulness: FaithfulnessOptions | None = None,
+    engine: EngineOptions | None = None,
+    protocol: Protocol = "target",
+    batch_size: int = 64,
+    seed: int = 0,
     recall: bool = False,
     groups: Sequence[int] | Tensor | None = None,
+    progress: Progress | None = None,
 ) -> Comparison:
     r"""Score every attribution method with every perturbation metric on the same samples and targets.
 
@@ -198,21 +196,21 @@ def compare(
             with several token sets also ``[N, T]`` classes per target position, or a callable
             ``output -> Tensor[B]`` (e.g. an image-text similarity).
         methods: names from :data:`ATTRIBUTION_METHODS`.
-        metrics: names from :data:`lightning_gae.metrics.PERTURBATION_METRICS`.
         modality: how inputs are removed and tokens mapped (``ImageTokens``, ``TextTokens``,
             ``TabularTokens``); None infers ``ImageTokens`` for ViT-style square images.
-        batch_size: samples per attribution call and metric update.
-        max_batch: at most this many perturbed inputs per forward pass of a metric.
-        embedding_layer: the embedding of token-id inputs for Captum's methods (see :func:`attribute`).
-        seed: seed of ``"random"`` and GradientSHAP; batch ``i`` uses ``seed + i``.
-        protocol: ``"target"`` or ``"predicted"``, as above.
         ground_truth: None, or the known answer per sample (nonzero = right), as above; a mapping
             by batch key for a model with several token sets.
-        streams: declares the token sets (:class:`~lightning_gae.Streams`) where no preset or inference does.
-        set_inputs: set -> the input its tokens come from (see :func:`token_set_inputs`); needed
-            when two sets' inputs look alike (equal lengths).
-        progress: called as ``progress(method, samples_done, total)`` when a method starts (0 done) and after
-            each of its batches is scored (``lightning-gae compare`` draws a bar per method with it).
+        faithfulness: the ``metrics`` (names from :data:`lightning_gae.metrics.PERTURBATION_METRICS`; default:
+            positive and negative perturbation AUC) and ``max_batch`` (perturbed inputs per forward pass of a
+            metric) of :class:`~lightning_gae.options.FaithfulnessOptions`, as the callback takes them; the subset
+            and schedule fields are the callback's (``compare`` scores the ``inputs`` it is given).
+        engine: ``embedding_layer`` (the embedding of token-id inputs for Captum's methods, see :func:`attribute`),
+            ``streams`` (declares the token sets where no preset or inference does) and ``set_inputs`` (set -> the
+            input its tokens come from, needed when two sets' inputs look alike) of
+            :class:`~lightning_gae.options.EngineOptions`.
+        protocol: ``"target"`` or ``"predicted"``, as above.
+        batch_size: samples per attribution call and metric update.
+        seed: seed of ``"random"`` and GradientSHAP; batch ``i`` uses ``seed + i``.
         query: the readout row of the attention methods (``query=`` of :func:`~lightning_gae.explain`); None: their
             default. ``"last"`` for the answer rows of a causal LM (:func:`lightning_gae.language.answers.answer_rows`, read
             through :class:`~lightning_gae.language.answers.NextTokenLogits`).
@@ -222,6 +220,8 @@ def compare(
         groups: one label per sample for samples that are not independent (the answer rows of one prompt share
             their prompt's label): the standard errors leave out a group at a time (a delete-a-group jackknife), the
             values are still over every sample. None: every sample on its own.
+        progress: called as ``progress(method, samples_done, total)`` when a method starts (0 done) and after
+            each of its batches is scored (``lightning-gae compare`` draws a bar per method with it).
 
     Returns:
         A :class:`Comparison`; ``to_markdown()`` and ``to_dict()`` give the table.
@@ -245,6 +245,17 @@ def compare(
     unknown = [m for m in methods if m not in ATTRIBUTION_METHODS]
     if unknown or not methods:
         raise ValueError(f"methods={list(methods)}: choose from {list(ATTRIBUTION_METHODS)}")
+    faithfulness = FaithfulnessOptions() if faithfulness is None else faithfulness
+    engine = EngineOptions() if engine is None else engine
+    if not isinstance(faithfulness, FaithfulnessOptions) or not isinstance(engine, EngineOptions):
+        raise ValueError("compare(faithfulness=..., engine=...): give FaithfulnessOptions(...) and EngineOptions(...) "
+                         "(lightning_gae.options)")
+    if engine.attention_modules is not None or engine.answer_tokens is not None:
+        raise ValueError("compare(engine=EngineOptions(attention_modules=..., answer_tokens=...)): compare explains "
+                         "with the attention the capture finds and scores the rows it is given (answer rows: "
+                         "lightning_gae.language.answer_rows with query='last'); leave both None")
+    metrics, max_batch = faithfulness.metrics, faithfulness.max_batch
+    embedding_layer, streams, set_inputs = engine.embedding_layer, engine.streams, engine.set_inputs
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}")
     total = first_tensor(inputs).shape[0]
@@ -261,7 +272,8 @@ def compare(
                              streams, set_inputs, probe, total, progress or _silent)
     unknown = [m for m in metrics if m not in PERTURBATION_METRICS]
     if unknown or not metrics:
-        raise ValueError(f"metrics={list(metrics)}: choose from {list(PERTURBATION_METRICS)}")
+        raise ValueError(f"compare(faithfulness=FaithfulnessOptions(metrics={list(metrics)})): choose at least one "
+                         f"of {list(PERTURBATION_METRICS)}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}")
     check_protocol(protocol)
@@ -336,9 +348,9 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
     sizes = {x: r.shape[1] for x, r in probe.relevance.items()}
     if metrics:
         raise ValueError(
-            f"metrics={list(metrics)} cannot apply to a model with the token sets {list(sizes)}: a perturbation metric "
+            f"FaithfulnessOptions(metrics={list(metrics)}) cannot apply to a model with the token sets {list(sizes)}: a perturbation metric "
             "removes units of one input and reads one class logit per sample, and here neither says which set's tokens "
-            "to remove. Pass metrics=() and score the sets against ground truth (ground_truth={'alignment' | 'masks' | "
+            "to remove. Pass faithfulness=FaithfulnessOptions(metrics=()) and score the sets against ground truth (ground_truth={'alignment' | 'masks' | "
             "'rationales': tensor})"
         )
     if modality is not None and not isinstance(modality, Mapping):

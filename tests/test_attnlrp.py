@@ -408,6 +408,7 @@ def test_an_embedding_that_never_runs_or_runs_twice_is_named():
 def test_compare_and_the_captum_class_give_explains_attnlrp():
     from lightning_gae.attribution import AttnLRP
     from lightning_gae.compare import attribute, compare
+    from lightning_gae.options import FaithfulnessOptions
 
     model = bert("sdpa")
     inputs = padded_batch(token_types=False)
@@ -417,8 +418,8 @@ def test_compare_and_the_captum_class_give_explains_attnlrp():
     by_captum = captum.attribute(inputs["input_ids"], target=exp.target, additional_forward_args=(inputs["attention_mask"],))
     assert relative(by_captum, exp.tokens) < 1e-6
     modality = lg.TextTokens(vocab=[str(i) for i in range(120)], pad_id=0)
-    result = compare(model, inputs, methods=("attnlrp", "random"), metrics=("positive_perturbation_auc", "abpc"),
-                     modality=modality, batch_size=2)
+    result = compare(model, inputs, methods=("attnlrp", "random"), modality=modality, batch_size=2,
+                     faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc", "abpc")))
     assert set(result.methods) == {"attnlrp", "random"}
     assert all(torch.isfinite(torch.tensor(v)) for v in result.methods["attnlrp"].values())
 

@@ -13,6 +13,7 @@ from torch import nn
 import lightning_gae as lg
 from lightning_gae import explain
 from lightning_gae.compare import ATTRIBUTION_METHODS, Comparison, attribute, compare, comparison_grid
+from lightning_gae.options import EngineOptions, FaithfulnessOptions
 from lightning_gae.metrics import (
     PERTURBATION_METRICS,
     AlignmentAccuracy,
@@ -229,7 +230,8 @@ def test_compare_protocols_explain_the_prediction_or_the_label_scored_against_th
     labels[:4] = 1 - labels[:4]                          # a third of the labels disagree with the model
     metrics = ("positive_perturbation_auc", "deletion_auc")
     modality = ImageTokens(2)
-    results = {p: compare(model, images, labels, methods=("gae",), metrics=metrics, batch_size=8, protocol=p)
+    results = {p: compare(model, images, labels, methods=("gae",), batch_size=8, protocol=p,
+                          faithfulness=FaithfulnessOptions(metrics=metrics))
                for p in PROTOCOLS}
     explained = {"predicted": predictions, "target": labels}
     for protocol, result in results.items():
@@ -245,7 +247,8 @@ def test_compare_protocols_explain_the_prediction_or_the_label_scored_against_th
     assert start.curve()[0].item() == pytest.approx(8 / 12)
     assert results["predicted"].methods["gae"] != results["target"].methods["gae"]
     # Without labels both protocols explain and score the predictions.
-    unlabelled = [compare(model, images, methods=("gae",), metrics=metrics, protocol=p).methods["gae"] for p in PROTOCOLS]
+    unlabelled = [compare(model, images, methods=("gae",), protocol=p,
+                          faithfulness=FaithfulnessOptions(metrics=metrics)).methods["gae"] for p in PROTOCOLS]
     assert {k: v for k, v in unlabelled[0].items() if k != "seconds_per_sample"} == \
         pytest.approx({k: v for k, v in unlabelled[1].items() if k != "seconds_per_sample"})
     with pytest.raises(ValueError, match="protocol='label'"):
@@ -255,7 +258,8 @@ def test_compare_protocols_explain_the_prediction_or_the_label_scored_against_th
 def test_compare_standard_errors_are_the_spread_of_each_samples_score():
     model = EvidenceViT()
     images = torch.rand(9, 1, 8, 8, generator=torch.Generator().manual_seed(9))
-    result = compare(model, images, methods=("gae", "random"), metrics=("positive_perturbation_auc",), batch_size=4)
+    result = compare(model, images, methods=("gae", "random"), batch_size=4,
+                     faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",)))
     modality = ImageTokens(2)
     for method in ("gae", "random"):
         # Each sample alone, with the attribution compare gave it (random is seeded per batch).
@@ -285,7 +289,8 @@ def test_compare_scores_segmentation_masks_with_a_jackknife_error():
     masks = torch.zeros(6, 8, 8, dtype=torch.long)
     masks[:, :, :4] = 1                                    # the left half is the evidence
     masks[0, :, :2] = 0                                    # samples differ, so the error is not zero
-    result = compare(model, images, methods=("gae",), metrics=("deletion_auc",), batch_size=4, ground_truth=masks)
+    result = compare(model, images, methods=("gae",), batch_size=4, ground_truth=masks,
+                     faithfulness=FaithfulnessOptions(metrics=("deletion_auc",)))
     maps = ImageTokens(2).pixel_map(attribute("gae", model, images), images)
     expected = relevance_segmentation(maps, masks)
     gae = result.methods["gae"]
@@ -306,8 +311,8 @@ def test_compare_scores_rationales_and_informative_features():
     rationales = torch.zeros(4, 8, dtype=torch.long)
     rationales[:, 3] = 1
     model = TokenClassifier(vocab=40).eval()
-    result = compare(model, bert_ids, methods=("raw_attention",), metrics=("comprehensiveness",), modality=modality,
-                     batch_size=3, ground_truth=rationales)
+    result = compare(model, bert_ids, methods=("raw_attention",), modality=modality, batch_size=3,
+                     ground_truth=rationales, faithfulness=FaithfulnessOptions(metrics=("comprehensiveness",)))
     tokens = attribute("raw_attention", model, bert_ids)
     expected = rationale_agreement(tokens, rationales, modality.removable(bert_ids))
     for key, value in expected.items():
@@ -321,8 +326,8 @@ def test_compare_scores_rationales_and_informative_features():
     features[:, 2] *= -1                                    # both informative features push class 1 up
     informative = torch.tensor([1, 0, 1, 0]).expand(8, -1)
     tabular = TabularTokens(["a", "b", "c", "d"], prefix_tokens=0, means=[0.0] * 4)
-    result = compare(linear, features, target=1, methods=("input_x_gradient",), metrics=("deletion_auc",),
-                     modality=tabular, ground_truth=informative)
+    result = compare(linear, features, target=1, methods=("input_x_gradient",), modality=tabular,
+                     ground_truth=informative, faithfulness=FaithfulnessOptions(metrics=("deletion_auc",)))
     scores = result.methods["input_x_gradient"]
     assert scores["feature_recovery_token_f1"] == 1.0 and scores["feature_recovery_auprc"] == pytest.approx(1.0)
     assert result.stderr["input_x_gradient"]["feature_recovery_token_f1"] == 0.0
@@ -334,7 +339,8 @@ def test_compare_scores_every_method_with_every_metric_in_range(vit):
     images = torch.rand(10, 1, 8, 8, generator=torch.Generator().manual_seed(7))
     methods = ("gae", "attn_gradcam", "random", "input_x_gradient")
     metrics = tuple(PERTURBATION_METRICS)
-    result = compare(vit, images, methods=methods, metrics=metrics, batch_size=4, max_batch=64)
+    result = compare(vit, images, methods=methods, batch_size=4,
+                     faithfulness=FaithfulnessOptions(metrics=metrics, max_batch=64))
 
     bounds = {name: perturbation_metric(name, vit, ImageTokens(2)) for name in metrics}
     for method in methods:
@@ -359,22 +365,25 @@ def test_compare_scores_every_method_with_every_metric_in_range(vit):
 def test_compare_text_in_batches_fixes_the_targets_once(bert, text):
     modality = TextTokens(vocab=[str(i) for i in range(40)], special_ids=[1, 2], pad_id=0, mask_id=3)
     methods = ("gae", "integrated_gradients")
-    whole = compare(bert, text, methods=methods, metrics=("comprehensiveness",), modality=modality, batch_size=3)
-    split = compare(bert, text, methods=methods, metrics=("comprehensiveness",), modality=modality, batch_size=2)
+    whole = compare(bert, text, methods=methods, modality=modality, batch_size=3,
+                    faithfulness=FaithfulnessOptions(metrics=("comprehensiveness",)))
+    split = compare(bert, text, methods=methods, modality=modality, batch_size=2,
+                    faithfulness=FaithfulnessOptions(metrics=("comprehensiveness",)))
     for method in methods:
         assert whole.methods[method]["comprehensiveness"] == pytest.approx(split.methods[method]["comprehensiveness"], abs=1e-5)
 
 
 def test_compare_reports_each_methods_progress_in_samples(vit, images, seq2seq):
     calls = []
-    compare(vit, images, methods=("gae", "random"), metrics=("deletion_auc",), batch_size=2,
-            progress=lambda *call: calls.append(call))
+    compare(vit, images, methods=("gae", "random"), batch_size=2, progress=lambda *call: calls.append(call),
+            faithfulness=FaithfulnessOptions(metrics=("deletion_auc",)))
     assert calls == [("gae", 0, 3), ("gae", 2, 3), ("gae", 3, 3), ("random", 0, 3), ("random", 2, 3), ("random", 3, 3)]
     model, data, modality = seq2seq
     calls.clear()
-    compare(model, (data["src"], data["tgt_in"]), methods=("gae",), metrics=(), modality=modality, batch_size=4,
-            set_inputs={"encoder": 0, "decoder": 1}, ground_truth={"alignment": data["alignment"]},
-            progress=lambda *call: calls.append(call))
+    compare(model, (data["src"], data["tgt_in"]), methods=("gae",), modality=modality, batch_size=4,
+            ground_truth={"alignment": data["alignment"]}, progress=lambda *call: calls.append(call),
+            faithfulness=FaithfulnessOptions(metrics=()),
+            engine=EngineOptions(set_inputs={"encoder": 0, "decoder": 1}))
     assert calls == [("gae", 0, 6), ("gae", 4, 6), ("gae", 6, 6)]
 
 
@@ -382,7 +391,7 @@ def test_compare_errors_name_the_argument(vit, images, token_model):
     with pytest.raises(ValueError, match="methods="):
         compare(vit, images, methods=("gae", "lime"))
     with pytest.raises(ValueError, match="metrics="):
-        compare(vit, images, metrics=("accuracy",))
+        compare(vit, images, faithfulness=FaithfulnessOptions(metrics=("accuracy",)))
     with pytest.raises(ValueError, match="modality="):
         compare(token_model, torch.randint(0, 20, (2, 8)), methods=("gae",))
 
@@ -425,9 +434,10 @@ def test_seq2seq_rows_and_alignment_per_method(seq2seq):
     inputs = (data["src"], data["tgt_in"])
     # Two batches (4 + 2 samples): the rows of both are joined in sample order.
     with pytest.warns(UserWarning, match="saliency attributes one input tensor"):
-        result = compare(model, inputs, methods=("gae", "random", "saliency"), metrics=(), modality=modality,
-                         set_inputs={"encoder": 0, "decoder": 1}, ground_truth={"alignment": data["alignment"]},
-                         batch_size=4)
+        result = compare(model, inputs, methods=("gae", "random", "saliency"), modality=modality,
+                         ground_truth={"alignment": data["alignment"]}, batch_size=4,
+                         faithfulness=FaithfulnessOptions(metrics=()),
+                         engine=EngineOptions(set_inputs={"encoder": 0, "decoder": 1}))
     assert result.sets == ["encoder", "decoder"] and list(result.methods) == ["gae", "random"]
     assert "saliency" in result.skipped and "saliency left out" in result.to_markdown()
     assert result.to_dict()["skipped"] == result.skipped
@@ -448,15 +458,17 @@ def test_seq2seq_rows_and_alignment_per_method(seq2seq):
 def test_seq2seq_metrics_that_cannot_apply_are_errors(seq2seq):
     model, data, modality = seq2seq
     inputs = (data["src"], data["tgt_in"])
-    common = {"methods": ("gae",), "modality": modality, "set_inputs": {"encoder": 0, "decoder": 1}}
+    common = {"methods": ("gae",), "modality": modality, "engine": EngineOptions(set_inputs={"encoder": 0, "decoder": 1})}
     with pytest.raises(ValueError, match=r"cannot apply to a model with the token sets \['encoder', 'decoder'\]"):
-        compare(model, inputs, metrics=("positive_perturbation_auc",), **common)
+        compare(model, inputs, **common, faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",)))
     with pytest.raises(ValueError, match=r"ground_truth\['masks'\] scores the one ImageTokens set"):
-        compare(model, inputs, metrics=(), ground_truth={"masks": torch.zeros(6, 7, 7, dtype=torch.bool)}, **common)
+        compare(model, inputs, ground_truth={"masks": torch.zeros(6, 7, 7, dtype=torch.bool)}, **common,
+                faithfulness=FaithfulnessOptions(metrics=()))
     with pytest.raises(ValueError, match=r"is a mapping from the batch key"):
-        compare(model, inputs, metrics=(), ground_truth=data["alignment"], **common)
-    with pytest.raises(ValueError, match=r"fit it alike; pass set_inputs="):
-        compare(model, inputs, metrics=(), methods=("gae",), modality=modality)
+        compare(model, inputs, ground_truth=data["alignment"], **common,
+                faithfulness=FaithfulnessOptions(metrics=()))
+    with pytest.raises(ValueError, match=r"fit it alike; pass EngineOptions\(set_inputs="):
+        compare(model, inputs, methods=("gae",), modality=modality, faithfulness=FaithfulnessOptions(metrics=()))
 
 
 def test_clip_at_equal_token_counts_scores_each_tower_with_its_own_truth():
@@ -466,9 +478,11 @@ def test_clip_at_equal_token_counts_scores_each_tower_with_its_own_truth():
     data = make_shapes(6, max_length=17, generator=torch.Generator().manual_seed(2))
     inputs = {k: data[k] for k in ("input_ids", "pixel_values", "attention_mask")}
     text, image = CaptionTokens(), ImageTokens(patch_size=8)
-    result = compare(model, inputs, target=image_text_similarity, methods=("gae", "rollout", "random"), metrics=(),
-                     modality={"text": text, "image": image}, streams=shape_clip_streams(), batch_size=4,
-                     ground_truth={"masks": data["masks"], "rationales": data["rationales"]})
+    result = compare(model, inputs, target=image_text_similarity, methods=("gae", "rollout", "random"),
+                     modality={"text": text, "image": image}, batch_size=4,
+                     ground_truth={"masks": data["masks"], "rationales": data["rationales"]},
+                     faithfulness=FaithfulnessOptions(metrics=()),
+                     engine=EngineOptions(streams=shape_clip_streams()))
     assert sorted(result.sets) == ["image", "text"]
     for method in ("gae", "rollout"):
         exp = explain(model, inputs, target=image_text_similarity, method=method, streams=shape_clip_streams())
@@ -486,5 +500,7 @@ def test_clip_at_equal_token_counts_scores_each_tower_with_its_own_truth():
         for key, value in rationale.compute().items():
             assert result.methods[method][f"text/rationale_{key}"] == pytest.approx(value.item(), abs=1e-5)
     with pytest.raises(ValueError, match=r"ground_truth\['alignment'\] scores a source set per target position"):
-        compare(model, inputs, target=image_text_similarity, methods=("gae",), metrics=(), streams=shape_clip_streams(),
-                modality={"text": text, "image": image}, ground_truth={"alignment": torch.zeros(6, 17, dtype=torch.long)})
+        compare(model, inputs, target=image_text_similarity, methods=("gae",),
+                modality={"text": text, "image": image},
+                ground_truth={"alignment": torch.zeros(6, 17, dtype=torch.long)},
+                faithfulness=FaithfulnessOptions(metrics=()), engine=EngineOptions(streams=shape_clip_streams()))

@@ -35,7 +35,7 @@ _PUBLIC = {
                       'explain_generation', 'metrics'],
     "lightning_gae.attribution": ['AttentionAttribution', 'AttentionGradCAM', 'AttentionRollout', 'GenericAttention',
                                   'RawAttention'],
-    "lightning_gae.callbacks": ['GAECallback'],
+    "lightning_gae.callbacks": ['BatchOptions', 'DisplayOptions', 'EngineOptions', 'FaithfulnessOptions', 'GAECallback'],
     "lightning_gae.callbacks.gae_monitor": ['GAECallback', 'default_batch_ground_truth', 'default_batch_inputs',
                                             'default_batch_labels'],
     "lightning_gae.compare": ['ATTRIBUTION_METHODS', 'Comparison', 'DEFAULT_METHODS', 'attribute', 'compare',
@@ -85,6 +85,7 @@ _PUBLIC = {
                                            'Sufficiency'],
     "lightning_gae.modalities": ['ImageTokens', 'Modality', 'TabularTokens', 'TextTokens', 'infer_modality',
                                  'token_set_input', 'token_set_inputs'],
+    "lightning_gae.options": ['BatchOptions', 'DisplayOptions', 'EngineOptions', 'FaithfulnessOptions'],
     "lightning_gae.tensorboard": ['PLUGIN_NAME', 'RELEVANCE_SCALARS', 'SetInput', 'TensorBoardViews',
                                   'custom_scalars_layout', 'faithfulness_table', 'sample_tag', 'scalar_tag'],
     "lightning_gae.tensorboard.plugin": ['GAEDashboardLoader', 'GAEDashboardPlugin'],
@@ -161,7 +162,8 @@ def test_the_folders_are_the_layers_and_one_private_module_sits_at_the_top():
     top = PACKAGE.iterdir()
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == _FOLDERS
     assert sorted(p.name for p in PACKAGE.glob("_*.py") if p.name != "__init__.py") == ["_structures.py"]
-    assert sorted(p.name for p in top if p.suffix == ".py") == ["__init__.py", "_structures.py", "cli.py", "compare.py"]
+    assert sorted(p.name for p in top if p.suffix == ".py") == ["__init__.py", "_structures.py", "cli.py", "compare.py",
+                                                                "options.py"]
 
 
 def test_no_module_outgrows_one_job():
@@ -247,8 +249,9 @@ def test_the_callback_scores_tabular_ground_truth_as_compare_does(tmp_path):
     x, y, informative = data.val_set.tensors
     index = torch.tensor(callback.sample_indices)
     model.eval()
-    result = compare(model, x[index], target=None, methods=("gae", "rollout"), metrics=("positive_perturbation_auc",),
-                     modality=modality, ground_truth=informative[index], protocol="target")
+    result = compare(model, x[index], target=None, methods=("gae", "rollout"), modality=modality,
+                     ground_truth=informative[index], protocol="target",
+                     faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",)))
     for method in ("gae", "rollout"):
         for key in ("token_f1", "auprc"):
             logged = events.Scalars(f"feature_recovery_{key}/{method}")[-1].value

@@ -19,7 +19,7 @@ from lightning_gae._structures import display_input, map_tensors
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.callbacks._token_sets import prepare_sets
 from lightning_gae.callbacks.answer_samples import keep_readout
-from lightning_gae.callbacks.options import EngineOptions
+from lightning_gae.options import EngineOptions
 from lightning_gae.callbacks.samples import class_names
 from lightning_gae.engine.readout import Explanation
 from lightning_gae.metrics.ground_truth import scored_truth

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from lightning_gae._structures import map_tensors
 from lightning_gae.callbacks._state import RunState
-from lightning_gae.callbacks.options import EngineOptions
+from lightning_gae.options import EngineOptions
 from lightning_gae.callbacks.samples import class_names
 from lightning_gae.display.views import SetInput
 from lightning_gae.engine.readout import Explanation

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 from lightning_gae.callbacks._schedule import interim_part
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.callbacks.answer_samples import answer_samples, has_answer_labels, holds_causal_lm
-from lightning_gae.callbacks.options import BatchOptions, FaithfulnessOptions
+from lightning_gae.options import BatchOptions, FaithfulnessOptions
 from lightning_gae.callbacks.samples import (
     Samples,
     balanced_choice,

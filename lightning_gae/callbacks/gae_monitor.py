@@ -45,13 +45,7 @@ from lightning_gae.callbacks._scoring import (
 from lightning_gae.callbacks._state import SHARED, RunState
 from lightning_gae.callbacks._token_sets import decoder_rows, set_views
 from lightning_gae.callbacks._tracked import collect
-from lightning_gae.callbacks.options import (
-    BatchOptions,
-    DisplayOptions,
-    EngineOptions,
-    FaithfulnessOptions,
-    check_arguments,
-)
+from lightning_gae.callbacks._arguments import check_arguments
 from lightning_gae.callbacks.samples import (
     class_names,
     default_batch_ground_truth,
@@ -65,6 +59,7 @@ from lightning_gae.language.answers import NextTokenLogits
 from lightning_gae.metrics import random_attribution
 from lightning_gae.metrics.ground_truth import RECALL
 from lightning_gae.modalities.tokens import Modality
+from lightning_gae.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions
 from lightning_gae.tensorboard.summary import TensorBoardViews, faithfulness_rows
 
 __all__ = ["GAECallback"]

@@ -62,7 +62,7 @@ def token_set_inputs(
     for x, size in sizes.items():
         key = (set_inputs or {}).get(x)
         if key is not None and key not in candidates:
-            raise ValueError(f"{caller}(set_inputs={{{x!r}: {key!r}}}): the model inputs have no tensor {key!r}; "
+            raise ValueError(f"{caller}: EngineOptions(set_inputs={{{x!r}: {key!r}}}): the model inputs have no tensor {key!r}; "
                              f"they are {list(candidates)}")
         chosen = given.get(x)
         if chosen is None:
@@ -78,7 +78,7 @@ def token_set_inputs(
             if len(fits) != 1:
                 found = f"the inputs {fits} fit it alike" if fits else "no input fits it"
                 raise ValueError(f"{caller}: token set {x!r} ({size} tokens, {chosen!r}): {found}; pass "
-                                 f"set_inputs={{set: input key or tuple position}} for the sets {list(sizes)}")
+                                 f"EngineOptions(set_inputs={{set: input key or tuple position}}) for the sets {list(sizes)}")
             key = fits[0]
         if not chosen.matches_input(candidates[key], size):
             raise ValueError(f"{caller}: {chosen!r} of token set {x!r} ({size} tokens) does not fit input {key!r} of "
@@ -89,7 +89,7 @@ def token_set_inputs(
     if doubled:
         raise ValueError(f"{caller}: the token sets {list(out)} were matched to the inputs {taken}, {doubled} more than "
                          "once; pass modality={set: ImageTokens(...)/TextTokens(...)} for every set and "
-                         "set_inputs={set: input key or tuple position}")
+                         "EngineOptions(set_inputs={set: input key or tuple position})")
     return out
 
 

@@ -142,7 +142,7 @@ def test_the_dashboard_plugin_serves_a_run_with_token_sets(seq2seq_run):
 def test_equal_lengths_without_set_inputs_stop_the_run_and_ask_for_them(tmp_path, make_trainer):
     seed_everything(0)
     trainer = make_trainer(tmp_path, [_seq2seq_callback()], name="s2s", max_epochs=1, limit_val_batches=1)
-    with pytest.raises(ValueError, match=r"fit it alike; pass set_inputs="):
+    with pytest.raises(ValueError, match=r"fit it alike; pass EngineOptions\(set_inputs="):
         trainer.validate(_seq2seq_model(), _copy_data())
 
 

@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # what builds on explanations: what a token is, metrics, Captum classes, language models
     ("lightning_gae.modalities", "lightning_gae.metrics", "lightning_gae.attribution", "lightning_gae.language"),
     # consumers that draw or compare
-    ("lightning_gae.compare", "lightning_gae.display.views"),
+    ("lightning_gae.compare", "lightning_gae.display.views", "lightning_gae.options"),
     # the faces: TensorBoard, the callback, the command, the package's own re-exports
     ("lightning_gae.tensorboard", "lightning_gae.callbacks", "lightning_gae.cli", "lightning_gae"),
 )
