@@ -25,16 +25,26 @@ def only_dummy_loggers(trainer: Trainer) -> bool:
     return bool(trainer.loggers) and all(isinstance(logger, DummyLogger) for logger in trainer.loggers)
 
 
+def _experiment(logger: Any) -> Any:
+    """A logger's ``experiment``, or None: a logger written as Lightning's docs show has none, and reading it may
+    raise (a logger that starts its service lazily); the callback then gives it scalars alone."""
+    try:
+        return getattr(logger, "experiment", None)
+    except Exception:  # noqa: BLE001 - whatever a logger's property raises, it has no writer to give
+        return None
+
+
 def writers(trainer: Trainer) -> list[Any]:
     """The loggers' ``SummaryWriter``s (those that take images)."""
-    return [lg.experiment for lg in trainer.loggers if hasattr(lg.experiment, "add_image")]
+    found = (_experiment(lg) for lg in trainer.loggers)
+    return [experiment for experiment in found if hasattr(experiment, "add_image")]
 
 
 def event_logs(trainer: Trainer) -> list[tuple[str, str]]:
     """``(log_dir, save_dir)`` of the loggers that write TensorBoard event files (fast_dev_run's no-op loggers
     answer every attribute, so they are left out by type)."""
     return [(str(lg.log_dir), str(lg.save_dir)) for lg in trainer.loggers
-            if not isinstance(lg, DummyLogger) and hasattr(lg.experiment, "add_image")
+            if not isinstance(lg, DummyLogger) and hasattr(_experiment(lg), "add_image")
             and getattr(lg, "log_dir", None) and lg.save_dir]
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from lightning.pytorch import seed_everything
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, Logger
 from pytorch_lightning.loggers import TensorBoardLogger as PLTensorBoardLogger
 from torch.utils.data import DataLoader, Subset
 
@@ -112,3 +112,41 @@ def test_more_samples_than_the_validation_set_warns_and_every_picture_stays_boun
     assert len(sizes) == 1 and next(iter(sizes))[0] < 2 * 256
     evolution = acc.Images("gae_evolution/val_0")[0]
     assert evolution.width == _MAX_IMAGE_SIDE and evolution.height < evolution.width / 20
+
+
+class _ScalarsOnly(Logger):
+    """A logger as Lightning's docs show one: name, version, hyperparameters and metrics; no ``experiment``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: list[tuple[int, dict]] = []
+
+    @property
+    def name(self) -> str:
+        return "scalars_only"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        pass
+
+    def log_metrics(self, metrics, step=None) -> None:
+        self.metrics.append((step, dict(metrics)))
+
+
+@pytest.mark.slow
+def test_a_logger_without_an_experiment_gets_the_scalars_and_the_run_ends(tmp_path, make_trainer, capsys):
+    # It used to fail every explanation step and then fit() itself, from the summary, after training had finished.
+    seed_everything(0)
+    logger = _ScalarsOnly()
+    callback = GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(samples=8, interim_samples=0))
+    trainer = make_trainer(tmp_path, [callback], logger=logger, max_epochs=1, limit_train_batches=2)
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    logged = {tag for _, metrics in logger.metrics for tag in metrics}
+    assert {"positive_perturbation_auc/gae", "positive_perturbation_auc/random",
+            "relevance_concentration/gae"} <= logged
+    out = capsys.readouterr().out
+    assert "GAECallback: the fit ended" in out and "positive_perturbation_auc" in out
+    assert "no logger writes TensorBoard event files" in out
