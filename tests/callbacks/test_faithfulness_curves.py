@@ -117,7 +117,7 @@ def test_interim_points_equal_a_dense_rescoring_of_the_samples_they_name(tmp_pat
         assert logged["positive_perturbation_auc/gae/stderr"][step] == pytest.approx(
             values.std().item() / math.sqrt(len(own)), rel=1e-4)
         # The random floor: the same seeded relevance per position in the part, at every step.
-        noise = random_attribution(torch.empty(len(labels), 17), gae.seed)
+        noise = random_attribution(torch.empty(len(labels), 17), gae.batches.seed)
         floor = [_dense_auc(model, x[i], labels[i], noise[i]) for i in range(len(labels))]
         assert logged["positive_perturbation_auc/random"][step] == pytest.approx(sum(floor) / len(floor), abs=1e-4)
     # The same samples at every step, the final weights' included, stratified over the classes.

@@ -192,17 +192,17 @@ def test_tabular_model_on_breast_cancer_features(tmp_path, make_trainer, read_ev
     assert table.shape[0] > 30 * 20 and colormap_pixels(table) > 500
 
 
-def test_tabular_tokens_without_means_and_with_metrics_stop_the_run_in_setup(tmp_path, make_trainer):
+def test_tabular_tokens_without_means_and_with_metrics_are_refused_when_the_callback_is_built(tmp_path, make_trainer):
     # Removing a feature needs a value to put in its place: without means every step's metrics would fail.
     x, y, train, val, names = breast_cancer()
-    trainer = make_trainer(tmp_path, [GAECallback(num_samples=2, modality=TabularTokens(names))], limit_val_batches=1)
-    with pytest.raises(ValueError, match=r"GAECallback\(metrics=\['positive_perturbation_auc', 'negative_perturbation_auc'\]\) "
-                                         r"removes features, but modality=TabularTokens\(30 features.*has no value.*"
-                                         r"TabularTokens\(\.\.\.\)\.fit\(train_features\), or pass metrics=\(\)"):
-        trainer.fit(FTTransformer(x.shape[1]), DataLoader(TensorDataset(x[train], y[train]), batch_size=32),
-                    DataLoader(TensorDataset(x[val], y[val]), batch_size=64))
-    assert trainer.global_step == 0
+    # A check that needs neither the model nor the data: it fails when the callback is built, before any run.
+    with pytest.raises(ValueError, match=r"GAECallback\(faithfulness=FaithfulnessOptions\(metrics=\['positive_perturbation_auc', "
+                                         r"'negative_perturbation_auc'\]\)\) removes features, but modality=TabularTokens"
+                                         r"\(30 features.*has no value.*TabularTokens\(\.\.\.\)\.fit\(train_features\), or pass "
+                                         r"faithfulness=FaithfulnessOptions\(metrics=\(\)\)"):
+        GAECallback(num_samples=2, modality=TabularTokens(names))
     # Without the metrics nothing removes a feature, and the run explains as before.
+    trainer = make_trainer(tmp_path, [], limit_val_batches=1)
     GAECallback(modality=TabularTokens(names), faithfulness=FaithfulnessOptions(metrics=())).setup(trainer, FTTransformer(x.shape[1]), "fit")
 
 

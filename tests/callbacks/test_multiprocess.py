@@ -27,7 +27,7 @@ from tests.helpers.trainer import heatmap_tag
 def test_the_callback_pickles():
     callback = GAECallback(num_samples=3, methods=("gae", "rollout"), batches=BatchOptions(dataloader_idx="val"))
     copy = pickle.loads(pickle.dumps(callback))
-    assert (copy.num_samples, copy.methods, copy.dataloader_idx) == (3, ("gae", "rollout"), "val")
+    assert (copy.num_samples, copy.methods, copy.batches) == (3, ("gae", "rollout"), BatchOptions(dataloader_idx="val"))
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
