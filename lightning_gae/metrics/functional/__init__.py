@@ -16,6 +16,7 @@ from lightning_gae.metrics.functional.perturbation import (
     random_attribution,
     sufficiency,
 )
+from lightning_gae.metrics.functional.regions import RegionRemoval, region_recall, region_removal_drop, region_share
 from lightning_gae.metrics.functional.segmentation import rationale_agreement, rationale_recall, relevance_segmentation
 from lightning_gae.metrics.functional.stability import explanation_stability
 
@@ -24,6 +25,7 @@ __all__ = [
     "PERTURBATION_FRACTIONS",
     "PROTOCOLS",
     "RISE_FRACTIONS",
+    "RegionRemoval",
     "abpc",
     "alignment_accuracy",
     "aopc",
@@ -36,6 +38,9 @@ __all__ = [
     "random_attribution",
     "rationale_agreement",
     "rationale_recall",
+    "region_recall",
+    "region_removal_drop",
+    "region_share",
     "relevance_segmentation",
     "sufficiency",
 ]
