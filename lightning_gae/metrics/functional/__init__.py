@@ -16,6 +16,13 @@ from lightning_gae.metrics.functional.perturbation import (
     random_attribution,
     sufficiency,
 )
+from lightning_gae.metrics.functional.health import (
+    beside_identity,
+    differs_beyond_stderr,
+    identity_dominated,
+    not_better_than_random,
+    tied_groups,
+)
 from lightning_gae.metrics.functional.regions import RegionRemoval, region_recall, region_removal_drop, region_share
 from lightning_gae.metrics.functional.segmentation import rationale_agreement, rationale_recall, relevance_segmentation
 from lightning_gae.metrics.functional.stability import explanation_stability
@@ -29,10 +36,14 @@ __all__ = [
     "abpc",
     "alignment_accuracy",
     "aopc",
+    "beside_identity",
     "comprehensiveness",
     "deletion_auc",
+    "differs_beyond_stderr",
     "explanation_stability",
+    "identity_dominated",
     "insertion_auc",
+    "not_better_than_random",
     "perturbation_auc",
     "perturbation_curve",
     "random_attribution",
@@ -43,4 +54,5 @@ __all__ = [
     "region_share",
     "relevance_segmentation",
     "sufficiency",
+    "tied_groups",
 ]
