@@ -120,3 +120,21 @@ def test_tied_groups_by_hand_and_its_checks():
     assert tied_groups(values, stderrs, higher_is_better=True) == [["raw", "random"], ["rollout", "gae"]]
     with pytest.raises(ValueError, match=r"no standard error for \['gae'\]"):
         tied_groups({"gae": 1.0}, {}, higher_is_better=True)
+
+
+def test_a_gae_row_that_shrank_to_the_identity_is_flagged_and_a_live_one_is_not():
+    # GAE's terms scale with the explained score's gradient (GAE_SPEC section 11): the same ViT with its head
+    # scaled down by 1e-6 explains with relevance ~1e-6 of the identity, as a saturated model does.
+    import lightning_gae as lg
+    from recipes.vit import ViT
+
+    torch.manual_seed(0)
+    model = ViT(dim=32, depth=2, heads=2, dropout=0.0).eval()
+    images = torch.rand(4, 1, 8, 8)
+    live = lg.explain(model, images, target=0).tokens
+    with torch.no_grad():
+        model.head.weight.mul_(1e-6)
+        model.head.bias.mul_(1e-6)
+    shrunk = lg.explain(model, images, target=0).tokens
+    assert not identity_dominated(live).any() and identity_dominated(shrunk).all()
+    torch.testing.assert_close(beside_identity(shrunk), 1e-6 * beside_identity(live), rtol=1e-2, atol=0)

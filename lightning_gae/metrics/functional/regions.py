@@ -176,6 +176,8 @@ class RegionRemoval(NamedTuple):
 def _removable_tokens(modality: Modality, inputs: Any) -> Tensor:
     """bool ``[B, N]``: the tokens whose input the modality can remove (no prefix, special or padded token)."""
     if isinstance(modality, ImageTokens):
+        if not isinstance(inputs, Tensor) or inputs.dim() != 4:
+            raise ValueError(f"ImageTokens needs images [B, C, H, W]; got {getattr(inputs, 'shape', type(inputs).__name__)}")
         batch, _, height, width = inputs.shape
         cells = (height // modality.patch_size) * (width // modality.patch_size)
         patches = torch.ones(batch, cells, dtype=torch.bool, device=inputs.device)
