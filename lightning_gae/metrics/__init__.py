@@ -12,6 +12,7 @@ from typing import Any
 
 from lightning_gae.metrics import functional
 from lightning_gae.metrics.alignment import AlignmentAccuracy
+from lightning_gae.metrics.regions import RegionRecall, RegionShare
 from lightning_gae.metrics.segmentation import RationaleAgreement, RationaleRecall, RelevanceSegmentation
 from lightning_gae.metrics.stability import ExplanationStability
 from lightning_gae.metrics.functional import random_attribution
@@ -66,6 +67,8 @@ __all__ = [
     "PerturbationAUC",
     "RationaleAgreement",
     "RationaleRecall",
+    "RegionRecall",
+    "RegionShare",
     "RelevanceSegmentation",
     "Sufficiency",
     "functional",

@@ -16,6 +16,14 @@ from lightning_gae.metrics.functional.perturbation import (
     random_attribution,
     sufficiency,
 )
+from lightning_gae.metrics.functional.health import (
+    beside_identity,
+    differs_beyond_stderr,
+    identity_dominated,
+    not_better_than_random,
+    tied_groups,
+)
+from lightning_gae.metrics.functional.regions import RegionRemoval, region_recall, region_removal_drop, region_share
 from lightning_gae.metrics.functional.segmentation import rationale_agreement, rationale_recall, relevance_segmentation
 from lightning_gae.metrics.functional.stability import explanation_stability
 
@@ -24,18 +32,27 @@ __all__ = [
     "PERTURBATION_FRACTIONS",
     "PROTOCOLS",
     "RISE_FRACTIONS",
+    "RegionRemoval",
     "abpc",
     "alignment_accuracy",
     "aopc",
+    "beside_identity",
     "comprehensiveness",
     "deletion_auc",
+    "differs_beyond_stderr",
     "explanation_stability",
+    "identity_dominated",
     "insertion_auc",
+    "not_better_than_random",
     "perturbation_auc",
     "perturbation_curve",
     "random_attribution",
     "rationale_agreement",
     "rationale_recall",
+    "region_recall",
+    "region_removal_drop",
+    "region_share",
     "relevance_segmentation",
     "sufficiency",
+    "tied_groups",
 ]

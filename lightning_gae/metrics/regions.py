@@ -1,0 +1,117 @@
+"""Relevance on a declared region as ``torchmetrics.Metric`` classes; their maths in
+:mod:`lightning_gae.metrics.functional.regions`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+from lightning_gae.metrics.functional.regions import (
+    _region_recall_compute,
+    _region_recall_update,
+    _region_share_compute,
+    _region_share_update,
+)
+
+__all__ = ["RegionRecall", "RegionShare"]
+
+
+class _RegionMetric(Metric):
+    """A mean over samples of a per-sample value, kept as a sum and a count (both reduce by sum across processes,
+    and the jackknife of :mod:`lightning_gae.metrics._stderr` leaves samples out of them).
+
+    Which way is better depends on the region, not on the metric: more relevance on an evidence region, less
+    on a suspect one (:attr:`lightning_gae.regions.Region.kind`); ``higher_is_better`` is None.
+    """
+
+    is_differentiable = False
+    full_state_update = False
+    plot_lower_bound = 0.0
+    plot_upper_bound = 1.0
+
+    def _sum_states(self, name: str) -> None:
+        self._sum_name, self._count_name = f"{name}_sum", f"{name}_count"
+        self.add_state(self._sum_name, default=torch.tensor(0.0, dtype=torch.float32), dist_reduce_fx="sum")
+        self.add_state(self._count_name, default=torch.tensor(0), dist_reduce_fx="sum")
+
+    def _add(self, values: Tensor, counted: Tensor) -> None:
+        total = getattr(self, self._sum_name)
+        # A NaN of a counted sample (non-finite relevance) stays in the sum, so compute() says so.
+        setattr(self, self._sum_name, total + values[counted].sum().to(total))
+        setattr(self, self._count_name, getattr(self, self._count_name) + int(counted.sum()))
+
+    def plot(self, val: Tensor | None = None, ax: Any = None) -> Any:
+        """Plot the value (or a sequence of values) with matplotlib; returns ``(figure, axes)``."""
+        return self._plot(val, ax)
+
+
+class RegionShare(_RegionMetric):
+    r"""The mean over samples of the share of positive relevance mass on a region.
+
+    Per sample, :math:`\sum_{n \in R} \max(r_n, 0) / \sum_n \max(r_n, 0)`
+    (:func:`~lightning_gae.metrics.functional.region_share`); samples without positive relevance have no
+    share and are not counted; a non-finite relevance makes the result NaN.
+
+    Args:
+        kwargs: ``torchmetrics.Metric`` options.
+
+    Update:
+        ``update(attributions, region_mask, valid=None)``: token relevance ``[B, N]``, the region bool ``[B, N]``
+        (:func:`lightning_gae.regions.region_token_mask`), the tokens that count.
+
+    Compute:
+        a scalar in [0, 1] (NaN before any counted sample).
+
+    >>> import torch
+    >>> metric = RegionShare()
+    >>> metric.update(torch.tensor([[0.5, 0.5, 0.0], [0.1, 0.3, -1.0]]), torch.tensor([[True, False, False]] * 2))
+    >>> round(metric.compute().item(), 4)       # (0.5 + 0.25) / 2
+    0.375
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._sum_states("region_share")
+
+    def update(self, attributions: Tensor, region_mask: Tensor, valid: Tensor | None = None) -> None:
+        self._add(*_region_share_update(attributions, region_mask, valid))
+
+    def compute(self) -> Tensor:
+        return _region_share_compute(getattr(self, self._sum_name), getattr(self, self._count_name)).float()
+
+
+class RegionRecall(_RegionMetric):
+    r"""The mean over samples of the recall of a region's tokens among the :math:`k` most relevant tokens.
+
+    Per sample, :math:`|T_k \cap R| / \min(k, |R|)` with ties at the :math:`k`-th value sharing the slots
+    left (:func:`~lightning_gae.metrics.functional.region_recall`); samples with an empty region are not
+    counted; a non-finite relevance makes the result NaN.
+
+    Args:
+        k: how many top tokens; None: each sample's region size.
+        kwargs: ``torchmetrics.Metric`` options.
+
+    Update:
+        ``update(attributions, region_mask, valid=None)`` as :class:`RegionShare`.
+
+    Compute:
+        a scalar in [0, 1] (NaN before any counted sample).
+    """
+
+    def __init__(self, k: int | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if k is not None and k < 1:
+            raise ValueError(f"k must be >= 1 (or None for each sample's region size); got {k}")
+        self.k = k
+        # Named by k: a MetricCollection merges metrics whose states share names and values into one compute
+        # group, and recalls at two k can be equal after the first batch.
+        self._sum_states(f"region_recall_at_{'size' if k is None else k}")
+
+    def update(self, attributions: Tensor, region_mask: Tensor, valid: Tensor | None = None) -> None:
+        self._add(*_region_recall_update(attributions, region_mask, self.k, valid))
+
+    def compute(self) -> Tensor:
+        return _region_recall_compute(getattr(self, self._sum_name), getattr(self, self._count_name)).float()

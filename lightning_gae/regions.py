@@ -1,0 +1,204 @@
+"""Regions of interest a user declares once: where relevance should be (evidence) or should not be (suspect).
+
+A shortcut (a watermark, a border, a spurious token) is a region of the input. :class:`Region` names one,
+for any modality, and :func:`region_token_mask` turns it into the boolean mask over the model's tokens that
+the region metrics (:mod:`lightning_gae.metrics.functional.regions`) score relevance against:
+
+- images (:class:`~lightning_gae.ImageTokens`): a pixel mask ``[H, W]`` (every sample) or ``[B, H, W]`` (one
+  per sample); a patch token is in the region when at least half of its pixels are (:data:`PATCH_SHARE`);
+- text (:class:`~lightning_gae.TextTokens`): the tokens whose id is in ``token_ids``, or where
+  ``predicate(input_ids)`` is True; padding never is;
+- tabular data (:class:`~lightning_gae.TabularTokens`): the tokens of ``features`` (indices or names).
+
+Prefix tokens (CLS, registers) belong to no region.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+
+__all__ = ["PATCH_SHARE", "REGION_KINDS", "Region", "region_token_mask"]
+
+REGION_KINDS: tuple[str, ...] = ("evidence", "suspect")
+"""``"evidence"``: relevance should sit there; ``"suspect"``: it should not (a shortcut)."""
+
+PATCH_SHARE: float = 0.5
+"""A patch token belongs to an image region when at least this share of its pixels is in the mask: a
+watermark aligned with the patch grid maps onto exactly its patches, and a region that covers half a patch
+counts it (the rule rounds to the nearest patch, as a pixel's nearest patch decides which token it is)."""
+
+
+@dataclass
+class Region:
+    """One region of interest, declared once and scored at every step.
+
+    Give exactly one of ``mask`` (images), ``token_ids`` or ``predicate`` (text) and ``features`` (tabular).
+
+    Args:
+        name: how the region is called in logs and alerts (e.g. ``"watermark"``).
+        kind: ``"evidence"`` (where relevance should be) or ``"suspect"`` (where it should not).
+        mask: pixels ``[H, W]`` for every sample, or ``[B, H, W]`` one per sample; nonzero = in the region.
+            A nested list (from a YAML file) is turned into a tensor.
+        token_ids: the token ids that form the region (e.g. a spurious word's id).
+        predicate: ``input_ids [B, T] -> bool [B, T]``, True for the region's tokens.
+        features: feature indices, or names of ``TabularTokens.feature_names``.
+
+    Raises:
+        ValueError: naming the argument: an empty name, an unknown kind, none or several of
+            ``mask``/``token_ids``/``predicate``/``features``, a mask that is not 2-d or 3-d, empty ids or
+            features, a predicate that is not callable.
+
+    Example::
+
+        watermark = Region("watermark", "suspect", mask=data.watermark_mask)       # [H, W]
+        spurious = Region("spurious_token", "suspect", token_ids=[data.spurious_id])
+        mask = region_token_mask(watermark, ImageTokens(patch_size=2), images)    # [B, N]
+    """
+
+    name: str
+    kind: Literal["evidence", "suspect"]
+    mask: Tensor | None = None
+    token_ids: Sequence[int] | None = None
+    predicate: Callable[[Tensor], Tensor] | None = None
+    features: Sequence[int | str] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Region name must be a non-empty string (it names the logged scalars); got {self.name!r}")
+        if self.kind not in REGION_KINDS:
+            raise ValueError(f"Region {self.name!r}: kind={self.kind!r}; use 'evidence' (relevance should be there) "
+                             "or 'suspect' (it should not: a shortcut)")
+        given = [k for k in ("mask", "token_ids", "predicate", "features") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"Region {self.name!r}: give exactly one of mask= (images), token_ids= or predicate= "
+                             f"(text), features= (tabular); got {given or 'none'}")
+        if self.mask is not None:
+            self.mask = torch.as_tensor(self.mask)
+            if self.mask.dim() not in (2, 3) or self.mask.numel() == 0:
+                raise ValueError(f"Region {self.name!r}: mask must be pixels [H, W] or [B, H, W]; "
+                                 f"got shape {tuple(self.mask.shape)}")
+        if self.token_ids is not None:
+            ids = [self.token_ids] if isinstance(self.token_ids, int) else list(self.token_ids)
+            if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise ValueError(f"Region {self.name!r}: token_ids must be a non-empty list of ints; got {self.token_ids!r}")
+            self.token_ids = tuple(ids)
+        if self.predicate is not None and not callable(self.predicate):
+            raise ValueError(f"Region {self.name!r}: predicate must be callable, input_ids [B, T] -> bool [B, T]; "
+                             f"got {type(self.predicate).__name__}")
+        if self.features is not None:
+            features = [self.features] if isinstance(self.features, (int, str)) else list(self.features)
+            if not features or not all(isinstance(f, (int, str)) and not isinstance(f, bool) for f in features):
+                raise ValueError(f"Region {self.name!r}: features must be a non-empty list of feature indices or names; "
+                                 f"got {self.features!r}")
+            self.features = tuple(features)
+
+    @property
+    def suspect(self) -> bool:
+        """Whether relevance on the region is a warning sign (a shortcut) rather than the evidence wanted."""
+        return self.kind == "suspect"
+
+
+def region_token_mask(region: Region, modality: Modality, inputs: Any) -> Tensor:
+    """The region as bool ``[B, N]`` over the model's tokens, aligned with ``explain(...).tokens``.
+
+    Args:
+        region: the declared region; its form must fit the modality (a mask for images, ids or a
+            predicate for text, features for tabular data).
+        modality: the :class:`~lightning_gae.ImageTokens`, :class:`~lightning_gae.TextTokens` or
+            :class:`~lightning_gae.TabularTokens` of the model (its subclasses too).
+        inputs: the batch: images ``[B, C, H, W]``; ``input_ids [B, T]`` or a mapping with ``input_ids``;
+            features ``[B, F]``.
+
+    Returns:
+        bool ``[B, N]``; prefix tokens and padding are never in the region.
+
+    Raises:
+        ValueError: a region of the wrong form for the modality, a mask whose size is not the images',
+            a per-sample mask of another batch size, a feature that is not one of the modality's.
+
+    >>> import torch
+    >>> from lightning_gae import ImageTokens
+    >>> mask = torch.zeros(4, 4, dtype=torch.bool)
+    >>> mask[:2, :2] = True                                  # the top-left 2x2 patch
+    >>> mask[2, 2] = True                                    # a quarter of the bottom-right patch: below half
+    >>> region_token_mask(Region("corner", "suspect", mask=mask), ImageTokens(patch_size=2), torch.zeros(1, 1, 4, 4))
+    tensor([[False,  True, False, False, False]])
+    """
+    if isinstance(modality, ImageTokens):
+        return _image_tokens(region, modality, inputs)
+    if isinstance(modality, TextTokens):
+        return _text_tokens(region, modality, inputs)
+    if isinstance(modality, TabularTokens):
+        return _tabular_tokens(region, modality, inputs)
+    raise ValueError(f"region_token_mask knows ImageTokens, TextTokens and TabularTokens; got {type(modality).__name__}")
+
+
+def _wrong_form(region: Region, modality: Modality, wanted: str) -> ValueError:
+    return ValueError(f"Region {region.name!r} does not fit {type(modality).__name__}: it needs {wanted}")
+
+
+def _image_tokens(region: Region, modality: ImageTokens, images: Any) -> Tensor:
+    if region.mask is None:
+        raise _wrong_form(region, modality, "mask= (pixels [H, W] or [B, H, W])")
+    if not isinstance(images, Tensor) or images.dim() != 4:
+        raise ValueError(f"ImageTokens regions need images [B, C, H, W]; got {getattr(images, 'shape', type(images).__name__)}")
+    batch, height, width = images.shape[0], *images.shape[-2:]
+    mask = region.mask
+    if tuple(mask.shape[-2:]) != (height, width) or (mask.dim() == 3 and mask.shape[0] != batch):
+        raise ValueError(f"Region {region.name!r}: mask of shape {tuple(mask.shape)} does not fit images "
+                         f"{tuple(images.shape)}; give [{height}, {width}] or [{batch}, {height}, {width}]")
+    # The patch grid as ImageTokens makes it: row-major, pixels past the last whole patch belong to none.
+    p = modality.patch_size
+    rows, cols = height // p, width // p
+    pixels = (mask != 0).float().to(images.device).expand(batch, height, width)[:, None, : rows * p, : cols * p]
+    inside = F.avg_pool2d(pixels, p)[:, 0].flatten(1) >= PATCH_SHARE
+    prefix = torch.zeros(batch, modality.prefix_tokens, dtype=torch.bool, device=images.device)
+    return torch.cat([prefix, inside], dim=1)
+
+
+def _text_tokens(region: Region, modality: TextTokens, inputs: Any) -> Tensor:
+    # TextTokens' own reader of input_ids is private; the rule it follows is this one line.
+    ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
+    if not isinstance(ids, Tensor) or ids.dim() != 2:
+        raise ValueError("TextTokens regions need input_ids [B, T]: a tensor, or a mapping with 'input_ids'")
+    if region.token_ids is not None:
+        inside = torch.isin(ids, torch.tensor(region.token_ids, dtype=ids.dtype, device=ids.device))
+    elif region.predicate is not None:
+        inside = torch.as_tensor(region.predicate(ids), device=ids.device)
+        if inside.shape != ids.shape:
+            raise ValueError(f"Region {region.name!r}: predicate returned shape {tuple(inside.shape)} for input_ids "
+                             f"{tuple(ids.shape)}; it must return one bool per token")
+        inside = inside.bool()
+    else:
+        raise _wrong_form(region, modality, "token_ids= or predicate=")
+    return inside & modality.real_tokens(inputs).to(ids.device)
+
+
+def _tabular_tokens(region: Region, modality: TabularTokens, features: Any) -> Tensor:
+    if region.features is None:
+        raise _wrong_form(region, modality, "features= (indices or names of the features)")
+    names = modality.feature_names
+    if not isinstance(features, Tensor) or features.dim() != 2 or features.shape[1] != len(names):
+        raise ValueError(f"TabularTokens regions need features [B, {len(names)}]; "
+                         f"got {getattr(features, 'shape', type(features).__name__)}")
+    index = []
+    for f in region.features:
+        if isinstance(f, str):
+            if f not in names:
+                raise ValueError(f"Region {region.name!r}: feature {f!r} is not one of feature_names {names}")
+            index.append(names.index(f))
+        elif not 0 <= f < len(names):
+            raise ValueError(f"Region {region.name!r}: feature index {f} is out of range for {len(names)} features")
+        else:
+            index.append(f)
+    inside = torch.zeros(features.shape[0], modality.prefix_tokens + len(names), dtype=torch.bool, device=features.device)
+    inside[:, [modality.prefix_tokens + i for i in index]] = True
+    return inside
