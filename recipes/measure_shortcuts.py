@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 import lightning_gae as lg
 from lightning_gae.metrics.functional import region_removal_drop, region_share
-from lightning_gae.regions import region_token_mask
+from lightning_gae.modalities.regions import region_token_mask
 from recipes.shortcuts import SpuriousReviewsDataModule, WatermarkedDigitsDataModule
 from recipes.text_rationales import ReviewClassifier, ReviewTokens
 from recipes.vit import ViTClassifier

@@ -15,7 +15,7 @@ it loses validation accuracy where it trusts the cue over the evidence.
   sentiment words disagree with the label in ``sentiment_noise`` of the training reviews (the label flipped),
   which makes the cue the better predictor in training, as a shortcut is.
 
-Both expose their cue as a :class:`~lightning_gae.regions.Region` (``region``, kind ``"suspect"``) and in plain
+Both expose their cue as a :class:`~lightning_gae.modalities.regions.Region` (``region``, kind ``"suspect"``) and in plain
 form (``watermark_mask``, ``spurious_id``), so a config or a test can declare it.
 """
 
@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_gae.regions import Region
+from lightning_gae.modalities.regions import Region
 from recipes.common import TensorDictDataset
 from recipes.digits import DigitsDataModule
 from recipes.text_rationales import CLASS_NAMES, FILLERS, POSITIVE, NEGATIVE, VOCAB, make_reviews
@@ -88,7 +88,7 @@ class WatermarkedDigitsDataModule(DigitsDataModule):
 
     Attributes:
         watermark_mask: bool ``[8, 8]``, the square's pixels.
-        region: the square as a suspect :class:`~lightning_gae.regions.Region` named ``"watermark"``.
+        region: the square as a suspect :class:`~lightning_gae.modalities.regions.Region` named ``"watermark"``.
     """
 
     def __init__(self, shortcut: bool = True, correlation: float = 0.95, batch_size: int = 64,
@@ -168,7 +168,7 @@ class SpuriousReviewsDataModule(pl.LightningDataModule):
 
     Attributes:
         spurious_id: the word's id in :data:`~recipes.text_rationales.VOCAB`.
-        region: the word as a suspect :class:`~lightning_gae.regions.Region` named ``"spurious_word"``.
+        region: the word as a suspect :class:`~lightning_gae.modalities.regions.Region` named ``"spurious_word"``.
     """
 
     def __init__(self, shortcut: bool = True, correlation: float = 0.95, sentiment_noise: float = 0.2,

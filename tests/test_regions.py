@@ -1,10 +1,10 @@
-"""lightning_gae.regions: a declared region's checks, and its token mask against a plain loop per modality."""
+"""lightning_gae.modalities.regions: a declared region's checks, and its token mask against a plain loop per modality."""
 
 import pytest
 import torch
 
 from lightning_gae import ImageTokens, TabularTokens, TextTokens
-from lightning_gae.regions import PATCH_SHARE, Region, region_token_mask
+from lightning_gae.modalities.regions import PATCH_SHARE, Region, region_token_mask
 
 
 @pytest.mark.parametrize("kwargs, match", [

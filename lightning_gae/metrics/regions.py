@@ -21,10 +21,10 @@ __all__ = ["RegionRecall", "RegionShare"]
 
 class _RegionMetric(Metric):
     """A mean over samples of a per-sample value, kept as a sum and a count (both reduce by sum across processes,
-    and the jackknife of :mod:`lightning_gae.metrics._stderr` leaves samples out of them).
+    and the jackknife of :mod:`lightning_gae.metrics.stderr` leaves samples out of them).
 
     Which way is better depends on the region, not on the metric: more relevance on an evidence region, less
-    on a suspect one (:attr:`lightning_gae.regions.Region.kind`); ``higher_is_better`` is None.
+    on a suspect one (:attr:`lightning_gae.modalities.regions.Region.kind`); ``higher_is_better`` is None.
     """
 
     is_differentiable = False
@@ -60,7 +60,7 @@ class RegionShare(_RegionMetric):
 
     Update:
         ``update(attributions, region_mask, valid=None)``: token relevance ``[B, N]``, the region bool ``[B, N]``
-        (:func:`lightning_gae.regions.region_token_mask`), the tokens that count.
+        (:func:`lightning_gae.modalities.regions.region_token_mask`), the tokens that count.
 
     Compute:
         a scalar in [0, 1] (NaN before any counted sample).

@@ -10,7 +10,7 @@ from torchmetrics import MetricCollection
 
 from lightning_gae import ImageTokens, TabularTokens, TextTokens
 from lightning_gae.metrics import RegionRecall, RegionShare
-from lightning_gae.metrics._stderr import per_sample_states, value_and_stderr
+from lightning_gae.metrics.stderr import per_sample_states, value_and_stderr
 from lightning_gae.metrics.functional import region_recall, region_removal_drop, region_share
 
 NAN = float("nan")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lightning_gae import ImageTokens
-from lightning_gae.regions import region_token_mask
+from lightning_gae.modalities.regions import region_token_mask
 from recipes.measure_shortcuts import measure
 from recipes.shortcuts import SPURIOUS_WORD, SpuriousReviewsDataModule, WatermarkedDigitsDataModule
 from recipes.text_rationales import POSITIVE, VOCAB, ReviewTokens

@@ -1,7 +1,7 @@
 r"""Relevance on a declared region (a watermark, a spurious token, a set of features), as functions.
 
 Three questions about one region :math:`R` (a bool mask over the model's tokens, see
-:func:`lightning_gae.regions.region_token_mask`) and one explanation:
+:func:`lightning_gae.modalities.regions.region_token_mask`) and one explanation:
 
 - how much of the relevance sits on it (:func:`region_share`);
 - whether its tokens are among the most relevant (:func:`region_recall`);
@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from lightning_gae.metrics.functional._removal import Target, perturbed_scores
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 
 __all__ = ["RegionRemoval", "region_recall", "region_removal_drop", "region_share"]
 
@@ -32,7 +32,7 @@ def _check(relevance: Tensor, region_mask: Tensor, valid: Tensor | None) -> tupl
         raise ValueError(f"relevance must be token relevance [B, N]; got shape {tuple(relevance.shape)}")
     if region_mask.shape != relevance.shape:
         raise ValueError(f"region_mask {tuple(region_mask.shape)} must have the shape of relevance "
-                         f"{tuple(relevance.shape)}: one bool per token (lightning_gae.regions.region_token_mask)")
+                         f"{tuple(relevance.shape)}: one bool per token (lightning_gae.modalities.regions.region_token_mask)")
     if valid is None:
         valid = torch.ones_like(region_mask, dtype=torch.bool, device=relevance.device)
     elif valid.shape != relevance.shape:
@@ -242,7 +242,7 @@ def region_removal_drop(
         model: the model (put in eval mode, no gradients) or a callable returning logits ``[B, C]``;
             called as ``explain`` calls it.
         inputs: one batch of ``B`` samples.
-        region_mask: bool ``[B, N]`` over the model's tokens (:func:`~lightning_gae.regions.region_token_mask`).
+        region_mask: bool ``[B, N]`` over the model's tokens (:func:`~lightning_gae.modalities.regions.region_token_mask`).
         modality: removes the tokens (``ImageTokens``, ``TextTokens``, ``TabularTokens`` with ``means``).
         target: the class explained (None: each sample's prediction, an int, or one class per sample).
         num_random: how many random regions per sample.
@@ -274,7 +274,7 @@ def region_removal_drop(
     removable = _removable_tokens(modality, inputs)
     if region_mask.shape != removable.shape:
         raise ValueError(f"region_mask {tuple(region_mask.shape)} does not fit the {tuple(removable.shape)} tokens "
-                         f"{type(modality).__name__} makes of these inputs (lightning_gae.regions.region_token_mask)")
+                         f"{type(modality).__name__} makes of these inputs (lightning_gae.modalities.regions.region_token_mask)")
     device = removable.device
     region = region_mask.to(device).bool() & removable
     size = region.sum(dim=1)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 
 __all__ = ["PATCH_SHARE", "REGION_KINDS", "Region", "region_token_mask"]
 
