@@ -218,7 +218,7 @@ def test_a_size_that_would_take_minutes_is_refused_unless_allowed(monkeypatch):
     with pytest.raises(ValueError, match=r"1025 tokens x 3 layers x 2 samples.*about \d+ s.*'rollout'.*allow_slow_attention_flow"):
         lg.explain(model, x, method="attention_flow")
     # The opt-in: under a lowered limit a small call is refused the same way, and runs inside the block.
-    monkeypatch.setattr(importlib.import_module("lightning_gae.explain"), "ATTENTION_FLOW_MAX_SECONDS", 0.0)
+    monkeypatch.setattr(importlib.import_module("lightning_gae.engine.explain"), "ATTENTION_FLOW_MAX_SECONDS", 0.0)
     small, images = TinyViT().eval(), torch.rand(2, 1, 8, 8)
     with pytest.raises(ValueError, match=r"17 tokens x 3 layers x 2 samples"):
         lg.explain(small, images, method="attention_flow")

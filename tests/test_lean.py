@@ -124,7 +124,7 @@ def test_causal_without_a_mask_takes_no_bias_and_equals_the_explicit_attention(m
     want = torch.autograd.grad(out, [q, k, v, probs], dout)
     state, token, call = LeanState(), torch.zeros((), requires_grad=True), LeanCall(index=0)
     built = []
-    monkeypatch.setattr(lean, "_additive", lambda *a: built.append(a) or None)
+    monkeypatch.setattr(lean, "additive_mask", lambda *a: built.append(a) or None)
     lean_out = lean_attention(q, k, v, state, token, call, is_causal=True)
     assert not built
     assert call.key_limits.tolist() == [1, 2, 3, 4]

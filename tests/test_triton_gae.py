@@ -67,7 +67,7 @@ def _bert(device):
 
 def test_explain_runs_the_kernel_when_asked_and_gives_the_same_relevance(monkeypatch):
     import lightning_gae as lg
-    from lightning_gae import _triton_gae
+    from lightning_gae.engine import _triton_gae
     from recipes.vit import ViTClassifier
 
     calls = []

@@ -164,7 +164,7 @@ def test_perturbation_metrics_on_token_sets_stop_the_run_with_the_fix(tmp_path, 
     text = TextTokens(vocab=_copy_vocab(), pad_id=PAD)
     callback = GAECallback(num_samples=2, modality={"encoder": text, "decoder": text},
                            engine=EngineOptions(set_inputs={"encoder": "src", "decoder": "tgt_in"}))
-    with pytest.raises(ValueError, match=r"token sets \['encoder', 'decoder'\].*Pass metrics=\(\)"):
+    with pytest.raises(ValueError, match=r"token sets \['encoder', 'decoder'\].*Pass faithfulness=FaithfulnessOptions\(metrics=\(\)\)"):
         make_trainer(tmp_path, [callback], name="s2s", max_epochs=1, limit_val_batches=1).validate(_seq2seq_model(),
                                                                                                _copy_data())
 

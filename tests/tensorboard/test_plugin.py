@@ -439,8 +439,8 @@ def test_multi_hot_labels_are_named_in_the_titles_and_the_dashboard(tmp_path, re
                  if t.startswith("gae_dashboard/input/")}
     assert sorted(d["label"] for d in described.values()) == [[], [1, 3]]
     views = TensorBoardViews()
-    assert "labels 1 (b), 3 (d)" in views._header(5, [1, 3], np.array([1.0, 1.0, 0.9]), ["a", "b", "c", "d"])
-    assert "labels none" in views._header(6, [], np.array([0.0, 0.0, 0.9]), ["a", "b", "c", "d"])
+    assert "labels 1 (b), 3 (d)" in views.header(5, [1, 3], np.array([1.0, 1.0, 0.9]), ["a", "b", "c", "d"])
+    assert "labels none" in views.header(6, [], np.array([0.0, 0.0, 0.9]), ["a", "b", "c", "d"])
 
 
 @pytest.mark.slow
