@@ -4,7 +4,7 @@
 ``inputs``, so GAE drops into anything built for Captum attributions: ``NoiseTunnel``,
 ``captum.metrics.infidelity`` / ``sensitivity_max``, ``captum.attr.visualization`` and
 side-by-side comparisons with ``Saliency`` or ``IntegratedGradients``. The explanation itself is
-:func:`lightning_gae.explain.explain` (one forward, one backward for the whole batch); this module
+:func:`lightning_gae.explain` (one forward, one backward for the whole batch); this module
 only adapts its arguments and maps its token relevance ``[B, N]`` onto each input tensor.
 
 Which input receives the relevance (``N`` is the number of tokens the model attends over):
@@ -291,7 +291,7 @@ class AttentionAttribution(GradientAttribution):
         Raises:
             ValueError: an image input whose patching cannot be inferred, or no input laid out like
                 the model's tokens (both messages name ``modality=``); a tuple target; anything
-                :func:`lightning_gae.explain.explain` rejects (no attention recorded, bad target).
+                :func:`lightning_gae.explain` rejects (no attention recorded, bad target).
             TypeError: an input that is not a tensor.
         """
         is_tuple = isinstance(inputs, tuple)
@@ -373,7 +373,7 @@ class GenericAttention(AttentionAttribution):
             with them).
         attention_modules: glob patterns over the model's module paths naming the modules whose
             output is the post-softmax attention, for attention computed in a way the automatic
-            capture does not see (see :func:`lightning_gae.explain.explain`).
+            capture does not see (see :func:`lightning_gae.explain`).
         model: the ``nn.Module`` that a plain-callable ``forward_func`` runs, needed to record its
             attention by module path and to put it in eval mode. Inferred for a bound method such as
             ``model.forward``; must be left out when ``forward_func`` is itself a module.

@@ -96,8 +96,8 @@ class ImageTokens(Modality):
         cmap: matplotlib colormap of the heatmap; None: ``inferno`` for non-negative maps, ``RdBu_r``
             centred on 0 for signed ones (Captum's gradient maps).
         alpha: weight of the heatmap over the (grey) image.
-        removal: what the faithfulness metrics remove: single ``"pixel"``s (set to black in [0, 1]
-            space, then normalised with ``mean``/``std``) or whole ``"patch"``es.
+        removal: what the faithfulness metrics remove: ``"pixel"``, single pixels (set to black in [0, 1]
+            space, then normalised with ``mean``/``std``), or ``"patch"``, whole patches.
         blur_sigma: standard deviation in pixels of the Gaussian blur an insertion curve starts
             from; None: 2.5% of the image side, at least 1.
 
