@@ -116,5 +116,17 @@ def _attribute_docstring(app, what, name, obj, options, lines):
             return
 
 
+# Methods a framework calls, whose contract is the framework's: Lightning's hooks on the callback, and a metric's
+# update/compute, which each metric's own docstring describes in its "Update" and "Compute" sections.
+_FRAMEWORK_METHODS = {"setup", "teardown", "state_dict", "load_state_dict", "state_key", "update", "compute"}
+
+
+def _skip_framework_methods(app, what, name, obj, skip, options):
+    if what == "class" and (name in _FRAMEWORK_METHODS or name.startswith("on_")) and not getattr(obj, "__doc__", None):
+        return True
+    return None
+
+
 def setup(app):
     app.connect("autodoc-process-docstring", _attribute_docstring)
+    app.connect("autodoc-skip-member", _skip_framework_methods)
