@@ -9,14 +9,14 @@ only adapts its arguments and maps its token relevance ``[B, N]`` onto each inpu
 
 Which input receives the relevance (``N`` is the number of tokens the model attends over):
 
-* an image ``[B, C, H, W]`` (floating point): the patch grid of an :class:`ImageTokens` modality
+* an image ``[B, C, H, W]`` (floating point): the patch grid of an :class:`~lightning_gae.ImageTokens` modality
   (given, or inferred from ``H``, ``W`` and ``N``), upsampled to the pixels (``interpolate_mode``:
   ``"nearest"`` by default, so each patch's pixels carry its token's relevance and patch means keep
   the token order; ``"bilinear"`` for display), the same for every channel;
 * a tensor whose dim 1 holds one entry per token: token ids ``[B, T]`` get one value per id,
   embeddings ``[B, T, D]`` (e.g. Hugging Face ``inputs_embeds``) the token's value across ``D``;
-  with :class:`TextTokens` padding ids are 0;
-* with :class:`TabularTokens`, features ``[B, F]`` (``F`` = the number of feature names) get one
+  with :class:`~lightning_gae.TextTokens` padding ids are 0;
+* with :class:`~lightning_gae.TabularTokens`, features ``[B, F]`` (``F`` = the number of feature names) get one
   value per feature, prefix tokens dropped;
 * any other input of a tuple (a scale, a side input) gets zeros of its shape: it is not laid out
   like the tokens, so no relevance can be placed on it. At least one input must match.
@@ -223,7 +223,7 @@ def _no_input_matches(inputs: tuple[Tensor, ...], num_tokens: int, modality: Mod
 class AttentionAttribution(GradientAttribution):
     """Base of the attention attributions: ``explain(..., method=method)`` behind Captum's contract.
 
-    Subclasses only set :attr:`method`. See :class:`GenericAttention` for the arguments.
+    Subclasses only set ``method``. See :class:`GenericAttention` for the arguments.
     """
 
     method: str = "gae"
@@ -358,8 +358,8 @@ class GenericAttention(AttentionAttribution):
             arguments that Captum cannot: ``lambda e, m: bert(inputs_embeds=e, attention_mask=m).logits``.
             Its output may be logits, a tuple whose first item is the logits, or an object with
             ``.logits``.
-        modality: how the model made its tokens from the input: :class:`ImageTokens`,
-            :class:`TextTokens`, :class:`TabularTokens` or another :class:`Modality` (whose
+        modality: how the model made its tokens from the input: :class:`~lightning_gae.ImageTokens`,
+            :class:`~lightning_gae.TextTokens`, :class:`~lightning_gae.TabularTokens` or another :class:`~lightning_gae.Modality` (whose
             ``to_input`` is then called for every input). None infers: images by their patching,
             other inputs by having one entry per token in dim 1. For models with several token
             sets (encoder-decoders, dual encoders, co-attention) a mapping ``{set: modality}``
