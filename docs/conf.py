@@ -38,7 +38,7 @@ root_doc = "index"
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 templates_path = ["_templates"]
 
-myst_enable_extensions = ["dollarmath", "colon_fence", "deflist"]
+myst_enable_extensions = ["dollarmath", "colon_fence", "deflist", "attrs_block"]
 myst_heading_anchors = 3  # [text](page.md#a-heading) links are checked by the build
 
 autosummary_generate = True
@@ -89,7 +89,8 @@ else:
 
 html_theme = "furo"
 html_title = f"lightning-gae {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["tables.css"]
 
 
 def _attribute_docstring(app, what, name, obj, options, lines):
