@@ -50,7 +50,7 @@ def sections(text: str) -> dict[str, list[Block]]:
         elif line.startswith("## "):
             heading = line[3:].strip()
     if block is not None:
-        raise ValueError(f"README.md: the ```python block at line {start - 1} is never closed")
+        raise ValueError(f"the ```python block at line {start - 1} is never closed")
     return found
 
 
