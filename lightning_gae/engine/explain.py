@@ -367,13 +367,25 @@ def explain(
             take minutes on (see :func:`allow_slow_attention_flow`); ``"attnlrp"`` without a word
             embedding or through an operation it has no rule for (:class:`~lightning_gae.lrp.UnsupportedOperation`).
 
-    Example::
+    Example:
+        A model read at token 0 (here a bare ``nn.TransformerEncoder``, whose output the explained score is read
+        from); the readout's own entry is 0:
 
-        exp = explain(vit, images)                       # GAE for the predicted classes
-        exp.tokens[:, 1:].reshape(B, 14, 14)            # patch relevance, CLS dropped
-        explain(bert, tokenizer(texts, padding=True, return_tensors="pt"), target=labels)
-        exp = explain(t5, batch, query=3)                # decoder position 3
-        exp.relevance["encoder"], exp.relevance["decoder"]
+        >>> import torch
+        >>> from torch import nn
+        >>> from lightning_gae import explain
+        >>> layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
+        >>> encoder = nn.TransformerEncoder(layer, num_layers=2).eval()
+        >>> exp = explain(encoder, torch.randn(2, 5, 16))
+        >>> exp.tokens.shape, exp.layers
+        (torch.Size([2, 5]), ['layers.0.self_attn', 'layers.1.self_attn'])
+        >>> exp.tokens[:, 0]
+        tensor([0., 0.])
+
+        Other models, as the guides show them: ``explain(vit, images).tokens[:, 1:].reshape(B, 14, 14)`` (patch
+        relevance, CLS dropped); ``explain(bert, tokenizer(texts, padding=True, return_tensors="pt"),
+        target=labels)``; ``explain(t5, batch, query=3).relevance["encoder"]`` (source relevance of decoder
+        position 3).
     """
     return explain_methods(model, inputs, (method,), target, query, attention_modules, streams,
                            embedding_layer=embedding_layer)[method]
