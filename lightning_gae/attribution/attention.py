@@ -359,9 +359,9 @@ class GenericAttention(AttentionAttribution):
             Its output may be logits, a tuple whose first item is the logits, or an object with
             ``.logits``.
         modality: how the model made its tokens from the input: :class:`~lightning_gae.ImageTokens`,
-            :class:`~lightning_gae.TextTokens`, :class:`~lightning_gae.TabularTokens` or another :class:`~lightning_gae.Modality` (whose
-            ``to_input`` is then called for every input). None infers: images by their patching,
-            other inputs by having one entry per token in dim 1. For models with several token
+            :class:`~lightning_gae.TextTokens`, :class:`~lightning_gae.TabularTokens` or another
+            :class:`~lightning_gae.Modality` (whose ``to_input`` is then called for every input).
+            None infers: images by their patching, other inputs by having one entry per token in dim 1. For models with several token
             sets (encoder-decoders, dual encoders, co-attention) a mapping ``{set: modality}``
             says which set each input belongs to (e.g. ``{"image": ImageTokens(16), "text":
             TextTokens(tokenizer)}``); each input gets its own set's relevance
