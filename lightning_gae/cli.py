@@ -388,6 +388,12 @@ def _overview() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """The ``lightning-gae`` command: ``fit``, ``validate``, ``test`` (LightningCLI), ``compare`` and ``bench``.
+
+    Args:
+        argv: the arguments after the command's name; None reads ``sys.argv``. Without arguments, or with
+            ``-h``, it prints the subcommands; ``lightning-gae SUBCOMMAND --help`` lists a subcommand's options.
+    """
     _import_from_working_directory()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):

@@ -195,7 +195,7 @@ def compare(
             and scored, or the labels the prediction is checked against (``protocol``). For a model
             with several token sets also ``[N, T]`` classes per target position, or a callable
             ``output -> Tensor[B]`` (e.g. an image-text similarity).
-        methods: names from :data:`ATTRIBUTION_METHODS`.
+        methods: names from :data:`~lightning_gae.attribution.ATTRIBUTION_METHODS`.
         modality: how inputs are removed and tokens mapped (``ImageTokens``, ``TextTokens``,
             ``TabularTokens``); None infers ``ImageTokens`` for ViT-style square images.
         ground_truth: None, or the known answer per sample (nonzero = right), as above; a mapping
@@ -459,7 +459,7 @@ def comparison_grid(
     Args:
         model: the classifier.
         inputs: the few samples to draw (a tensor or a mapping, see :func:`attribute`).
-        methods: names from :data:`ATTRIBUTION_METHODS`, one column each.
+        methods: names from :data:`~lightning_gae.attribution.ATTRIBUTION_METHODS`, one column each.
         target: None (the predictions), an int, or one class per sample.
         modality: draws each sample; None infers ``ImageTokens`` for ViT-style square images.
         embedding_layer: see :func:`attribute`.

@@ -1,4 +1,4 @@
-"""Writes the README's faithfulness table of a recipe from two ``lightning-gae compare`` runs on its checkpoint.
+"""Writes the faithfulness table (docs/evidence/faithfulness.md) of a recipe from two ``lightning-gae compare`` runs on its checkpoint.
 
 Run ``lightning-gae compare`` twice on the same checkpoint, once per protocol::
 

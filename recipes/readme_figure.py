@@ -1,4 +1,4 @@
-"""Writes the README's picture from the main job's own TensorBoard logs.
+"""Writes the documentation's picture from the main job's own TensorBoard logs.
 
 Run after ``lightning-gae fit --config configs/vit_digits.yaml``::
 

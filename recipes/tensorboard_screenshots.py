@@ -1,4 +1,4 @@
-"""Screenshots of TensorBoard showing a run's logs, taken by a real headless Chromium, for the README.
+"""Screenshots of TensorBoard showing a run's logs, taken by a real headless Chromium, for the README and the docs.
 
 Run after ``lightning-gae fit --config configs/vit_digits.yaml``::
 

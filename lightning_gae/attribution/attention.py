@@ -4,19 +4,19 @@
 ``inputs``, so GAE drops into anything built for Captum attributions: ``NoiseTunnel``,
 ``captum.metrics.infidelity`` / ``sensitivity_max``, ``captum.attr.visualization`` and
 side-by-side comparisons with ``Saliency`` or ``IntegratedGradients``. The explanation itself is
-:func:`lightning_gae.explain.explain` (one forward, one backward for the whole batch); this module
+:func:`lightning_gae.explain` (one forward, one backward for the whole batch); this module
 only adapts its arguments and maps its token relevance ``[B, N]`` onto each input tensor.
 
 Which input receives the relevance (``N`` is the number of tokens the model attends over):
 
-* an image ``[B, C, H, W]`` (floating point): the patch grid of an :class:`ImageTokens` modality
+* an image ``[B, C, H, W]`` (floating point): the patch grid of an :class:`~lightning_gae.ImageTokens` modality
   (given, or inferred from ``H``, ``W`` and ``N``), upsampled to the pixels (``interpolate_mode``:
   ``"nearest"`` by default, so each patch's pixels carry its token's relevance and patch means keep
   the token order; ``"bilinear"`` for display), the same for every channel;
 * a tensor whose dim 1 holds one entry per token: token ids ``[B, T]`` get one value per id,
   embeddings ``[B, T, D]`` (e.g. Hugging Face ``inputs_embeds``) the token's value across ``D``;
-  with :class:`TextTokens` padding ids are 0;
-* with :class:`TabularTokens`, features ``[B, F]`` (``F`` = the number of feature names) get one
+  with :class:`~lightning_gae.TextTokens` padding ids are 0;
+* with :class:`~lightning_gae.TabularTokens`, features ``[B, F]`` (``F`` = the number of feature names) get one
   value per feature, prefix tokens dropped;
 * any other input of a tuple (a scale, a side input) gets zeros of its shape: it is not laid out
   like the tokens, so no relevance can be placed on it. At least one input must match.
@@ -223,7 +223,7 @@ def _no_input_matches(inputs: tuple[Tensor, ...], num_tokens: int, modality: Mod
 class AttentionAttribution(GradientAttribution):
     """Base of the attention attributions: ``explain(..., method=method)`` behind Captum's contract.
 
-    Subclasses only set :attr:`method`. See :class:`GenericAttention` for the arguments.
+    Subclasses only set ``method``. See :class:`GenericAttention` for the arguments.
     """
 
     method: str = "gae"
@@ -291,7 +291,7 @@ class AttentionAttribution(GradientAttribution):
         Raises:
             ValueError: an image input whose patching cannot be inferred, or no input laid out like
                 the model's tokens (both messages name ``modality=``); a tuple target; anything
-                :func:`lightning_gae.explain.explain` rejects (no attention recorded, bad target).
+                :func:`lightning_gae.explain` rejects (no attention recorded, bad target).
             TypeError: an input that is not a tensor.
         """
         is_tuple = isinstance(inputs, tuple)
@@ -358,10 +358,10 @@ class GenericAttention(AttentionAttribution):
             arguments that Captum cannot: ``lambda e, m: bert(inputs_embeds=e, attention_mask=m).logits``.
             Its output may be logits, a tuple whose first item is the logits, or an object with
             ``.logits``.
-        modality: how the model made its tokens from the input: :class:`ImageTokens`,
-            :class:`TextTokens`, :class:`TabularTokens` or another :class:`Modality` (whose
-            ``to_input`` is then called for every input). None infers: images by their patching,
-            other inputs by having one entry per token in dim 1. For models with several token
+        modality: how the model made its tokens from the input: :class:`~lightning_gae.ImageTokens`,
+            :class:`~lightning_gae.TextTokens`, :class:`~lightning_gae.TabularTokens` or another
+            :class:`~lightning_gae.Modality` (whose ``to_input`` is then called for every input).
+            None infers: images by their patching, other inputs by having one entry per token in dim 1. For models with several token
             sets (encoder-decoders, dual encoders, co-attention) a mapping ``{set: modality}``
             says which set each input belongs to (e.g. ``{"image": ImageTokens(16), "text":
             TextTokens(tokenizer)}``); each input gets its own set's relevance
@@ -373,7 +373,7 @@ class GenericAttention(AttentionAttribution):
             with them).
         attention_modules: glob patterns over the model's module paths naming the modules whose
             output is the post-softmax attention, for attention computed in a way the automatic
-            capture does not see (see :func:`lightning_gae.explain.explain`).
+            capture does not see (see :func:`lightning_gae.explain`).
         model: the ``nn.Module`` that a plain-callable ``forward_func`` runs, needed to record its
             attention by module path and to put it in eval mode. Inferred for a bound method such as
             ``model.forward``; must be left out when ``forward_func`` is itself a module.

@@ -36,7 +36,8 @@ def attribute(
     """One attribution per sample for ``method``, in a form the metrics score and the modality renders.
 
     Args:
-        method: a name in :data:`ATTRIBUTION_METHODS`: ``"gae"``, ``"rollout"``, ``"raw_attention"``,
+        method: a name in :data:`~lightning_gae.attribution.ATTRIBUTION_METHODS`: ``"gae"``, ``"rollout"``,
+            ``"raw_attention"``,
             ``"attn_gradcam"``, ``"attention_flow"``, ``"attnlrp"``, ``"transformer_attribution"`` (:func:`~lightning_gae.explain`), ``"random"`` (seeded uniform token
             relevance, the floor every method must beat), or Captum's ``"saliency"``,
             ``"input_x_gradient"``, ``"integrated_gradients"``, ``"gradient_shap"``.

@@ -451,7 +451,7 @@ class AttentionRecorder:
             fix = (
                 "No module of this model outputs the softmax probabilities. If the model computes attention without a "
                 "softmax, pass attention_modules=[...] naming the modules whose output is the attention [B, H, N, N] "
-                "multiplied with the values; otherwise its attention is not supported (README, Known limits)."
+                "multiplied with the values; otherwise its attention is not supported (docs/troubleshooting.md#no-attention-recorded)."
             )
         return f"{seen}. {fix}"
 

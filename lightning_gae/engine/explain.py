@@ -34,9 +34,14 @@ __all__ = ["Explanation", "LRP_METHODS", "allow_slow_attention_flow", "attention
 
 Method = Literal["gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit", "attention_flow", "attnlrp", "transformer_attribution"]
 METHODS: tuple[str, ...] = ("gae", "rollout", "raw_attention", "attn_gradcam", "attn_gradcam_vit", "attention_flow")
+"""The attention methods, read from the recorded attention maps: every ``method=`` of :func:`explain` but
+the LRP ones. Each is described, with its equation and cost, on the documentation's methods page."""
 # Relevance propagation through the whole model rather than through the attention maps: explain() takes
 # them, METHODS (the attention methods that compare, the callback and the attribution table run) does not.
 LRP_METHODS: tuple[str, ...] = ("attnlrp", "transformer_attribution")
+"""The methods that propagate relevance through the whole model (LRP) rather than through the attention maps:
+AttnLRP (Achtibat et al., ICML 2024) and Transformer Attribution (Chefer, Gur & Wolf, CVPR 2021). :func:`explain`
+takes them as ``method=``; LRP is patented for commercial use (see the methods page)."""
 _NEEDS_GRAD = {"gae", "attn_gradcam", "attn_gradcam_vit"}
 _LAST_LAYER_ONLY = {"raw_attention", "attn_gradcam", "attn_gradcam_vit"}
 
@@ -63,7 +68,7 @@ def _refuse_folded_batch(records: Sequence[AttentionRecord], batch: int) -> None
                 f"attention at {rec.path or '<model>'!r} has leading dimension {rec.batch_size}{folded} for a batch of "
                 f"{batch} (probabilities {list(rec.tensor.shape)}): the model attends within windows (Swin-style) or "
                 "folds heads or windows into the batch before the softmax. explain() needs each sample's attention over "
-                "all its tokens, so windowed and batch-folded attention are not supported (README, Known limits)."
+                "all its tokens, so windowed and batch-folded attention are not supported (docs/troubleshooting.md#windowed-attention)."
             )
 
 
@@ -320,8 +325,8 @@ def explain(
     Args:
         model: any ``nn.Module`` whose attention goes through ``F.scaled_dot_product_attention``,
             ``nn.MultiheadAttention`` or a softmax followed by a matmul, or whose probability
-            modules are named in ``attention_modules``. It is not modified. A ``torch.compile``d
-            model, or one holding compiled submodules, is explained by running the original
+            modules are named in ``attention_modules``. It is not modified. A model compiled with
+            ``torch.compile``, or one holding compiled submodules, is explained by running the original
             modules eagerly.
         inputs: a tensor (``model(x)``), a tuple (``model(*x)``) or a mapping of keyword arguments
             (``model(**x)``, e.g. a tokenizer's output). An ``attention_mask`` (1 = token) or
@@ -362,13 +367,25 @@ def explain(
             take minutes on (see :func:`allow_slow_attention_flow`); ``"attnlrp"`` without a word
             embedding or through an operation it has no rule for (:class:`~lightning_gae.lrp.UnsupportedOperation`).
 
-    Example::
+    Example:
+        A model read at token 0 (here a bare ``nn.TransformerEncoder``, whose output the explained score is read
+        from); the readout's own entry is 0:
 
-        exp = explain(vit, images)                       # GAE for the predicted classes
-        exp.tokens[:, 1:].reshape(B, 14, 14)            # patch relevance, CLS dropped
-        explain(bert, tokenizer(texts, padding=True, return_tensors="pt"), target=labels)
-        exp = explain(t5, batch, query=3)                # decoder position 3
-        exp.relevance["encoder"], exp.relevance["decoder"]
+        >>> import torch
+        >>> from torch import nn
+        >>> from lightning_gae import explain
+        >>> layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
+        >>> encoder = nn.TransformerEncoder(layer, num_layers=2).eval()
+        >>> exp = explain(encoder, torch.randn(2, 5, 16))
+        >>> exp.tokens.shape, exp.layers
+        (torch.Size([2, 5]), ['layers.0.self_attn', 'layers.1.self_attn'])
+        >>> exp.tokens[:, 0]
+        tensor([0., 0.])
+
+        Other models, as the guides show them: ``explain(vit, images).tokens[:, 1:].reshape(B, 14, 14)`` (patch
+        relevance, CLS dropped); ``explain(bert, tokenizer(texts, padding=True, return_tensors="pt"),
+        target=labels)``; ``explain(t5, batch, query=3).relevance["encoder"]`` (source relevance of decoder
+        position 3).
     """
     return explain_methods(model, inputs, (method,), target, query, attention_modules, streams,
                            embedding_layer=embedding_layer)[method]

@@ -38,7 +38,8 @@ class Explanation:
         logits: the logits the explanation was read from, detached (None when the output had none).
         target: ``[B]`` class indices explained, or None for a callable target.
         score: ``[B]`` the explained scalar ``y_t`` of each sample, detached.
-        method: a name in :data:`METHODS` (``"gae"``, ``"rollout"``, ``"raw_attention"``, ...) or ``"attnlrp"``.
+        method: a name in :data:`METHODS` (``"gae"``, ``"rollout"``, ``"raw_attention"``, ...) or in
+            :data:`LRP_METHODS` (``"attnlrp"``, ``"transformer_attribution"``).
         layers: module paths of the attention layers used, in call order.
         query: ``[B]`` index of the token whose row was read out (None for ``query="mean"``).
         relevance: token set name -> float32 ``[B, N_set]``: every set's relevance for the

@@ -118,7 +118,7 @@ class _CurveMetric(_ModelMetric):
                                          self.fractions, self._scale).float()
 
     def per_sample_values(self, states: Mapping[str, Tensor]) -> Tensor:
-        """Each sample's own value ``[n]`` from the rows of :meth:`per_sample_states` (stacked ``{state: [n, ...]}``).
+        """Each sample's own value ``[n]`` from the rows of ``per_sample_states()`` (stacked ``{state: [n, ...]}``).
 
         The area is linear in the curve, so the metric over the samples is the mean of these, and
         their standard deviation over ``sqrt(n)`` is its standard error.
@@ -328,7 +328,7 @@ class ABPC(_MeanMetric):
     runs both orders through one pass of the engine
     (:func:`~lightning_gae.metrics.functional.abpc`). The states are the sum over samples of each
     sample's own ABPC and their count (the area is linear in the curves, so their mean is the ABPC of
-    the mean curves), which gives :meth:`per_sample_states` and standard errors. Arguments
+    the mean curves), which gives ``per_sample_states()`` and standard errors. Arguments
     (``fractions``, ``score``, ``protocol``, ``max_batch``) and ``update(inputs, attributions,
     target=None)`` as in :class:`PerturbationAUC`.
 
@@ -372,7 +372,7 @@ class ABPC(_MeanMetric):
                                 self.score, self.max_batch, self.protocol)
 
     def per_sample_values(self, states: Mapping[str, Tensor]) -> Tensor:
-        """Each sample's own ABPC ``[n]`` from the rows of :meth:`per_sample_states`; their mean is
+        """Each sample's own ABPC ``[n]`` from the rows of ``per_sample_states()``; their mean is
         the metric and their standard deviation over ``sqrt(n)`` its standard error."""
         return states[self._total_name].double() / states[self._count_name].double()
 

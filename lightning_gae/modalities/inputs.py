@@ -32,7 +32,7 @@ def token_set_inputs(
         inputs: the model inputs: a mapping of keyword arguments, a tuple, or one tensor.
         sizes: token set -> its token count (``{x: r.shape[1] for x, r in explain(...).relevance.items()}``).
         modality: set -> modality; a set left out is inferred when exactly one input is images whose
-            patch grid fits its token count (:meth:`ImageTokens.infer`).
+            patch grid fits its token count (:meth:`~lightning_gae.ImageTokens.infer`).
         set_inputs: set -> the key of a mapping input or the position in a tuple; a set left out
             takes the one input its modality fits (masks, keys ending in ``mask``, hold no tokens).
         caller: named in the errors (``"GAECallback"``, ``"compare"``).
@@ -106,7 +106,7 @@ def token_set_input(inputs: Any, key: int | str) -> tuple[Tensor, Any]:
 
 
 def infer_modality(model: nn.Module, inputs: Any) -> ImageTokens:
-    """The :class:`ImageTokens` of a ViT-style model on square images, from one raw-attention pass.
+    """The :class:`~lightning_gae.ImageTokens` of a ViT-style model on square images, from one raw-attention pass.
 
     Raises:
         ValueError: inputs that are not square images, or a token count no patching explains

@@ -96,15 +96,20 @@ class ImageTokens(Modality):
         cmap: matplotlib colormap of the heatmap; None: ``inferno`` for non-negative maps, ``RdBu_r``
             centred on 0 for signed ones (Captum's gradient maps).
         alpha: weight of the heatmap over the (grey) image.
-        removal: what the faithfulness metrics remove: single ``"pixel"``s (set to black in [0, 1]
-            space, then normalised with ``mean``/``std``) or whole ``"patch"``es.
+        removal: what the faithfulness metrics remove: ``"pixel"``, single pixels (set to black in [0, 1]
+            space, then normalised with ``mean``/``std``), or ``"patch"``, whole patches.
         blur_sigma: standard deviation in pixels of the Gaussian blur an insertion curve starts
             from; None: 2.5% of the image side, at least 1.
 
-    Example::
+    Example:
+        Token relevance ``[B, 1 + 16]`` of 8 x 8 images in 2 x 2 patches back to pixels:
 
-        modality = ImageTokens(patch_size=16, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
-        pixels = modality.to_input(explain(vit, images).tokens, images)   # [B, H, W]
+        >>> import torch
+        >>> modality = ImageTokens(patch_size=2)
+        >>> modality.to_input(torch.rand(3, 17), torch.rand(3, 1, 8, 8)).shape
+        torch.Size([3, 8, 8])
+
+        For an ImageNet ViT: ``ImageTokens(patch_size=16, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))``.
     """
 
     def __init__(
@@ -474,10 +479,14 @@ class TabularTokens(Modality):
             data, in the scale the model sees (:meth:`fit` computes them). Without it, mapping
             and drawing work, but the faithfulness metrics cannot remove features.
 
-    Example::
-
-        modality = TabularTokens(["age", "income", "height"]).fit(train_features)
-        per_feature = modality.to_input(explain(ft_transformer, x).tokens, x)   # [B, 3]
+    Example:
+        >>> import torch
+        >>> train_features = torch.tensor([[30.0, 1.0, 170.0], [50.0, 3.0, 180.0]])
+        >>> modality = TabularTokens(["age", "income", "height"]).fit(train_features)
+        >>> modality.means
+        (40.0, 2.0, 175.0)
+        >>> modality.to_input(torch.rand(2, 1 + 3), train_features).shape   # token relevance -> one per feature
+        torch.Size([2, 3])
     """
 
     def __init__(self, feature_names: Sequence[str], prefix_tokens: int = 1, means: Sequence[float] | None = None) -> None:

@@ -1,0 +1,63 @@
+"""The documentation's checks that the Sphinx build does not make: doctests, error messages' anchors, README links.
+
+The build itself (``sphinx-build -W``, nitpicky) runs in CI (``.ci/run``); it checks the links and anchors between
+the pages. Here: the docstrings' examples run, every ``docs/<page>.md#<anchor>`` that the library's messages name
+exists, and every relative link of the README points to a file of the repository.
+"""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "lightning_gae"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+WITH_EXAMPLES = sorted(_module_name(p) for p in PACKAGE.rglob("*.py") if ">>>" in p.read_text())
+
+
+@pytest.mark.parametrize("module", WITH_EXAMPLES)
+def test_docstring_examples_run(module):
+    found = doctest.DocTestFinder().find(importlib.import_module(module))
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    for test in found:
+        runner.run(test)
+    assert sum(len(t.examples) for t in found) > 0, f"{module} has '>>>' outside its docstrings"
+    assert runner.failures == 0, f"{runner.failures} docstring example(s) of {module} failed (output above)"
+
+
+def _anchors(page: Path) -> set[str]:
+    """A page's explicit MyST targets, ``(name)=``, which Sphinx turns into the section's id."""
+    return set(re.findall(r"^\(([\w-]+)\)=$", page.read_text(), re.M))
+
+
+def test_error_messages_name_anchors_that_exist():
+    named = {(page, anchor) for p in PACKAGE.rglob("*.py")
+             for page, anchor in re.findall(r"docs/([\w/-]+\.md)#([\w-]+)", p.read_text())}
+    assert named, "no message names a documentation anchor"
+    for page, anchor in sorted(named):
+        assert (ROOT / "docs" / page).exists(), f"docs/{page} does not exist"
+        assert anchor in _anchors(ROOT / "docs" / page), f"docs/{page} has no anchor ({anchor})="
+
+
+def test_no_message_points_to_the_readme_for_documentation():
+    for p in PACKAGE.rglob("*.py"):
+        assert "Known limits" not in p.read_text(), f"{p.relative_to(ROOT)} points to the README's old section"
+
+
+def test_readme_links_point_to_files():
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(((?!https?://)[^)#\s]+)(?:#[^)]*)?\)", text)
+    assert links
+    for link in links:
+        assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
