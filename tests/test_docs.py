@@ -8,6 +8,7 @@ exists, and every relative link of the README points to a file of the repository
 from __future__ import annotations
 
 import doctest
+import inspect
 import importlib
 import re
 from pathlib import Path
@@ -61,3 +62,19 @@ def test_readme_links_point_to_files():
     assert links
     for link in links:
         assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
+
+
+@pytest.mark.parametrize("module", ["lightning_gae", "lightning_gae.callbacks", "lightning_gae.metrics",
+                                    "lightning_gae.modalities",
+                                    "lightning_gae.modalities.regions", "lightning_gae.attribution",
+                                    "lightning_gae.compare"])
+def test_every_public_name_is_on_the_api_page(module):
+    import importlib
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+    imported = importlib.import_module(module)
+    # A module among the names (lightning_gae.metrics, metrics.functional) is documented on a page of its own.
+    names = [n for n in imported.__all__ if not inspect.ismodule(getattr(imported, n))]
+    missing = [name for name in names if not re.search(rf"^   {re.escape(name)}$", page, re.M)]
+    assert names
+    assert missing == []

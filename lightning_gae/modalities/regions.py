@@ -31,8 +31,9 @@ REGION_KINDS: tuple[str, ...] = ("evidence", "suspect")
 """``"evidence"``: relevance should sit there; ``"suspect"``: it should not (a shortcut)."""
 
 PATCH_SHARE: float = 0.5
-"""A patch token belongs to an image region when at least this share of its pixels is in the mask: a
-watermark aligned with the patch grid maps onto exactly its patches, and a region that covers half a patch
+"""The share of a patch's pixels that must lie in an image region's mask for its token to be in the region.
+
+A watermark aligned with the patch grid maps onto exactly its patches, and a region that covers half a patch
 counts it (the rule rounds to the nearest patch, as a pixel's nearest patch decides which token it is)."""
 
 
