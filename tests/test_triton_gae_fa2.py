@@ -254,3 +254,43 @@ def test_the_fused_forward_gives_the_log_sum_exp(dtype, causal):
     assert _max_err(lse[..., :100], ref_lse) < 1e-2
     assert _max_err(out, ref_out) < 2e-2
 
+
+def _bert(device):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, num_labels=2, attn_implementation="sdpa")
+    model = BertForSequenceClassification(config).to(device).eval()
+    ids = torch.randint(1, 100, (3, 21), device=device)
+    mask = torch.ones_like(ids)
+    mask[1, -6:] = 0  # padding
+    return model, {"input_ids": ids, "attention_mask": mask}
+
+
+def test_explain_runs_the_fa2_kernel_when_asked_the_lowest_layer_for_its_update_alone(monkeypatch):
+    import lightning_gae as lg
+    from recipes.vit import ViTClassifier
+
+    calls = []
+    kernel = fa2.gae_attention_backward_fa2
+    monkeypatch.setattr(fa2, "gae_attention_backward_fa2", lambda *a, **kw: calls.append(kw["grads"]) or kernel(*a, **kw))
+    torch.manual_seed(0)
+    vit = ViTClassifier(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=3, heads=2).to(DEVICE).eval()
+    images = torch.randn(4, 1, 8, 8, device=DEVICE)
+    bert, tokens = _bert(DEVICE)
+    for model, inputs in ((vit, images), (bert, tokens)):
+        for forced in ("chunks", None):  # chunks asked for, or nothing asked (on a CPU: the chunks too)
+            monkeypatch.delenv("LIGHTNING_GAE_KERNEL", raising=False)
+            if forced:
+                monkeypatch.setenv("LIGHTNING_GAE_KERNEL", forced)
+            chunks = lg.explain(model, inputs, method="gae")
+            if DEVICE.type == "cpu" or forced:
+                assert calls == []
+        monkeypatch.setenv("LIGHTNING_GAE_KERNEL", "triton2")
+        fused = lg.explain(model, inputs, method="gae")
+        # One kernel call per attention layer, last first; the lowest one's q, k, v gradients are never used.
+        assert calls == [True, True, False]
+        calls.clear()
+        top = chunks.tokens.abs().max().item()
+        assert (fused.tokens - chunks.tokens).abs().max().item() < 1e-4 * top
