@@ -230,10 +230,10 @@ if triton is not None:
         return [triton.Config({names[0]: a, names[1]: c}, num_warps=w, num_stages=s) for a, c, w, s in pairs]
 
     # (BLOCK_Q, BLOCK_K, warps, stages): keys in blocks of 64-128, slabs of 16-64 queries.
-    _KEY_CONFIGS = [(16, 64, 4, 2), (32, 64, 4, 2), (32, 128, 4, 2), (32, 128, 8, 2), (64, 64, 4, 2),
-                    (64, 128, 8, 2), (16, 128, 4, 3)]
-    _DQ_CONFIGS = [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2), (32, 64, 4, 2)]
-    _AUTOTUNE_KEY = ["n_bucket", "E", "CAUSAL"]
+    # Few, since each is compiled per variant on first use (a GPU check's minutes go there).
+    _KEY_CONFIGS = [(16, 128, 4, 2), (32, 64, 4, 2), (32, 128, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2)]
+    _DQ_CONFIGS = [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2)]
+    _AUTOTUNE_KEY = ["n_bucket", "E", "CAUSAL", "PRECISION"]  # (and the tensors' dtypes, which Triton adds)
     _fa2_tuned = triton.autotune(_configs(("BLOCK_Q", "BLOCK_K"), _KEY_CONFIGS),
                                  key=[*_AUTOTUNE_KEY, "NEED_GRADS", "DQ_ATOMIC"], reset_to_zero=["DQ"])(_fa2_kernel)
     _dq_tuned = triton.autotune(_configs(("BLOCK_Q", "BLOCK_K"), _DQ_CONFIGS), key=_AUTOTUNE_KEY)(_dq_kernel)

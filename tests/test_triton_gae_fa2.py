@@ -294,3 +294,17 @@ def test_explain_runs_the_fa2_kernel_when_asked_the_lowest_layer_for_its_update_
         calls.clear()
         top = chunks.tokens.abs().max().item()
         assert (fused.tokens - chunks.tokens).abs().max().item() < 1e-4 * top
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the script itself is the check (bash benchmarks/kernel_gpu.sh)")
+def test_the_gpu_script_runs_every_step_on_a_cpu(capsys):
+    """benchmarks/kernel_gpu.py --smoke: tiny shapes under the interpreter, so the one GPU call it is prepared for does
+    not fail on a typo. Every error row is printed and met (it exits 1 otherwise); the times mean nothing here."""
+    from benchmarks import kernel_gpu
+
+    kernel_gpu.main(["--smoke"])
+    out = capsys.readouterr().out
+    assert out.count("| yes |") == 2 * 9 and "| no |" not in out  # 8 fp32 variants and bf16, at two shapes
+    for variant, rows in (("v1 ieee 16x16", 4), ("fa2 tf32x3 loop", 4), ("fa2 tf32x3 update only (lowest layer)", 2),
+                          ("lean chunks (the default)", 2), ("sdpa fp32 (efficient)", 2)):
+        assert out.count(f"| {variant} |") == rows, variant  # the errors' table and the times' (two shapes each)
