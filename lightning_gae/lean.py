@@ -281,9 +281,9 @@ def _kernel_name(state: LeanState, q: Tensor) -> str | None:
     if state.kernel in ("triton", "triton2"):
         return state.kernel
     if state.kernel == "" and q.is_cuda:  # not asked: CUDA's default once a GPU run shows the kernel winning
-        from lightning_gae import _triton_gae_fa2
+        from lightning_gae._triton_gae_fa2 import DEFAULT_ON_CUDA, available
 
-        return "triton2" if _triton_gae_fa2.available() and _triton_gae_fa2.DEFAULT_ON_CUDA else None
+        return "triton2" if available() and DEFAULT_ON_CUDA else None
     return None
 
 
