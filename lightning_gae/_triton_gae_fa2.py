@@ -230,8 +230,11 @@ if triton is not None:
         return [triton.Config({names[0]: a, names[1]: c}, num_warps=w, num_stages=s) for a, c, w, s in pairs]
 
     # (BLOCK_Q, BLOCK_K, warps, stages): keys in blocks of 64-128, slabs of 16-64 queries.
-    # Few, since each is compiled per variant on first use (a GPU check's minutes go there).
-    _KEY_CONFIGS = [(16, 128, 4, 2), (32, 64, 4, 2), (32, 128, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2)]
+    # Few, since each is compiled per variant on first use (a GPU check's minutes go there). Compiled for sm_90
+    # without a GPU (Triton 3.9, E = 64, float32 tf32x3, causal, dQ by atomics), every one of these runs out of
+    # registers (ptxas stack 776-1056 bytes; 1216 for 32 x 64 with 4 warps, 1920 for 64 x 128): tf32x3 splits the
+    # operands (plain tf32: 208). Eight warps spill least; bfloat16 far less (248 at 64 x 128).
+    _KEY_CONFIGS = [(16, 64, 4, 2), (16, 128, 8, 2), (32, 64, 8, 2), (32, 128, 8, 2), (64, 64, 8, 2)]
     _DQ_CONFIGS = [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2)]
     _AUTOTUNE_KEY = ["n_bucket", "E", "CAUSAL", "PRECISION"]  # (and the tensors' dtypes, which Triton adds)
     _fa2_tuned = triton.autotune(_configs(("BLOCK_Q", "BLOCK_K"), _KEY_CONFIGS),
