@@ -13,7 +13,8 @@ Times: the median of ``triton.testing.do_bench`` (milliseconds) of one attention
 work included (dO·O, the live rows); the log-sum-exp comes from the fused forward, outside the timing. ``x sdpa`` is
 against SDPA's float32 backward (the memory-efficient kernel) on the same shape. The variants tell the causes apart:
 ``v1 ieee 16x16`` (the first kernel as the lean path runs it) against ``v1 tf32x3 16x16`` (precision) against ``v1
-tf32x3 64x64`` (tile size) against ``fa2 tf32x3 atomic`` (the shape) against ``fa2 tf32x3 loop`` (atomics).
+tf32x3 64x64`` (tile size) against ``fa2 tf32x3 atomic`` (the shape, autotuned) against ``fa2 tf32x3 loop`` (atomics)
+and ``fa2 ieee`` / ``fa2 tf32`` (precision), those three on the autotuned variant's tiles.
 """
 
 from __future__ import annotations
@@ -131,8 +132,10 @@ def errors(failures: list[str], shapes: dict) -> None:
         }
         for label, kw in {"fa2 tf32x3 atomic": {}, "fa2 tf32x3 loop": {"dq": "loop"}, "fa2 tf32x3 update": {"grads": False},
                           "fa2 ieee atomic": {"precision": "ieee"}, "fa2 tf32 atomic": {"precision": "tf32"}}.items():
+            # Fixed 32 x 64 tiles: one compile per variant (the errors hardly depend on the tiles; the times do).
             variants[label] = lambda kw=kw: fa2.gae_attention_backward_fa2(q, k, v, out.float(), lse.float(), dout, row,
-                                                                          key_bias, causal, scale, **kw)
+                                                                          key_bias, causal, scale, block_q=32,
+                                                                          block_k=64, **kw)
         for label, run in variants.items():
             got = run()
             errs = [float("nan") if g is None else (g.double() - w).abs().max().item() / t for g, w, t in zip(got, want, tops)]
@@ -151,7 +154,8 @@ def errors(failures: list[str], shapes: dict) -> None:
         lse_used = fused_h[1] if fused_h is not None else lse_h.float()
         if fused_h is None and DEVICE.type == "cuda":
             failures.append(f"{name}: forward_with_lse gave None for bfloat16")
-        ours = fa2.gae_attention_backward_fa2(qh, kh, vh, out_h.to(torch.bfloat16), lse_used, doh, row, key_bias, causal, scale)
+        ours = fa2.gae_attention_backward_fa2(qh, kh, vh, out_h.to(torch.bfloat16), lse_used, doh, row, key_bias, causal,
+                                              scale, block_q=32, block_k=64)
         ok = []
         cells = []
         for g, w, t in zip(ours, want_h, theirs):
@@ -206,24 +210,38 @@ def timings(shapes: list) -> None:
         out_h, lse_h = with_lse(qh, kh, vh, None, causal, scale, ref_out, ref_lse)
         top_only = torch.zeros_like(dout)
         top_only[:, :, 0] = dout[:, :, 0]  # row mode's top layer: dO non-zero in the read-out row alone
+        # Autotuned: the float32 kernel as the lean path runs it, and bfloat16. The other float32 variants run at the
+        # float32 kernel's chosen tiles (one compile each instead of one per config): precision, atomics and the
+        # update alone are then told apart on the same tiles.
+        tuned = {
+            "fa2 tf32x3 atomic": lambda: fa2.gae_attention_backward_fa2(q, k, v, out, lse, dout, row, None, causal, scale),
+            "fa2 bf16 atomic": lambda: fa2.gae_attention_backward_fa2(qh, kh, vh, out_h, lse_h, doh, row, None, causal, scale),
+        }
+        for label, run in tuned.items():
+            times[label] = do_bench(run)
+            if label == "fa2 tf32x3 atomic" and DEVICE.type == "cuda":
+                best = fa2._fa2_tuned.best_config
+                at = dict(block_q=best.kwargs["BLOCK_Q"], block_k=best.kwargs["BLOCK_K"], num_warps=best.num_warps,
+                          num_stages=best.num_stages)
+                print(f"<!-- {name}: float32 tf32x3 tiles chosen: {at} -->")
+            elif DEVICE.type != "cuda":
+                at = dict(block_q=32, block_k=64)
         runs = {
             "v1 ieee 16x16": lambda: v1.gae_attention_backward(q, k, v, out, lse, dout, row, None, causal, scale),
             "v1 tf32x3 16x16": lambda: v1.gae_attention_backward(q, k, v, out, lse, dout, row, None, causal, scale,
                                                                  precision="tf32x3"),
             "v1 tf32x3 64x64": lambda: v1.gae_attention_backward(q, k, v, out, lse, dout, row, None, causal, scale,
                                                                  block_q=64, block_k=64, precision="tf32x3"),
-            "fa2 ieee atomic": lambda: fa2.gae_attention_backward_fa2(q, k, v, out, lse, dout, row, None, causal, scale,
-                                                                      precision="ieee"),
-            "fa2 tf32 atomic": lambda: fa2.gae_attention_backward_fa2(q, k, v, out, lse, dout, row, None, causal, scale,
-                                                                      precision="tf32"),
-            "fa2 tf32x3 atomic": lambda: fa2.gae_attention_backward_fa2(q, k, v, out, lse, dout, row, None, causal, scale),
-            "fa2 tf32x3 loop": lambda: fa2.gae_attention_backward_fa2(q, k, v, out, lse, dout, row, None, causal, scale,
-                                                                      dq="loop"),
+            "fa2 ieee atomic (same tiles)": lambda: fa2.gae_attention_backward_fa2(
+                q, k, v, out, lse, dout, row, None, causal, scale, precision="ieee", **at),
+            "fa2 tf32 atomic (same tiles)": lambda: fa2.gae_attention_backward_fa2(
+                q, k, v, out, lse, dout, row, None, causal, scale, precision="tf32", **at),
+            "fa2 tf32x3 loop (same tiles)": lambda: fa2.gae_attention_backward_fa2(
+                q, k, v, out, lse, dout, row, None, causal, scale, dq="loop", **at),
             "fa2 tf32x3 update only (lowest layer)": lambda: fa2.gae_attention_backward_fa2(
-                q, k, v, out, lse, dout, row, None, causal, scale, grads=False),
+                q, k, v, out, lse, dout, row, None, causal, scale, grads=False, **at),
             "fa2 tf32x3 atomic, dO in one row (top layer)": lambda: fa2.gae_attention_backward_fa2(
                 q, k, v, out, lse, top_only, row, None, causal, scale),
-            "fa2 bf16 atomic": lambda: fa2.gae_attention_backward_fa2(qh, kh, vh, out_h, lse_h, doh, row, None, causal, scale),
         }
 
         def chunks():

@@ -9,6 +9,8 @@
 #      - lightning-gae bench --device cuda --sizes gpu --methods gae_triton gae_triton2 saliency (ViT-B/16 batch 64,
 #        BERT-base N=512 and 4096, the Llama-style decoder at 8k; the main job left out), with issue 35's targets.
 # --quick: the errors, the two smaller shapes' times and the bench at ViT-B/16 and BERT N=512 only.
+# 'kernels' or 'bench' as the first argument runs that half alone (two calls, if one would outrun 10 minutes; the
+# Triton compile cache does not outlive a machine, so the bench's half compiles again on a fresh one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=("captum==0.9.0")
@@ -28,8 +30,13 @@ if [ -n "$missing" ]; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+part=all
+case "${1:-}" in kernels|bench) part=$1; shift;; esac
 status=0
-python3 benchmarks/kernel_gpu.py "$@" || status=1
+if [ "$part" != bench ]; then
+  TRITON_PRINT_AUTOTUNING=1 python3 benchmarks/kernel_gpu.py "$@" || status=1
+fi
+[ "$part" = kernels ] && exit $status
 tokens=()
 [ "${1:-}" = --quick ] && tokens=(--tokens 197 512)
 python3 -m lightning_gae.cli bench --device cuda \

@@ -249,6 +249,7 @@ def gae_attention_backward_fa2(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
                                key_bias: Tensor | None = None, causal: bool = False, scale: float | None = None,
                                grads: bool = True, dq: str = "atomic", precision: str | None = None,
                                block_q: int | None = None, block_k: int | None = None,
+                               num_warps: int | None = None, num_stages: int | None = None,
                                skip_dead: bool = True) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor]:
     """``(dq, dk, dv, update)`` of attention ``softmax(scale · q kᵀ + key_bias) v`` (``[B, H, N, E]``, one head
     dimension for q, k and v), given its output ``out``, each query's log-sum-exp ``lse [B, H, L]`` (``L >= N_q``;
@@ -259,7 +260,8 @@ def gae_attention_backward_fa2(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
     ``grads=False``: the update alone (``dq``, ``dk``, ``dv`` are None). ``dq``: ``"atomic"`` (relaxed atomic adds)
     or ``"loop"`` (a second kernel, no atomics). ``precision``: Triton's ``input_precision`` for float32 operands
     (default ``"tf32x3"``; ``"ieee"``, ``"tf32"`` for comparisons); half-precision operands keep their dtype.
-    ``block_q``/``block_k``: fixed tiles (default: autotuned on a GPU, 32 x 64 under the interpreter).
+    ``block_q``/``block_k`` (and ``num_warps``, ``num_stages``): fixed tiles (default: autotuned on a GPU, 32 x 64
+    under the interpreter).
     ``skip_dead=False`` visits the slabs whose ``dO`` is zero too (for the A/B). Results in float32.
     """
     if triton is None:
@@ -303,19 +305,20 @@ def gae_attention_backward_fa2(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
     common = dict(HAS_KEY_BIAS=key_bias is not None, CAUSAL=causal, E=e, E_PAD=e_pad, PRECISION=precision,
                   UPCAST=interp and half)
     fixed = block_q is not None or block_k is not None or interp or not q.is_cuda
+    launch = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
     args = (qc, kc, vc, doc, lse_c, d, rowc, live, bias, dq_buf if dq_buf is not None and dq == "atomic" else dummy,
             dk_buf if grads else dummy, dv_buf if grads else dummy, upd, h, n_q, n_k, lse_c.shape[-1], scale, bucket)
     flags = dict(NEED_GRADS=grads, DQ_ATOMIC=grads and dq == "atomic", **common)
     if fixed:
         bq, bk = block_q or 32, block_k or 64
-        _fa2_kernel[(triton.cdiv(n_k, bk), b * h)](*args, BLOCK_Q=bq, BLOCK_K=bk, **flags)
+        _fa2_kernel[(triton.cdiv(n_k, bk), b * h)](*args, BLOCK_Q=bq, BLOCK_K=bk, **flags, **launch)
     else:
         _fa2_tuned[lambda meta: (triton.cdiv(n_k, meta["BLOCK_K"]), b * h)](*args, **flags)
     if grads and dq == "loop":
         dq_args = (qc, kc, vc, doc, lse_c, d, live, bias, dq_buf, h, n_q, n_k, lse_c.shape[-1], scale, bucket)
         if fixed:
             bq, bk = block_q or 32, block_k or 64
-            _dq_kernel[(triton.cdiv(n_q, bq), b * h)](*dq_args, BLOCK_Q=bq, BLOCK_K=bk, **common)
+            _dq_kernel[(triton.cdiv(n_q, bq), b * h)](*dq_args, BLOCK_Q=bq, BLOCK_K=bk, **common, **launch)
         else:
             _dq_tuned[lambda meta: (triton.cdiv(n_q, meta["BLOCK_Q"]), b * h)](*dq_args, **common)
     update = upd.sum(dim=1).div_(h)
