@@ -120,8 +120,9 @@ class _LeanAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, bias, token, scale, state, call, causal):  # type: ignore[override]
         del token  # only there so that autograd.grad(score, token) runs every call's backward
         fused = None
-        if state.mode == "row" and _kernel_name(state, q) == "triton2" and (state.calls is None or call.index in state.calls):
-            # The second kernel reads each query's log-sum-exp from CUDA's fused forward (None elsewhere).
+        if _kernel_name(state, q) == "triton2":
+            # The second kernel reads each query's log-sum-exp from CUDA's fused forward (None elsewhere). Kept whatever
+            # the mode: the row form is chosen after the forward (explain sets it before its backward).
             from lightning_gae._triton_gae_fa2 import forward_with_lse
 
             fused = forward_with_lse(q, k, v, bias, causal, scale)

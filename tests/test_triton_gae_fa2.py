@@ -350,3 +350,35 @@ print("compiled", kernel.metadata.shared)
     if "ptxas" in done.stderr and "not found" in done.stderr.lower():
         pytest.skip("this Triton wheel carries no ptxas")
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+
+
+def test_the_backward_reads_the_log_sum_exp_the_forward_kept(monkeypatch):
+    """The row form is chosen after the forward, so the forward keeps the fused log-sum-exp whenever the second kernel
+    is asked for, and the backward then runs no pass of its own. CUDA's fused forwards stand in for by PyTorch's CPU
+    flash forward, its log-sum-exp padded with +inf to a multiple of 32 as the efficient kernel returns it."""
+    import lightning_gae as lg
+    from lightning_gae import lean
+    from recipes.vit import ViTClassifier
+
+    kept, passes = [], []
+
+    def cpu_fused(q, k, v, bias, causal, scale):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=bias,
+                                                                               scale=scale)
+        padded = torch.full((*lse.shape[:2], -(-lse.shape[-1] // 32) * 32), math.inf)
+        padded[..., :lse.shape[-1]] = lse
+        kept.append(padded)
+        return out, padded
+
+    monkeypatch.setattr(fa2, "forward_with_lse", cpu_fused)
+    extra_pass = lean._log_sum_exp
+    monkeypatch.setattr(lean, "_log_sum_exp", lambda *a: passes.append(1) or extra_pass(*a))
+    torch.manual_seed(0)
+    vit = ViTClassifier(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=3, heads=2).eval()
+    images = torch.randn(4, 1, 8, 8)
+    monkeypatch.setenv("LIGHTNING_GAE_KERNEL", "chunks")
+    chunks = lg.explain(vit, images, method="gae")
+    monkeypatch.setenv("LIGHTNING_GAE_KERNEL", "triton2")
+    fused = lg.explain(vit, images, method="gae")
+    assert len(kept) == 3 and passes == []
+    assert (fused.tokens - chunks.tokens).abs().max().item() < 1e-4 * chunks.tokens.abs().max().item()
