@@ -16,7 +16,11 @@ log-sum-exp, nothing ``N x N`` stored. What differs is the shape of the work:
   slabs whose relevance is zero;
 * the update is written per head without atomics and summed over heads by PyTorch: two runs give the same bits;
 * 64-bit offsets; block sizes autotuned on a GPU, keyed on (token count rounded up to a power of two, head
-  dimension, causal, gradients or not, dQ mode, dtypes), ``dQ`` reset to zero between trials.
+  dimension, causal, precision, gradients or not, dQ mode, dtypes), ``dQ`` reset to zero between trials.
+
+Determinism: the update of one call is the same bits from run to run; ``dQ`` by atomics is not on a GPU (the adds'
+order varies), and through the layers of a model it reaches the lower layers' ``dO`` and so their updates.
+``dq="loop"`` makes the whole backward deterministic.
 
 Precision: float32 operands multiply as ``tf32x3`` (three TF32 products, about float32's accuracy) with float32
 accumulation; bfloat16 / float16 operands stay in their dtype with float32 accumulation, and the probabilities and
