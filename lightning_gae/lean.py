@@ -319,8 +319,11 @@ def _kernel_backward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, 
     lse = ctx.lse if kernel == "triton2" and ctx.lse is not None else _log_sum_exp(q, k, key_bias, ctx.causal, ctx.scale)
     if kernel == "triton2":
         grads = _grads_wanted(q, k, v)
+        # dQ by atomics varies in its last bits from run to run on a GPU, and reaches the lower layers' relevance:
+        # torch.use_deterministic_algorithms(True) gets the second loop instead.
+        dq_mode = "loop" if torch.are_deterministic_algorithms_enabled() else "atomic"
         dq, dk, dv, update = gae_attention_backward_fa2(q, k, v, out, lse, dout, state.row, key_bias, ctx.causal,
-                                                        ctx.scale, grads=grads)
+                                                        ctx.scale, grads=grads, dq=dq_mode)
     else:
         dq, dk, dv, update = gae_attention_backward(q, k, v, out, lse, dout, state.row, key_bias, ctx.causal, ctx.scale)
     state.row = state.row + update.to(state.row.dtype)

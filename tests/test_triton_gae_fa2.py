@@ -382,3 +382,28 @@ def test_the_backward_reads_the_log_sum_exp_the_forward_kept(monkeypatch):
     fused = lg.explain(vit, images, method="gae")
     assert len(kept) == 3 and passes == []
     assert (fused.tokens - chunks.tokens).abs().max().item() < 1e-4 * chunks.tokens.abs().max().item()
+
+
+def test_deterministic_algorithms_get_the_dq_loop(monkeypatch):
+    """torch.use_deterministic_algorithms(True): dQ by the second loop (atomics' order varies on a GPU), and two
+    explanations give the same bits."""
+    import lightning_gae as lg
+    from recipes.vit import ViTClassifier
+
+    modes = []
+    kernel = fa2.gae_attention_backward_fa2
+    monkeypatch.setattr(fa2, "gae_attention_backward_fa2", lambda *a, **kw: modes.append(kw["dq"]) or kernel(*a, **kw))
+    monkeypatch.setenv("LIGHTNING_GAE_KERNEL", "triton2")
+    torch.manual_seed(0)
+    vit = ViTClassifier(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=2).to(DEVICE).eval()
+    images = torch.randn(4, 1, 8, 8, device=DEVICE)
+    lg.explain(vit, images, method="gae")
+    assert modes == ["atomic", "atomic"]
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        first, second = (lg.explain(vit, images, method="gae").tokens for _ in range(2))
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert modes[2:] == ["loop"] * 4
+    assert torch.equal(first, second)
