@@ -75,9 +75,11 @@ FLOW_METHODS: tuple[str, ...] = ("forward_backward", "gae", "rollout", "attentio
 """The ``flow`` cases: attention flow (one max flow per token and sample) per token count, one sample."""
 LRP_BENCH_METHODS: tuple[str, ...] = ("attnlrp", "transformer_attribution")
 LLAMA_METHODS: tuple[str, ...] = ("forward_backward", "gae", "rollout", "attnlrp")
-KERNEL_BENCH_METHODS: tuple[str, ...] = ("gae_triton",)
-"""Measured only when ``--methods`` names them: ``gae`` with its row form as the Triton kernel (a GPU's, or
-Triton's CPU interpreter: ``LIGHTNING_GAE_KERNEL=triton``, :mod:`lightning_gae.engine._triton_gae`)."""
+KERNEL_BENCH_METHODS: tuple[str, ...] = ("gae_triton", "gae_triton2")
+"""Measured only when ``--methods`` names them: ``gae`` with its row form as a Triton kernel (a GPU's, or
+Triton's CPU interpreter): the first (``LIGHTNING_GAE_KERNEL=triton``, :mod:`lightning_gae.engine._triton_gae`) or the
+FlashAttention-2-shaped one (``triton2``, :mod:`lightning_gae.engine._triton_gae_fa2`)."""
+_KERNEL_ENV = {"gae_triton": "triton", "gae_triton2": "triton2"}
 SELECTABLE_CASES = ("vit", "bert", "llama")
 """The cases whose methods ``--methods`` selects (``forward_backward`` and ``gae``, the floors, always run)."""
 """The ``llama`` cases (a decoder-only LM at batch 1, long prompts): the last position's next-token logit."""
@@ -380,13 +382,13 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
             return IntegratedGradients(subject.captum_forward).attribute(
                 x, target=target, additional_forward_args=extra, n_steps=_IG_STEPS, internal_batch_size=rows)
 
-    def gae_triton() -> object:
+    def gae_kernel(method: str) -> object:
         from lightning_gae.engine._triton_gae import available
 
         if not available():
-            raise RuntimeError("gae_triton needs Triton (CUDA builds of torch ship it): it would measure the chunks")
+            raise RuntimeError(f"{method} needs Triton (CUDA builds of torch ship it): it would measure the chunks")
         before = os.environ.get("LIGHTNING_GAE_KERNEL")
-        os.environ["LIGHTNING_GAE_KERNEL"] = "triton"
+        os.environ["LIGHTNING_GAE_KERNEL"] = _KERNEL_ENV[method]
         try:
             return explain(model, inputs, target=target, query=subject.query)
         finally:
@@ -398,7 +400,8 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
     return {
         "forward_backward": forward_backward,
         "gae": lambda: explain(model, inputs, target=target, query=subject.query),
-        "gae_triton": gae_triton,
+        "gae_triton": lambda: gae_kernel("gae_triton"),
+        "gae_triton2": lambda: gae_kernel("gae_triton2"),
         "gae_matrix": lambda: gae_matrix_rows(model, inputs, target),
         "per_sample_loop": per_sample_loop,
         "rollout": lambda: explain(model, inputs, target=target, method="rollout", query=subject.query),
@@ -584,13 +587,16 @@ def ratio_report(rows: Sequence[dict]) -> str:
             vs_floor = [f"{r['seconds'] / floor['seconds']:.2f}x" if r else "-" for r in at]
             lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(vs_gae + vs_floor) + " |")
         lines.append("")
-    kernel = [(name, *st) for name in ("vit", "bert", "llama") for st in _settings(rows, name)
-              if (name, *st, "gae_triton") in found]
-    if kernel:
-        lines += ["| the Triton kernel | batch | N | gae_triton / gae (time, memory) | gae_triton / forward_backward "
-                  "(time, memory) | gae_triton / saliency (time) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    kernels = {method: [(name, *st) for name in ("vit", "bert", "llama") for st in _settings(rows, name)
+                        if (name, *st, method) in found] for method in KERNEL_BENCH_METHODS}
+    for method, kernel in kernels.items():
+        if not kernel:
+            continue
+        title = {"gae_triton": "the Triton kernel"}.get(method, "the FA2-shaped kernel")
+        lines += [f"| {title} | batch | N | {method} / gae (time, memory) | {method} / forward_backward "
+                  f"(time, memory) | {method} / saliency (time) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
         for key in kernel:
-            fused, gae, floor = found[(*key, "gae_triton")], found[(*key, "gae")], found[(*key, "forward_backward")]
+            fused, gae, floor = found[(*key, method)], found[(*key, "gae")], found[(*key, "forward_backward")]
             vs = [f"{fused['seconds'] / r['seconds']:.2f}x, {fused['peak_memory_mb'] / r['peak_memory_mb']:.2f}x"
                   for r in (gae, floor)]
             saliency = found.get((*key, "saliency"))
@@ -662,13 +668,22 @@ def ratio_report(rows: Sequence[dict]) -> str:
         targets += [(f"llama gae / forward_backward (batch {b}, N={n})", both(("llama", b, n, "gae"), ("llama", b, n, "forward_backward")), "<= 1.5"),
                     (f"llama peak memory gae / forward_backward (batch {b}, N={n})",
                      both(("llama", b, n, "gae"), ("llama", b, n, "forward_backward"), "peak_memory_mb"), "<= 1.5")]
-    for key in kernel:
+    for key in kernels["gae_triton"]:
         # Issue 24: the kernel as fast as Captum's saliency; its memory near a training step's at 8k tokens.
         at = f"{key[0]} batch {key[1]}, N={key[2]}"
         targets.append((f"gae_triton / saliency ({at})", both((*key, "gae_triton"), (*key, "saliency")), "<= 1.0"))
         if key[2] >= 8192:
             targets.append((f"peak memory gae_triton / forward_backward ({at})",
                             both((*key, "gae_triton"), (*key, "forward_backward"), "peak_memory_mb"), "<= 1.2"))
+    for key in kernels["gae_triton2"]:
+        # Issue 35: at most 1.05x saliency (1.10x from 4,096 tokens), 0.9x the chunks and 1.2x a step's memory at 8k.
+        at = f"{key[0]} batch {key[1]}, N={key[2]}"
+        targets.append((f"gae_triton2 / saliency ({at})", both((*key, "gae_triton2"), (*key, "saliency")),
+                        "<= 1.10" if key[2] >= 4096 else "<= 1.05"))
+        if key[2] >= 8192:
+            targets += [(f"gae_triton2 / gae ({at})", both((*key, "gae_triton2"), (*key, "gae")), "<= 0.9"),
+                        (f"peak memory gae_triton2 / forward_backward ({at})",
+                         both((*key, "gae_triton2"), (*key, "forward_backward"), "peak_memory_mb"), "<= 1.2")]
     for b, n in _settings(rows, "main_job"):
         targets.append(("main_job fit_with_callback / fit_without_callback",
                         both(("main_job", b, n, "fit_with_callback"), ("main_job", b, n, "fit_without_callback")), "<= 1.10"))

@@ -152,3 +152,22 @@ def test_gpu_sizes_and_the_kernels_table_and_targets():
     assert "| 0.92 | <= 1.0 | yes |" in lines["gae_triton / saliency (vit batch 64, N=197)"]
     assert "| 1.30 | <= 1.2 | no |" in lines["peak memory gae_triton / forward_backward (llama batch 1, N=8192)"]
     assert "gae_triton / saliency (llama batch 1, N=8192)" not in lines  # no saliency measured there
+
+
+def test_the_fa2_kernel_has_its_own_table_and_issue_35s_targets():
+    cases = bench.select_cases(bench.gpu_cases(), ["vit", "llama"], None, ["gae_triton", "gae_triton2", "saliency"])
+    assert cases[0].methods == ("forward_backward", "gae", "saliency", "gae_triton", "gae_triton2")
+    rows = [{"case": "vit", "method": m, "batch": 64, "tokens": 197, "seconds": t, "peak_memory_mb": 100.0}
+            for m, t in (("forward_backward", 1.0), ("gae", 1.5), ("saliency", 1.0), ("gae_triton2", 1.04))]
+    rows += [{"case": "bert", "method": m, "batch": 1, "tokens": 4096, "seconds": t, "peak_memory_mb": 100.0}
+             for m, t in (("forward_backward", 1.0), ("gae", 1.5), ("saliency", 1.0), ("gae_triton2", 1.08))]
+    rows += [{"case": "llama", "method": m, "batch": 1, "tokens": 8192, "seconds": t, "peak_memory_mb": mb}
+             for m, t, mb in (("forward_backward", 2.0, 1000.0), ("gae", 2.0, 1400.0), ("gae_triton2", 1.9, 1100.0))]
+    report = bench.ratio_report(rows)
+    assert "| the FA2-shaped kernel | batch | N | gae_triton2 / gae (time, memory) |" in report
+    assert "| the Triton kernel |" not in report  # no first-kernel rows: no table for it
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in report.splitlines()}
+    assert "| 1.04 | <= 1.05 | yes |" in lines["gae_triton2 / saliency (vit batch 64, N=197)"]
+    assert "| 1.08 | <= 1.10 | yes |" in lines["gae_triton2 / saliency (bert batch 1, N=4096)"]
+    assert "| 0.95 | <= 0.9 | no |" in lines["gae_triton2 / gae (llama batch 1, N=8192)"]
+    assert "| 1.10 | <= 1.2 | yes |" in lines["peak memory gae_triton2 / forward_backward (llama batch 1, N=8192)"]

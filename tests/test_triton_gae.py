@@ -1,4 +1,4 @@
-"""The Triton kernel of GAE's attention step (lightning_gae/_triton_gae.py) against the lean CPU path and the tiled
+"""The Triton kernel of GAE's attention step (lightning_gae/engine/_triton_gae.py) against the lean CPU path and the tiled
 reference: the same gradients of q, k, v and the same row update ``r · E_h[(∇A ⊙ A)⁺]`` (< 1e-3 of the largest
 value in float32, issue 24's agreement target), with padding keys, a sample whose queries see no key, causal masks
 and token counts that are no multiple of the blocks. On a GPU it runs compiled; elsewhere under Triton's

@@ -14,8 +14,10 @@ for that chunk, with ``∇A = dO · Vᵀ``. What happens to ``Ā`` is the :class
 
 With ``LIGHTNING_GAE_KERNEL=triton`` in the environment (and Triton importable), the row form runs as one Triton
 kernel per call instead of the chunks (:mod:`lightning_gae.engine._triton_gae`: tiles of queries and keys, nothing
-``N x N``), where its masks allow (none, causal, or one additive bias per key); otherwise the chunks run. Opt-in
-until it has been measured on a GPU.
+``N x N``), where its masks allow (none, causal, or one additive bias per key); otherwise the chunks run.
+``LIGHTNING_GAE_KERNEL=triton2`` runs the FlashAttention-2-shaped kernel instead (:mod:`lightning_gae.engine._triton_gae_fa2`:
+the log-sum-exp from the fused CUDA forward, the lowest layer's update alone); ``chunks`` forces the chunks. Opt-in
+until it has been measured on a GPU (then ``_triton_gae_fa2.DEFAULT_ON_CUDA`` makes it CUDA's default).
 """
 
 from __future__ import annotations
@@ -61,8 +63,8 @@ class LeanState:
     # The backward's chunk buffers, shared by the calls (their backwards run one after another): fresh
     # N x N-sized blocks per layer would be paged in again by every layer.
     workspace: list[Tensor] = field(default_factory=list)
-    # The row form as one Triton kernel per call (see the module doc), read from the environment when made.
-    kernel: bool = field(default_factory=lambda: os.environ.get("LIGHTNING_GAE_KERNEL", "") == "triton")
+    # The row form as a Triton kernel per call (see the module doc): LIGHTNING_GAE_KERNEL, read when made.
+    kernel: str = field(default_factory=lambda: os.environ.get("LIGHTNING_GAE_KERNEL", ""))
 
     def buffers(self, size: int, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
         """Three flat buffers of at least ``size`` elements, reused from the previous call when they fit."""
@@ -119,7 +121,15 @@ class _LeanAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, token, scale, state, call, causal):  # type: ignore[override]
         del token  # only there so that autograd.grad(score, token) runs every call's backward
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, is_causal=causal)
+        fused = None
+        if _kernel_name(state, q) == "triton2":
+            # The second kernel reads each query's log-sum-exp from CUDA's fused forward (None elsewhere). Kept whatever
+            # the mode: the row form is chosen after the forward (explain sets it before its backward).
+            from lightning_gae.engine._triton_gae_fa2 import forward_with_lse
+
+            fused = forward_with_lse(q, k, v, bias, causal, scale)
+        out, ctx.lse = fused if fused is not None else (
+            F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, is_causal=causal), None)
         ctx.save_for_backward(q, k, v, bias, out)
         ctx.scale, ctx.state, ctx.call, ctx.causal = scale, state, call, causal
         ctx.bias_grad = bias is not None and bias.requires_grad
@@ -130,8 +140,9 @@ class _LeanAttention(torch.autograd.Function):
         q, k, v, bias, out = ctx.saved_tensors
         state: LeanState = ctx.state
         scale = ctx.scale
-        if state.kernel and state.mode == "row" and (state.calls is None or ctx.call.index in state.calls):
-            done = _kernel_backward(ctx, q, k, v, bias, out, dout)
+        kernel = _kernel_name(state, q) if state.mode == "row" else None
+        if kernel and (state.calls is None or ctx.call.index in state.calls):
+            done = _kernel_backward(ctx, q, k, v, bias, out, dout, kernel)
             if done is not None:
                 return done
         dtype = torch.promote_types(q.dtype, torch.float32)
@@ -268,21 +279,59 @@ def _log_sum_exp(q: Tensor, k: Tensor, key_bias: Tensor | None, causal: bool, sc
     return lse
 
 
-def _kernel_backward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, out: Tensor, dout: Tensor) -> tuple | None:
-    """The row form's backward as the Triton kernel, or None where it does not apply (then the chunks run)."""
+def _kernel_name(state: LeanState, q: Tensor) -> str | None:
+    """The Triton kernel the row form runs (``"triton"``, ``"triton2"``), or None for the chunks."""
+    if state.kernel in ("triton", "triton2"):
+        return state.kernel
+    if state.kernel == "" and q.is_cuda:  # not asked: CUDA's default once a GPU run shows the kernel winning
+        from lightning_gae.engine._triton_gae_fa2 import DEFAULT_ON_CUDA, available
+
+        return "triton2" if available() and DEFAULT_ON_CUDA else None
+    return None
+
+
+def _grads_wanted(*tensors: Tensor) -> bool:
+    """Whether this backward's gradients of q, k, v reach anything the running ``autograd.grad`` asks for. The lowest
+    layer's do not (GAE asks for the token every call takes): its kernel then computes the row update alone."""
+    for t in tensors:
+        if not t.requires_grad:
+            continue
+        if t.grad_fn is None:
+            return True  # a leaf: its gradient may be what is asked for
+        try:
+            if torch._C._will_engine_execute_node(t.grad_fn):
+                return True
+        except (AttributeError, RuntimeError):  # not inside the engine, or an older torch: keep them
+            return True
+    return False
+
+
+def _kernel_backward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, out: Tensor, dout: Tensor,
+                     kernel: str = "triton") -> tuple | None:
+    """The row form's backward as a Triton kernel, or None where it does not apply (then the chunks run)."""
     # Imported here, at call time: Triton's import is slow, and only an opted-in backward needs it.
     from lightning_gae.engine._triton_gae import available, gae_attention_backward
+    from lightning_gae.engine._triton_gae_fa2 import gae_attention_backward_fa2
 
     key_bias = _key_bias(bias, q.shape[0], k.shape[-2])
     if (not available() or key_bias is False or ctx.bias_grad or v.shape[-1] != q.shape[-1]
             or q.shape[-2] != k.shape[-2]):
         return None
     state: LeanState = ctx.state
-    lse = _log_sum_exp(q, k, key_bias, ctx.causal, ctx.scale)
-    dq, dk, dv, update = gae_attention_backward(q, k, v, out, lse, dout, state.row, key_bias, ctx.causal, ctx.scale)
+    lse = ctx.lse if kernel == "triton2" and ctx.lse is not None else _log_sum_exp(q, k, key_bias, ctx.causal, ctx.scale)
+    if kernel == "triton2":
+        grads = _grads_wanted(q, k, v)
+        # dQ by atomics varies in its last bits from run to run on a GPU, and reaches the lower layers' relevance:
+        # torch.use_deterministic_algorithms(True) gets the second loop instead.
+        dq_mode = "loop" if torch.are_deterministic_algorithms_enabled() else "atomic"
+        dq, dk, dv, update = gae_attention_backward_fa2(q, k, v, out, lse, dout, state.row, key_bias, ctx.causal,
+                                                        ctx.scale, grads=grads, dq=dq_mode)
+    else:
+        dq, dk, dv, update = gae_attention_backward(q, k, v, out, lse, dout, state.row, key_bias, ctx.causal, ctx.scale)
     state.row = state.row + update.to(state.row.dtype)
     state.order.append(ctx.call.index)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None
+    grads = tuple(None if g is None else g.to(t.dtype) for g, t in ((dq, q), (dk, k), (dv, v)))
+    return (*grads, None, None, None, None, None, None)
 
 
 def lean_attention(
