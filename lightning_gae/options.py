@@ -30,8 +30,9 @@ from torch import Tensor
 from lightning_gae.display.views import Scale
 from lightning_gae.engine.token_sets import Streams
 from lightning_gae.metrics import PERTURBATION_METRICS
+from lightning_gae.modalities.regions import Region
 
-__all__ = ["BatchOptions", "DisplayOptions", "EngineOptions", "FaithfulnessOptions"]
+__all__ = ["BatchOptions", "DisplayOptions", "EngineOptions", "FaithfulnessOptions", "RegionOptions"]
 
 
 def _positive(owner: str, name: str, value: Any, allow_none: bool = False, hint: str = "") -> None:
@@ -202,3 +203,51 @@ class DisplayOptions:
         if self.heatmap_scale not in ("per_map", "fixed"):
             raise ValueError(f"DisplayOptions(heatmap_scale={self.heatmap_scale!r}): use 'per_map' (each map its own "
                              "colour range) or 'fixed' (each method's range from its first step)")
+
+
+@dataclass
+class RegionOptions:
+    """Regions of the input declared once, watched over training: where relevance should sit, and where it should not.
+
+    At every explanation step the callback logs, per method and region, ``region_share_<region>/<method>`` (the
+    share of the positive relevance mass on the region, mean over the tracked samples that hold it) and
+    ``region_recall_<region>/<method>`` (how many of the region's tokens are among the ``top_k`` most relevant),
+    with ``random`` as the floor, charted per region in Custom Scalars ("GAE regions"). When a method puts at least
+    ``threshold`` of its relevance on a *suspect* region (or the share has risen by ``rise`` since the run's first
+    step), the callback warns once for that method and region, with the step, the share, the samples most affected,
+    the method's faithfulness and a removal check (the drop of the explained class's probability when the region is
+    removed, against random regions of its size: whether the model really uses it); the alert also goes to the
+    Text tab (``gae_alerts``) and to the summary printed when the run ends.
+
+    Args:
+        regions: the regions (:class:`~lightning_gae.modalities.regions.Region`: an image mask, text token ids or a
+            predicate, table features; kind ``"evidence"`` or ``"suspect"``).
+        threshold: the share of a method's relevance on a suspect region that raises the alert; None: never by share.
+        rise: the rise of that share since the run's first explanation step that raises it; None: never by rise.
+        top_k: how many of the most relevant tokens the recall counts; None: as many as the region has.
+        stop_on_shortcut: also stop training (``trainer.should_stop``) when an alert is raised.
+
+    Raises:
+        ValueError: something that is not a ``Region``, two regions with one name, a threshold or rise outside
+            (0, 1], a ``top_k`` below 1.
+    """
+
+    regions: Sequence[Region] = ()
+    threshold: float | None = 0.5
+    rise: float | None = None
+    top_k: int | None = None
+    stop_on_shortcut: bool = False
+
+    def __post_init__(self) -> None:
+        self.regions = tuple(self.regions)
+        wrong = [type(r).__name__ for r in self.regions if not isinstance(r, Region)]
+        if wrong:
+            raise ValueError(f"RegionOptions(regions=...): {wrong} are not lightning_gae.modalities.regions.Region")
+        names = [r.name for r in self.regions]
+        if len(set(names)) != len(names):
+            raise ValueError(f"RegionOptions(regions=...): the names {names} repeat; give every region its own")
+        for name in ("threshold", "rise"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value <= 1:
+                raise ValueError(f"RegionOptions({name}={value}): use a share in (0, 1], or None")
+        _positive("RegionOptions", "top_k", self.top_k, allow_none=True)

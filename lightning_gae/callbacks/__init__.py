@@ -1,6 +1,6 @@
 """Lightning callbacks: GAECallback and the option groups it takes."""
 
 from lightning_gae.callbacks.gae_monitor import GAECallback
-from lightning_gae.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions
+from lightning_gae.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions, RegionOptions
 
-__all__ = ["BatchOptions", "DisplayOptions", "EngineOptions", "FaithfulnessOptions", "GAECallback"]
+__all__ = ["BatchOptions", "DisplayOptions", "EngineOptions", "FaithfulnessOptions", "GAECallback", "RegionOptions"]

@@ -8,7 +8,7 @@ from typing import Any
 from lightning_gae.attribution import CAPTUM_METHODS
 from lightning_gae.engine.explain import LRP_METHODS, METHODS
 from lightning_gae.modalities.tokens import Modality, TabularTokens
-from lightning_gae.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions
+from lightning_gae.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions, RegionOptions
 
 __all__ = ["check_arguments"]
 
@@ -18,7 +18,7 @@ def check_arguments(callback: Any) -> None:
     a typo in a config fails before either is built (as Lightning's own callbacks check theirs)."""
     for name, group, kind in (("faithfulness", callback.faithfulness, FaithfulnessOptions),
                               ("batches", callback.batches, BatchOptions), ("engine", callback.engine, EngineOptions),
-                              ("display", callback.display, DisplayOptions)):
+                              ("display", callback.display, DisplayOptions), ("regions", callback.regions, RegionOptions)):
         if not isinstance(group, kind):
             raise ValueError(f"GAECallback({name}={group!r}): give a {kind.__name__}(...)")
     unknown = [m for m in callback.methods if m not in METHODS + LRP_METHODS]

@@ -30,6 +30,7 @@ class RunState:
             several; ``last``: the last real position of the query set per sample, when a decoder's rows are drawn.
         row_names: a causal LM's answer rows' names; ``readout``: the model read at each row's readout.
         metric_objects: the metrics built for this run, by name (they hold the module).
+        region_masks: each declared region's tokens in the tracked samples, ``[B, N]`` bool.
     """
 
     sample_indices: list[int] | None = None
@@ -46,6 +47,7 @@ class RunState:
     row_names: list[str] | None = None
     readout: NextTokenLogits | None = None
     metric_objects: dict[str, Metric] = field(default_factory=dict)
+    region_masks: dict[str, Tensor] = field(default_factory=dict)
 
     @property
     def shown(self) -> list[Any]:

@@ -24,6 +24,7 @@ from lightning_gae._structures import display_input, map_tensors
 from lightning_gae.attribution import attribute
 from lightning_gae.callbacks._distributed import Lockstep, RankFailed, check_strategy, from_rank_zero, gather_scores
 from lightning_gae.callbacks._preflight import check_explanations
+from lightning_gae.callbacks._regions import RegionAlert, new_alerts, region_masks, region_scalars
 from lightning_gae.callbacks._report import (
     event_logs,
     fit_report,
@@ -59,7 +60,7 @@ from lightning_gae.language.answers import NextTokenLogits
 from lightning_gae.metrics import random_attribution
 from lightning_gae.metrics.ground_truth import RECALL
 from lightning_gae.modalities.tokens import Modality
-from lightning_gae.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions
+from lightning_gae.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions, RegionOptions
 from lightning_gae.tensorboard.summary import TensorBoardViews, faithfulness_rows
 
 __all__ = ["GAECallback"]
@@ -99,10 +100,8 @@ class GAECallback(Callback):
     run starts, by reading the samples and explaining them once: any failure stops the run with the fix. Later, a
     failing explanation warns once with its reason and is skipped, and nothing non-finite is ever logged.
 
-    Models with several token sets (an encoder-decoder, a dual encoder, co-attention) are drawn per set; a decoder is
-    explained position by position and drawn as target x set matrices; ground truth in the batches is scored per set
-    (``alignment`` of a decoder's rows, ``masks`` an image set, ``rationales`` a text set). Perturbation metrics and
-    Captum baselines, which remove or attribute one input, are refused on such models.
+    Models with several token sets (encoder-decoders, dual encoders, co-attention) are drawn and scored per set, a
+    decoder position by position; perturbation metrics and Captum baselines, which remove one input, are refused.
 
     Args:
         num_samples: how many validation samples to show; more than the validation set holds warns and shows all.
@@ -126,6 +125,8 @@ class GAECallback(Callback):
         batches: which dataloader and how its batches are read (:class:`BatchOptions`).
         engine: what the model's explanation needs told (:class:`EngineOptions`).
         display: how the explanations are drawn (:class:`DisplayOptions`).
+        regions: declared evidence and suspect regions, their shares of the relevance and the alert when a suspect
+            one takes it (:class:`~lightning_gae.options.RegionOptions`).
 
     Raises:
         ValueError: here, for an unknown method or Captum baseline, a bad schedule or target, options that
@@ -162,6 +163,7 @@ class GAECallback(Callback):
         batches: BatchOptions | None = None,
         engine: EngineOptions | None = None,
         display: DisplayOptions | None = None,
+        regions: RegionOptions | None = None,
     ) -> None:
         self.num_samples = num_samples
         self.every_n_epochs = every_n_epochs
@@ -177,6 +179,7 @@ class GAECallback(Callback):
         self.batches = BatchOptions() if batches is None else batches
         self.engine = EngineOptions() if engine is None else engine
         self.display = DisplayOptions() if display is None else display
+        self.regions = RegionOptions() if regions is None else regions
         check_arguments(self)
         # The tracked samples' positions: given, chosen when the first run starts, or restored from a checkpoint.
         self.sample_indices: list[int] | None = (None if self.batches.sample_indices is None
@@ -199,6 +202,9 @@ class GAECallback(Callback):
         # What the summary shows: the last faithfulness scalars logged and what they were scored on, or why none were.
         self._reported: tuple[str, dict[str, float]] | None = None
         self._not_scored: str | None = None
+        # Declared regions: the first step's shares (what a rise is measured from) and the alerts raised this run.
+        self._first_regions: dict[str, float] | None = None
+        self._alerts: list[RegionAlert] = []
 
     @property
     @override
@@ -215,6 +221,7 @@ class GAECallback(Callback):
             self._views = self._new_views()
         if stage == "fit":
             self.summary = None
+            self._first_regions, self._alerts = None, []
         if not trainer.loggers:
             rank_zero_warn(
                 "GAECallback: the Trainer has no logger, so nothing will be shown. Add one, e.g. "
@@ -264,6 +271,15 @@ class GAECallback(Callback):
             check_explanations(self._run, trainer, pl_module, self._model_inputs(trainer, pl_module), self._explain,
                                self.modality, self.methods, self.target, self.query, self.faithfulness.metrics,
                                self.captum_baselines, self.engine, self._new_views)
+            if self.regions.regions:
+                if self._run.sets is not None:
+                    raise ValueError("GAECallback(regions=RegionOptions(...)): the model has several token sets; regions "
+                                     "are declared over the inputs of a model with one")
+                try:
+                    self._run.region_masks = region_masks(self.regions, self._run.modality, self._run.inputs)
+                except Exception as err:
+                    raise ValueError(f"GAECallback(regions=RegionOptions(...)) does not fit the tracked samples with "
+                                     f"{self._run.modality!r}: {type(err).__name__}: {err}") from err
 
     def _model_inputs(self, trainer: Trainer, pl_module: LightningModule) -> Any:
         # The loops cast every batch to the precision ("bf16-true", "16-true"); the kept samples need the same.
@@ -404,6 +420,8 @@ class GAECallback(Callback):
         subset = None if self._run.scored is None else len(self._run.scored)
         hint = whole_subset_hint(trainer, subset, scores, logs) if stage == "fit" else []
         has_truth = self._run.truth is not None or bool(self._run.keyed)
+        alerts = [f"  {alert.text()}" for alert in self._alerts]
+        hint = [*hint, *(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else [])]
         self.summary = fit_report(metrics, scores, scored_on,
                                   why_not_scored(trainer, self._not_scored, self.faithfulness.metrics, has_truth),
                                   logs, why_no_logs(trainer), hint, stage)
@@ -490,11 +508,34 @@ class GAECallback(Callback):
         if views is not None:
             scalars.update(set_truth_scalars(explanations, rows, run.sets, views, run.keyed, pl_module,
                                              run.metric_objects))
+        shares = None
+        if run.region_masks:
+            relevance = {m: e.tokens for m, e in explanations.items()}
+            relevance["random"] = random_attribution(first.tokens, self.batches.seed)
+            found, shares = region_scalars(relevance, run.region_masks, run.modality, inputs, self.regions.top_k)
+            scalars.update(found)
         scalars = self._finite(scalars, step)
         if trainer.is_global_zero:
             self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
         self._remember(scalars, scored_on)
+        if shares is not None and trainer.is_global_zero:
+            self._alert(trainer, pl_module, step, inputs, scalars, shares)
         self._previous = {m: e.tokens.detach().cpu() for m, e in explanations.items()}
+
+    def _alert(self, trainer: Trainer, pl_module: LightningModule, step: int, inputs: Any, scalars: dict[str, float],
+               shares: dict[str, dict[str, Tensor]]) -> None:
+        """Warn once for every suspect region that took a method's relevance; to the Text tab and the summary too."""
+        if self._first_regions is None:
+            self._first_regions = {t: v for t, v in scalars.items() if t.startswith("region_share_")}
+        module = self._run.readout if self._run.readout is not None else pl_module
+        found = new_alerts(self.regions, self._run, scalars, shares, self._first_regions, self._alerts, module, inputs,
+                           step, (self._reported or ("", None))[1], self.batches.seed)
+        for alert in found:
+            self._alerts.append(alert)
+            rank_zero_warn(f"GAECallback: {alert.text()}")
+            for writer in writers(trainer):
+                writer.add_text("gae_alerts", alert.text(), step)
+            trainer.should_stop = trainer.should_stop or self.regions.stop_on_shortcut
 
     def _remember(self, scalars: dict[str, float], scored_on: str) -> None:
         """Keep the faithfulness scalars just logged (if the step scored any) for the summary printed when fit ends."""

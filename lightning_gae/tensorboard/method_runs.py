@@ -25,7 +25,8 @@ from typing import Any
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard.writer import FileWriter
 
-__all__ = ["FAITHFULNESS_GROUP", "METHODS_FOLDER", "RELEVANCE_GROUP", "RELEVANCE_SCALARS", "MethodRuns", "method_tag"]
+__all__ = ["FAITHFULNESS_GROUP", "METHODS_FOLDER", "REGION_GROUP", "RELEVANCE_GROUP", "RELEVANCE_SCALARS", "MethodRuns",
+           "is_faithfulness", "method_tag", "scalar_group"]
 
 METHODS_FOLDER = "methods"
 """The folder, inside a logger's log dir, that holds one run per method."""
@@ -34,6 +35,21 @@ RELEVANCE_GROUP = "gae_relevance"
 
 RELEVANCE_SCALARS = ("relevance_concentration", "relevance_stability_spearman", "relevance_stability_topk_overlap")
 """Scalars about the relevance itself (not faithfulness): charted in their own Custom Scalars category."""
+REGION_GROUP = "gae_regions"
+REGION_PREFIX = "region_"
+
+
+def scalar_group(metric: str) -> str:
+    """The group a ``<metric>/<method>`` scalar is charted in: relevance statistics, declared regions
+    (``region_share_<region>``, ``region_recall_<region>``: plausibility, not faithfulness), or faithfulness."""
+    if metric in RELEVANCE_SCALARS:
+        return RELEVANCE_GROUP
+    return REGION_GROUP if metric.startswith(REGION_PREFIX) else FAITHFULNESS_GROUP
+
+
+def is_faithfulness(metric: str) -> bool:
+    """Whether a ``<metric>/<method>`` scalar is a faithfulness score (ranked, tabled, on the GAE tab's curves)."""
+    return scalar_group(metric) == FAITHFULNESS_GROUP
 
 
 def method_tag(tag: str) -> tuple[str, str] | None:
@@ -42,8 +58,7 @@ def method_tag(tag: str) -> tuple[str, str] | None:
     if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "stderr"):
         return None
     metric, method = parts[:2]
-    group = RELEVANCE_GROUP if metric in RELEVANCE_SCALARS else FAITHFULNESS_GROUP
-    return method, "/".join([group, metric, *parts[2:]])
+    return method, "/".join([scalar_group(metric), metric, *parts[2:]])
 
 
 def _log_dir(writer: Any) -> str | None:

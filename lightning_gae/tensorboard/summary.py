@@ -40,7 +40,15 @@ from lightning_gae.engine.explain import Explanation
 from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.tensorboard import metadata
-from lightning_gae.tensorboard.method_runs import FAITHFULNESS_GROUP, RELEVANCE_GROUP, RELEVANCE_SCALARS, MethodRuns
+from lightning_gae.tensorboard.method_runs import (
+    FAITHFULNESS_GROUP,
+    REGION_GROUP,
+    RELEVANCE_GROUP,
+    RELEVANCE_SCALARS,
+    MethodRuns,
+    is_faithfulness,
+    scalar_group,
+)
 from lightning_gae.display.views import Scale, SetInput, StepViews, bounded, markdown_cell
 
 __all__ = ["FAITHFULNESS_SAMPLES", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout",
@@ -70,11 +78,11 @@ def custom_scalars_layout(metrics: Iterable[str]) -> dict[str, dict[str, list[An
     so every method, ``random`` included, is a line on the same axes in its run's colour, and the
     chart's list of matches names them.
     """
-    charts: dict[str, dict[str, list[Any]]] = {"GAE faithfulness": {}, "GAE relevance": {}}
+    charts: dict[str, dict[str, list[Any]]] = {"GAE faithfulness": {}, "GAE relevance": {}, "GAE regions": {}}
+    titles = {FAITHFULNESS_GROUP: "GAE faithfulness", RELEVANCE_GROUP: "GAE relevance", REGION_GROUP: "GAE regions"}
     for metric in sorted(set(metrics)):
-        relevance = metric in RELEVANCE_SCALARS
-        group = RELEVANCE_GROUP if relevance else FAITHFULNESS_GROUP
-        charts["GAE relevance" if relevance else "GAE faithfulness"][metric] = ["Multiline", [f"^{group}/{re.escape(metric)}$"]]
+        group = scalar_group(metric)
+        charts[titles[group]][metric] = ["Multiline", [f"^{group}/{re.escape(metric)}$"]]
     return {title: content for title, content in charts.items() if content}
 
 
@@ -87,7 +95,7 @@ def faithfulness_rows(scalars: Mapping[str, float]) -> tuple[list[str], list[lis
     values: dict[str, dict[str, float]] = {}
     for tag, value in scalars.items():
         parts = tag.split("/")
-        if len(parts) == 2 and parts[0] not in RELEVANCE_SCALARS:
+        if len(parts) == 2 and is_faithfulness(parts[0]):
             values.setdefault(parts[0], {})[parts[1]] = value
     if not values:
         return None
@@ -136,7 +144,7 @@ def _score_values(scalars: Mapping[str, float] | None) -> list[Summary.Value]:
     count = (scalars or {}).get(FAITHFULNESS_SAMPLES, float("nan"))
     for tag, value in (scalars or {}).items():
         parts = tag.split("/")
-        if len(parts) != 2 or parts[0] in RELEVANCE_SCALARS:
+        if len(parts) != 2 or not is_faithfulness(parts[0]):
             continue
         error = (scalars or {}).get(f"{tag}/stderr", float("nan"))
         metric, method = parts

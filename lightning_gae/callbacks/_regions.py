@@ -1,0 +1,168 @@
+"""GAECallback's declared regions: how much of each method's relevance sits on them, and the alert when a suspect
+region takes it (:class:`~lightning_gae.options.RegionOptions`).
+
+The shares and recalls are scored on the tracked samples, the ones the pictures show, at every explanation step;
+the alert names the step, the method, the share, the samples most affected, the method's faithfulness and what
+removing the region does to the prediction (does the model use it, or does the method only point at it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lightning_gae._structures import map_tensors
+from lightning_gae.metrics.functional.health import not_better_than_random
+from lightning_gae.metrics.functional.regions import region_recall, region_removal_drop, region_share
+from lightning_gae.modalities.regions import Region, region_token_mask
+from lightning_gae.modalities.tokens import Modality
+from lightning_gae.callbacks._state import RunState
+from lightning_gae.options import RegionOptions
+from lightning_gae.tensorboard.summary import faithfulness_rows
+
+__all__ = ["RegionAlert", "due_alerts", "faithfulness_beside", "new_alerts", "region_masks", "region_scalars",
+           "removal_verdict", "share_tag"]
+
+
+def share_tag(region: str, method: str) -> str:
+    """The scalar of a method's share of relevance on a region."""
+    return f"region_share_{region}/{method}"
+
+
+def region_masks(regions: RegionOptions, modality: Modality, inputs: Any) -> dict[str, Tensor]:
+    """Region name -> bool ``[B, N]`` over the tracked samples' tokens (:func:`region_token_mask`)."""
+    cpu = map_tensors(inputs, lambda t: t.detach().cpu())
+    return {region.name: region_token_mask(region, modality, cpu) for region in regions.regions}
+
+
+def _valid(modality: Modality, inputs: Any, tokens: int) -> Tensor | None:
+    """The tokens that count: a text modality's real tokens (no padding), else all of them."""
+    real = getattr(modality, "real_tokens", None)
+    if not callable(real):
+        return None
+    try:
+        valid = real(map_tensors(inputs, lambda t: t.detach().cpu()))
+    except Exception:  # noqa: BLE001 - a modality that cannot tell: every token counts
+        return None
+    return valid if isinstance(valid, Tensor) and valid.shape[-1] == tokens else None
+
+
+def region_scalars(relevance: Mapping[str, Tensor], masks: Mapping[str, Tensor], modality: Modality, inputs: Any,
+                   top_k: int | None) -> tuple[dict[str, float], dict[str, dict[str, Tensor]]]:
+    """``(scalars, shares)``: ``region_share_<region>/<method>`` and ``region_recall_<region>/<method>`` (means over the
+    samples that hold the region), and region -> method -> the per-sample shares ``[B]`` (NaN where not held)."""
+    scalars: dict[str, float] = {}
+    shares: dict[str, dict[str, Tensor]] = {}
+    for name, mask in masks.items():
+        held = mask.any(dim=1)
+        shares[name] = {}
+        for method, tokens in relevance.items():
+            tokens = tokens.detach().float().cpu()
+            valid = _valid(modality, inputs, tokens.shape[1])
+            share = region_share(tokens, mask, valid).masked_fill(~held, float("nan"))
+            recall = region_recall(tokens, mask, top_k, valid).masked_fill(~held, float("nan"))
+            shares[name][method] = share
+            for key, values in (("share", share), ("recall", recall)):
+                kept = values[torch.isfinite(values)]
+                if len(kept):
+                    scalars[f"region_{key}_{name}/{method}"] = float(kept.mean())
+    return scalars, shares
+
+
+def removal_verdict(model: nn.Module, inputs: Any, mask: Tensor, modality: Modality, seed: int) -> str:
+    """Whether the model uses the region: the drop of the explained class's probability when it is removed, against
+    random regions of its size, on the tracked samples that hold it."""
+    held = mask.any(dim=1)
+    if not bool(held.any()):
+        return "removal check: no tracked sample holds the region"
+    generator = torch.Generator().manual_seed(seed)
+    found = region_removal_drop(model, inputs, mask, modality, target=None, generator=generator)
+    region = found.region.detach().float().cpu()[held]
+    random = found.random.detach().float().cpu()[held].mean(dim=1)
+    region, random = region[torch.isfinite(region)], random[torch.isfinite(random)]
+    if len(region) < 2 or len(random) < 2:
+        return "removal check: too few samples to tell"
+    se = lambda t: float(t.std(unbiased=True) / math.sqrt(len(t)))  # noqa: E731
+    uses = not not_better_than_random(float(region.mean()), se(region), float(random.mean()), se(random),
+                                      higher_is_better=True)
+    verdict = "the model uses it" if uses else "the model does not rely on it more than on random places"
+    return (f"removal check: removing it drops the prediction's probability by {float(region.mean()):.3g} ± "
+            f"{se(region):.2g}, random regions of its size by {float(random.mean()):.3g} ± {se(random):.2g}: {verdict}")
+
+
+@dataclass
+class RegionAlert:
+    """A suspect region that took a method's relevance: what was seen, when, and what it means."""
+
+    step: int
+    region: str
+    method: str
+    share: float
+    floor: float | None
+    samples: list[Any]
+    faithfulness: str
+    removal: str
+
+    def text(self) -> str:
+        floor = "" if self.floor is None else f" (random: {self.floor:.0%})"
+        return (f"step {self.step}: {self.share:.0%} of {self.method}'s relevance sits on the suspect region "
+                f"{self.region!r}{floor}; samples most affected: {self.samples}; {self.faithfulness}; {self.removal}")
+
+
+def faithfulness_beside(method: str, scores: Mapping[str, float] | None) -> str:
+    """The method's last faithfulness values with their errors, beside random's, for an alert."""
+    found = None if not scores else faithfulness_rows(scores)
+    if found is None:
+        return "its faithfulness: not scored yet"
+    metrics, rows = found
+    by_method = {row[0]: row[1:] for row in rows}
+    if method not in by_method:
+        return "its faithfulness: not scored"
+    cells = [f"{metric} {value}" + (f" (random {by_method['random'][i]})" if "random" in by_method else "")
+             for i, (metric, value) in enumerate(zip(metrics, by_method[method])) if value]
+    return "its faithfulness: " + ", ".join(cells)
+
+
+def due_alerts(regions: RegionOptions, scalars: Mapping[str, float], shares: Mapping[str, Mapping[str, Tensor]],
+               first: Mapping[str, float], raised: set[tuple[str, str]], shown: list[Any], step: int
+               ) -> list[tuple[Region, str, float, list[Any]]]:
+    """``(region, method, share, samples most affected)`` for every suspect region and method whose share crossed
+    the threshold (or rose by ``rise`` since ``first``) and was not raised before."""
+    due = []
+    for region in regions.regions:
+        if not region.suspect:
+            continue
+        for method, per_sample in shares.get(region.name, {}).items():
+            if method == "random" or (region.name, method) in raised:
+                continue
+            share = scalars.get(share_tag(region.name, method))
+            if share is None:
+                continue
+            start = first.get(share_tag(region.name, method))
+            crossed = regions.threshold is not None and share >= regions.threshold
+            rose = regions.rise is not None and start is not None and share - start >= regions.rise
+            if crossed or rose:
+                order = torch.argsort(torch.nan_to_num(per_sample, nan=-1.0), descending=True)[:3]
+                due.append((region, method, share, [shown[int(i)] for i in order]))
+    return due
+
+
+def new_alerts(regions: RegionOptions, run: RunState, scalars: Mapping[str, float],
+               shares: Mapping[str, Mapping[str, Tensor]], first: Mapping[str, float], raised: list[RegionAlert],
+               module: nn.Module, inputs: Any, step: int, last_scores: Mapping[str, float] | None,
+               seed: int) -> list[RegionAlert]:
+    """The alerts this step raises (:func:`due_alerts`), each with the method's faithfulness (this step's, or the last
+    scored) and the removal check of its region on the tracked samples."""
+    scores = scalars if faithfulness_rows(scalars) is not None else last_scores
+    done = {(a.region, a.method) for a in raised}
+    found = []
+    for region, method, share, samples in due_alerts(regions, scalars, shares, first, done, run.shown, step):
+        removal = removal_verdict(module, inputs, run.region_masks[region.name], run.modality, seed)
+        found.append(RegionAlert(step, region.name, method, share, scalars.get(share_tag(region.name, "random")),
+                                 samples, faithfulness_beside(method, scores), removal))
+    return found
