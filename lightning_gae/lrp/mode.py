@@ -61,7 +61,7 @@ from lightning_gae.engine.attention import (
     run_eagerly,
 )
 
-__all__ = ["LRPCapture", "UnsupportedOperation", "identity_rule", "scale_gradient", "word_embedding"]
+__all__ = ["LRPCapture", "UnsupportedOperation", "identity_rule", "on_gradient", "scale_gradient", "word_embedding"]
 
 
 class UnsupportedOperation(ValueError):
@@ -72,17 +72,17 @@ class UnsupportedOperation(ValueError):
 # Autograd functions: forward as the model's, backward with the rule.
 
 
-class _Scale(torch.autograd.Function):
-    """Identity forward; the gradient multiplied by ``factor`` (the uniform rule's split)."""
+class _OnGradient(torch.autograd.Function):
+    """Identity forward; the backward returns ``rule(grad)``."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, factor: float) -> Tensor:
-        ctx.factor = factor
+    def forward(ctx: Any, x: Tensor, rule: Callable[[Tensor], Tensor]) -> Tensor:
+        ctx.rule = rule
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return grad * ctx.factor, None
+        return ctx.rule(grad), None
 
 
 class _IdentityRule(torch.autograd.Function):
@@ -107,17 +107,21 @@ class _IdentityRule(torch.autograd.Function):
         return (ratio * grad).to(grad.dtype), None
 
 
-class _NoRule(torch.autograd.Function):
-    """Identity forward; a backward that raises: the operation lies on the explained path."""
+def on_gradient(x: Tensor, rule: Callable[[Tensor], Tensor]) -> Tensor:
+    """``x`` as it is in the forward; in the backward, the gradient that reaches ``x`` becomes ``rule(grad)``
+    (a rule's share of it, a choice made when the backward runs, or a refusal that raises)."""
+    return _OnGradient.apply(x, rule)
 
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, message: str) -> Tensor:
-        ctx.message = message
-        return x.view_as(x)
 
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        raise UnsupportedOperation(ctx.message)
+def _no_rule(message: str) -> Callable[[Tensor], Tensor]:
+    """The backward of an operation without a rule: it raises once the operation lies on the explained path."""
+    def refuse(grad: Tensor) -> Tensor:
+        raise UnsupportedOperation(message)
+    return refuse
+
+
+def _half(grad: Tensor) -> Tensor:
+    return grad * 0.5
 
 
 def identity_rule(x: Tensor, y: Tensor) -> Tensor:
@@ -125,7 +129,7 @@ def identity_rule(x: Tensor, y: Tensor) -> Tensor:
 
 
 def scale_gradient(x: Tensor, factor: float) -> Tensor:
-    return _Scale.apply(x, factor) if isinstance(x, Tensor) and x.requires_grad else x
+    return on_gradient(x, lambda grad: grad * factor) if isinstance(x, Tensor) and x.requires_grad else x
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,9 +266,9 @@ class LRPMode(TorchFunctionMode):
             "its plain gradient would give a silently wrong map. Supported: " + self.supported
         )
         if isinstance(out, Tensor):
-            return _NoRule.apply(out, message) if out.requires_grad else out
+            return on_gradient(out, _no_rule(message)) if out.requires_grad else out
         if isinstance(out, (tuple, list)):
-            return type(out)(_NoRule.apply(t, message) if carries_relevance(t) else t for t in out)
+            return type(out)(on_gradient(t, _no_rule(message)) if carries_relevance(t) else t for t in out)
         return out
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -310,7 +314,7 @@ class LRPMode(TorchFunctionMode):
                 return self.refuse(func, inplace, args, kwargs)
             out = func(*args, **kwargs)
             self.capture._note_product(func, out)
-            return _Scale.apply(out, 0.5)
+            return on_gradient(out, _half)
         if base in WEIGHTED_OPS:
             multiplied = [args[i] for i in WEIGHTED_OPS[base] if i < len(args)]
             if base == "bilinear" or sum(carries_relevance(t) for t in multiplied) > 1:

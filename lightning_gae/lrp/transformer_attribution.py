@@ -148,18 +148,10 @@ def _alpha_beta_gradient(x: Tensor, w: Tensor, y: Tensor, grad: Tensor, scratch:
     return g.view(shape).to(grad.dtype)
 
 
-class _Half(torch.autograd.Function):
-    """Identity forward of a product of two relevance-carrying tensors; backward: the plain gradient,
-    or half of it (the z-rule's share of each operand, the authors' ``cam /= 2``)."""
-
-    @staticmethod
-    def forward(ctx: Any, out: Tensor, capture: TransformerAttributionCapture) -> Tensor:
-        ctx.capture = capture
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
-        return (grad if ctx.capture.plain else grad * 0.5), None
+def _half_unless_plain(capture: TransformerAttributionCapture) -> Callable[[Tensor], Tensor]:
+    """The backward of a product of two relevance-carrying tensors: the plain gradient, or half of it (the
+    z-rule's share of each operand, the authors' ``cam /= 2``), as the capture's pass is when it runs."""
+    return lambda grad: grad if capture.plain else grad * 0.5
 
 
 class _Identity(torch.autograd.Function):
@@ -327,7 +319,7 @@ class _TAMode(TorchFunctionMode):
             if sum(mode.carries_relevance(t) for t in operands) == 2 and not inplace:
                 if self._is_probs(operands[0]):
                     cap.record(operands[0])
-                return _Half.apply(func(*args, **kwargs), cap)
+                return mode.on_gradient(func(*args, **kwargs), _half_unless_plain(cap))
             if base == "matmul" and mode.carries_relevance(operands[0]) and isinstance(operands[1], Tensor) \
                     and operands[1].dim() == 2 and not inplace:
                 return _AlphaBeta.apply(operands[0], operands[1].T, None, cap)  # x @ W: a linear layer
