@@ -251,11 +251,8 @@ def _set_maps(method: str, sets: TokenSets, grads: list[Tensor], keeps: dict[str
     for i, rec in enumerate(sets.records):
         attn = rec.as_heads()
         if method == "attn_gradcam":
-            q, k = keeps[sets.query_sets[i]], keeps[sets.key_sets[i]]
-            pairs = (q[:, :, None] & k[:, None, :])[:, None].to(torch.float32)
-            g = grads[i].to(torch.float32)
-            weights = (g * pairs).sum(dim=(-2, -1), keepdim=True) / pairs.sum(dim=(-2, -1), keepdim=True).clamp(min=1)
-            maps.append((weights * attn.to(torch.float32)).mean(dim=1).clamp(min=0))
+            maps.append(rules.attn_gradcam_map(attn.to(torch.float32), grads[i].to(torch.float32),
+                                               keeps[sets.query_sets[i]], keeps[sets.key_sets[i]]))
         else:
             maps.append(attn.to(torch.float32).mean(dim=1))
     return maps

@@ -30,6 +30,7 @@ __all__ = [
     "rollout_map",
     "rollout_row",
     "raw_attention_row",
+    "attn_gradcam_map",
     "attn_gradcam_row",
     "attn_gradcam_vit_row",
     "attention_flow_capacities",
@@ -316,22 +317,28 @@ def raw_attention_row(attn: Tensor, query: Tensor) -> Tensor:
     return query_rows(_f32(attn).mean(dim=1), query)
 
 
-def attn_gradcam_row(attn: Tensor, grad: Tensor, query: Tensor, keep: Tensor | None = None) -> Tensor:
-    """Attention Grad-CAM: last layer, head ``h`` weighted by the mean of its gradient, mean over
-    heads, negatives removed: ``(E_h[mean(∇A_h) · A_h])⁺``, the query's row. ``[B, Nk]``.
+def attn_gradcam_map(attn: Tensor, grad: Tensor, keep: Tensor | None = None, key_keep: Tensor | None = None) -> Tensor:
+    """Attention Grad-CAM's map of one attention call: head ``h`` weighted by the mean of its gradient,
+    mean over heads, negatives removed: ``(E_h[mean(∇A_h) · A_h])⁺``. ``[B, Nq, Nk]``.
 
-    ``keep`` (``[B, N]`` bool, True for real tokens) restricts the gradient mean to pairs of real
+    ``keep`` (``[B, Nq]`` bool, True for real tokens) restricts the gradient mean to pairs of real
     tokens: ``∂y/∂A`` is not zero at padded keys, and a padded batch must explain each sample as it
-    would be explained alone.
+    would be explained alone. ``key_keep`` (``[B, Nk]``) is the keys' own when they are another token
+    set's (cross-attention); by default ``keep``. A sample without a pair of real tokens weighs its heads by 0.
     """
     grad = _f32(grad)
     if keep is None:
         weights = grad.mean(dim=(-2, -1), keepdim=True)
     else:
-        pairs = (keep[:, :, None] & keep[:, None, :])[:, None].to(grad.dtype)
-        weights = (grad * pairs).sum(dim=(-2, -1), keepdim=True) / pairs.sum(dim=(-2, -1), keepdim=True)
-    cam = (weights * _f32(attn)).mean(dim=1).clamp_(min=0)
-    return query_rows(cam, query)
+        key_keep = keep if key_keep is None else key_keep
+        pairs = (keep[:, :, None] & key_keep[:, None, :])[:, None].to(grad.dtype)
+        weights = (grad * pairs).sum(dim=(-2, -1), keepdim=True) / pairs.sum(dim=(-2, -1), keepdim=True).clamp(min=1)
+    return (weights * _f32(attn)).mean(dim=1).clamp_(min=0)
+
+
+def attn_gradcam_row(attn: Tensor, grad: Tensor, query: Tensor, keep: Tensor | None = None) -> Tensor:
+    """Attention Grad-CAM (:func:`attn_gradcam_map`) of the last layer, the query's row. ``[B, Nk]``."""
+    return query_rows(attn_gradcam_map(attn, grad, keep), query)
 
 
 def attn_gradcam_vit_row(attn: Tensor, grad: Tensor, query: Tensor, keep: Tensor | None = None) -> Tensor:
