@@ -215,6 +215,35 @@ def test_every_class_path_of_the_configs_imports():
     assert missing == []
 
 
+# The tests mirror the package (tests/__init__.py): tests/<folder>/test_<name>.py tests lightning_gae/<folder>/<name>.py
+# (or _<name>.py), or one of these concerns of the folder, each exercising several of its modules.
+_TEST_CONCERNS = {
+    "callbacks": {"answers", "failures", "faithfulness_curves", "isolation", "logging", "models", "multiprocess",
+                  "several_token_sets"},
+    "engine": {"attention_flow", "attn_gradcam_vit", "capture_models", "lora", "tiled_reference"},
+    "metrics": {"abpc", "dtypes", "harness", "torchmetrics"},
+    "tensorboard": {"token_sets_tab"},
+    # tests/recipes/ tests the repository's recipes/, not the package.
+    "recipes": {"known_answers", "recipes", "several_token_sets"},
+}
+
+
+def test_the_tests_mirror_the_package():
+    tests = PACKAGE.parent / "tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and (p / "__init__.py").exists()} - {"helpers"}
+    assert folders <= _FOLDERS | {"recipes"}, "a test folder is named after a package folder"
+    unnamed, stale = [], []
+    for folder in sorted(folders):
+        source = PACKAGE.parent / "recipes" if folder == "recipes" else PACKAGE / folder
+        modules = {p.stem.lstrip("_") for p in source.rglob("*.py") if p.stem != "__init__"}
+        names = {p.stem.removeprefix("test_") for p in (tests / folder).glob("test_*.py")}
+        unnamed += [f"tests/{folder}/test_{n}.py" for n in sorted(names - modules - _TEST_CONCERNS.get(folder, set()))]
+        stale += [f"{folder}: {n}" for n in sorted(_TEST_CONCERNS.get(folder, set()) - names)]
+    assert unnamed == [], "name the test module after the module it tests, or list its concern in _TEST_CONCERNS"
+    assert stale == []
+    assert sorted(p.name for p in tests.glob("*/*.py") if p.parent.name not in folders | {"helpers"}) == []
+
+
 def test_every_ground_truth_has_one_entry_per_modality():
     kinds = [entry.modality for entry in GROUND_TRUTH]
     assert len(set(kinds)) == len(kinds)

@@ -1,9 +1,9 @@
-"""The LXT side of tests/test_attnlrp.py: AttnLRP relevance from LXT 2.1 on given weights.
+"""The LXT side of tests/lrp/test_attnlrp.py: AttnLRP relevance from LXT 2.1 on given weights.
 
 Runs in its own environment (LXT 2.1 imports only under transformers 4.x; the fixture in
-tests/test_attnlrp.py builds it with ``pip install --target``), never in this project's::
+tests/lrp/test_attnlrp.py builds it with ``pip install --target``), never in this project's::
 
-    PYTHONPATH=<lxt env> python tests/lxt_reference.py case.pt out.pt
+    PYTHONPATH=<lxt env> python tests/helpers/lxt_reference.py case.pt out.pt
 
 ``case.pt`` holds ``model`` (a key of ``MODELS``), ``config`` (keyword arguments of the config),
 ``implementation`` ("sdpa" or "eager"), ``state_dict``, ``inputs`` (keyword inputs without the

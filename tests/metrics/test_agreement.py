@@ -8,7 +8,7 @@ import torch
 
 from lightning_gae import ImageTokens
 from lightning_gae.metrics import ExplanationStability, RationaleAgreement, RationaleRecall, RelevanceSegmentation, functional
-from tests.metrics.oracle import average_precision_oracle, rationale_recall_oracle, segmentation_ap_oracle
+from tests.helpers.metric_oracle import average_precision_oracle, rationale_recall_oracle, segmentation_ap_oracle
 
 matplotlib.use("Agg")
 

@@ -1,4 +1,4 @@
-"""AlignmentAccuracy and alignment_accuracy: hand-worked cases, the plain-loop reference of tests/metrics/oracle.py,
+"""AlignmentAccuracy and alignment_accuracy: hand-worked cases, the plain-loop reference of tests/helpers/metric_oracle.py,
 torchmetrics plumbing."""
 
 import pytest
@@ -7,7 +7,7 @@ from torchmetrics import MetricCollection
 
 from lightning_gae.metrics import AlignmentAccuracy
 from lightning_gae.metrics.functional import alignment_accuracy
-from tests.metrics.oracle import alignment_accuracy_oracle
+from tests.helpers.metric_oracle import alignment_accuracy_oracle
 
 
 def test_hand_worked_cases():

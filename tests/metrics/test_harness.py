@@ -1,11 +1,11 @@
-"""Every torchmetrics class of lightning_gae.metrics through the harness (tests/metrics/harness.py): updated
+"""Every torchmetrics class of lightning_gae.metrics through the harness (tests/helpers/metric_harness.py): updated
 over several batches it equals its functional form on all samples and a dense per-sample oracle; synced
 across two DDP processes (gloo, CPU) it equals the single-process value."""
 
 import pytest
 
 from lightning_gae import metrics
-from tests.metrics.harness import CASES, assert_values_equal, check_class_functional_oracle, run_ddp, single_process
+from tests.helpers.metric_harness import CASES, assert_values_equal, check_class_functional_oracle, run_ddp, single_process
 
 
 def test_every_metric_class_has_a_case():

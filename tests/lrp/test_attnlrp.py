@@ -23,7 +23,7 @@ from lightning_gae.lrp import UnsupportedOperation
 
 transformers = pytest.importorskip("transformers")
 
-HERE = Path(__file__).resolve().parent
+LXT_REFERENCE = Path(__file__).resolve().parents[1] / "helpers" / "lxt_reference.py"
 TOL = 1e-3
 BERT = dict(vocab_size=120, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,
             max_position_embeddings=32, type_vocab_size=2, num_labels=3, initializer_range=0.1)
@@ -126,7 +126,7 @@ def lxt_relevance(env: Path, tmp_path: Path, kind: str, model: nn.Module, impl: 
             "target": target, "position": position}
     torch.save(case, tmp_path / "case.pt")
     env_vars = {**os.environ, "PYTHONPATH": str(env)}
-    done = subprocess.run([sys.executable, str(HERE / "helpers" / "lxt_reference.py"), str(tmp_path / "case.pt"), str(tmp_path / "out.pt")],
+    done = subprocess.run([sys.executable, str(LXT_REFERENCE), str(tmp_path / "case.pt"), str(tmp_path / "out.pt")],
                           capture_output=True, text=True, env=env_vars, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     return torch.load(tmp_path / "out.pt")

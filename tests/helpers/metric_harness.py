@@ -1,6 +1,6 @@
 """The metric test harness, after torchmetrics' own tester: for every ``torchmetrics.Metric`` of
 lightning_gae.metrics, the class updated batch by batch equals the functional form on every sample at
-once, which equals a dense per-sample oracle (tests/metrics/oracle.py); and under DDP (2 CPU processes,
+once, which equals a dense per-sample oracle (tests/helpers/metric_oracle.py); and under DDP (2 CPU processes,
 gloo, ``torch.multiprocessing.spawn``) each rank updating on its share of the batches computes, after
 the sync, the single-process value.
 
@@ -42,7 +42,7 @@ from lightning_gae.metrics import (
 )
 from lightning_gae.metrics.functional import ERASER_BINS, PERTURBATION_FRACTIONS, RISE_FRACTIONS
 from tests.helpers.processes import free_port
-from tests.metrics import oracle
+from tests.helpers import metric_oracle as oracle
 
 # Uneven batches; with two processes each rank updates on two of them.
 BATCH_SIZES = (3, 5, 2, 4)

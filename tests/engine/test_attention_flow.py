@@ -3,7 +3,7 @@
 The oracle is written here and shares nothing with the library: the library solves integer
 capacities with SciPy's Dinic on a graph without the unused top nodes; the oracle runs Edmonds-Karp
 in float64 on the dense capacity matrix of the whole layered graph, one sample and one token at a
-time, from attention read in float64 through the models' own explicit paths (tests/models.py).
+time, from attention read in float64 through the models' own explicit paths (tests/helpers/models.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Inputs with NaN or inf: explain() says how many and where instead of returning NaN relevance."""
+"""lightning_gae.engine.readout: inputs with NaN or inf are refused (explain() says how many and where) instead of
+returning NaN relevance."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""display.py: pure rendering helpers returning uint8 RGB arrays."""
+"""lightning_gae.display.figures: pure rendering helpers returning uint8 RGB arrays."""
 
 import matplotlib
 import numpy as np
@@ -7,6 +7,7 @@ import torch
 from matplotlib.figure import Figure
 
 from lightning_gae import display
+from tests.helpers.pictures import colour_box, one_colour
 
 
 def _is_rgb_picture(array):
@@ -149,22 +150,10 @@ def test_side_by_side_is_a_titled_strip():
 LONG_TITLE = "rollout: label 3 | pred 3 | target 3 (p=0.98)"
 
 
-def _solid(colour, h=8, w=8):
-    return np.broadcast_to(np.array(colour, dtype=np.uint8), (h, w, 3)).copy()
-
-
-def _block(out, colour):
-    """Bounding box (top, left, height, width) of ``colour`` in ``out``, and whether it is filled solid."""
-    rows, cols = np.nonzero((out == colour).all(-1))
-    top, left = rows.min(), cols.min()
-    height, width = np.ptp(rows) + 1, np.ptp(cols) + 1
-    return (top, left, height, width), len(rows) == height * width
-
-
 @pytest.mark.parametrize("title", ["short", LONG_TITLE, "x" * 60, LONG_TITLE + " | " + LONG_TITLE])
 def test_titles_wrap_above_the_picture_and_never_cover_it(title):
-    out = display.titled_image(_solid((0, 0, 255)), title)
-    (top, left, height, width), solid = _block(out, (0, 0, 255))
+    out = display.titled_image(one_colour((0, 0, 255)), title)
+    (top, left, height, width), solid = colour_box(out, (0, 0, 255))
     assert (height, width) == (128, 128) and solid, "title text was drawn over the picture"
     ink = (out < 160).any(-1)
     assert ink[:top].any(), "the title is missing"
@@ -173,13 +162,13 @@ def test_titles_wrap_above_the_picture_and_never_cover_it(title):
 
 def test_grid_row_titles_are_whole_and_cell_titles_stay_out_of_the_cells():
     colours = [[(0, 0, 255), (255, 0, 0)], [(0, 160, 0), (255, 0, 255)]]
-    cells = [[display.titled_image(_solid(c), LONG_TITLE) for c in row] for row in colours]
+    cells = [[display.titled_image(one_colour(c), LONG_TITLE) for c in row] for row in colours]
     rows = ["sample 336", "a row title long enough to wrap over three lines"]
     out = display.grid(cells, rows, ["input", LONG_TITLE])
     boxes = []
     for row in colours:
         for colour in row:
-            box, solid = _block(out, colour)
+            box, solid = colour_box(out, colour)
             assert box[2:] == (128, 128) and solid, f"text was drawn over the {colour} picture"
             boxes.append(box)
     first_cell_left = min(left for _, left, _, _ in boxes)
@@ -189,133 +178,3 @@ def test_grid_row_titles_are_whole_and_cell_titles_stay_out_of_the_cells():
     assert len(title_ink) and title_ink.min() > 0 and title_ink.max() < first_cell_left - 2
     narrow = display.grid(cells, ["s", "s"], ["input", LONG_TITLE])
     assert out.shape[1] - narrow.shape[1] > 40, "the row-title margin must grow with the titles"
-
-
-# --- panels: colormap lookups and glyph bitmaps --------------------------------------------------
-
-
-@pytest.mark.parametrize("cmap", [display.SEQUENTIAL_CMAP, display.DIVERGING_CMAP, "viridis"])
-def test_colorize_is_a_lookup_into_the_matplotlib_colormap(cmap):
-    values = np.array([[-3.0, -1.0, 0.0], [0.5, 1.0, 7.0]])
-    out = display.colorize(values, -1.0, 1.0, cmap)
-    assert out.dtype == np.uint8 and out.shape == (2, 3, 3)
-    # Dense reference: matplotlib's own colormap at the same 256 levels, out-of-range values clipped.
-    levels = np.rint((np.clip(values, -1.0, 1.0) + 1.0) / 2.0 * 255.0) / 255.0
-    expected = np.round(matplotlib.colormaps[cmap](levels)[..., :3] * 255.0).astype(np.uint8)
-    np.testing.assert_array_equal(out, expected)
-    np.testing.assert_array_equal(display.colorize(np.array([np.nan]), 0.0, 1.0, cmap)[0], display.colormap_lut(cmap)[0])
-    with pytest.raises(ValueError, match="vmax > vmin"):
-        display.colorize(values, 1.0, 1.0)
-    with pytest.raises(ValueError, match="not a matplotlib colormap"):
-        display.colorize(values, 0.0, 1.0, "no-such-map")
-
-
-def test_value_range_starts_at_zero_and_centres_signed_maps():
-    assert display.value_range(np.array([0.2, 0.5, 0.1])) == (0.0, 0.5)
-    # Not min-max: a flat map stays flat instead of being stretched over the whole scale.
-    assert display.value_range(np.full(4, 0.25)) == (0.0, 0.25)
-    assert display.value_range(torch.tensor([-0.3, 0.1, 0.2])) == pytest.approx((-0.3, 0.3))
-    assert display.value_range(np.zeros(3)) == (0.0, 1.0)
-    assert display.value_range(np.array([np.nan, 2.0])) == (0.0, 2.0)
-
-
-def test_heatmap_panel_uses_a_diverging_colormap_for_signed_maps_and_is_256_px():
-    image = np.zeros((8, 8, 3))
-    signed = np.array([[-1.0, 0.0], [0.0, 1.0]])
-    panel = display.heatmap_panel(image, signed, size=256, alpha=1.0)
-    assert panel.shape == (256, 256, 3)
-    lut = display.colormap_lut(display.DIVERGING_CMAP)
-    np.testing.assert_array_equal(panel[0, 0], lut[0])
-    np.testing.assert_array_equal(panel[-1, -1], lut[255])
-    # Zero sits at the diverging map's centre: the middle of the anti-diagonal is the neutral colour.
-    np.testing.assert_array_equal(panel[0, -1], lut[128])
-    positive = display.heatmap_panel(image, np.array([[0.0, 1.0]]), size=256, alpha=1.0)
-    np.testing.assert_array_equal(positive[0, 0], display.colormap_lut(display.SEQUENTIAL_CMAP)[0])
-    # alpha blends over the image in grey: a white image lifts every colour.
-    lifted = display.heatmap_panel(np.ones((8, 8, 3)), signed, alpha=0.5)
-    assert (lifted.astype(int) >= panel.astype(int) // 2).all() and lifted.mean() > panel.mean()
-    wide = display.heatmap_panel(np.zeros((8, 16, 3)), np.zeros((4, 8)), size=256)
-    assert wide.shape == (128, 256, 3)
-
-
-def test_heatmap_panel_draws_each_patch_as_its_own_value_and_encodes_small():
-    import io
-
-    from PIL import Image
-
-    image = np.zeros((8, 8, 3))
-    grid = np.random.default_rng(0).random((4, 4))
-    panel = display.heatmap_panel(image, grid, size=256, vrange=(0.0, 1.0), alpha=1.0)
-    lut = display.colormap_lut(display.SEQUENTIAL_CMAP)
-    for r in range(4):
-        for c in range(4):
-            block = panel[64 * r : 64 * (r + 1), 64 * c : 64 * (c + 1)]
-            # One colour per patch: the value the metrics rank, not a blend with the neighbours.
-            np.testing.assert_array_equal(block, np.broadcast_to(lut[int(np.rint(grid[r, c] * 255))], block.shape))
-    smooth = display.heatmap_panel(image, grid, size=256, vrange=(0.0, 1.0), alpha=1.0, interpolation="bilinear")
-    assert len(np.unique(smooth.reshape(-1, 3), axis=0)) > 16
-
-    def png_bytes(picture):
-        buffer = io.BytesIO()
-        Image.fromarray(picture).save(buffer, format="PNG", compress_level=1)
-        return buffer.tell()
-
-    assert png_bytes(panel) * 5 < png_bytes(smooth)
-    with pytest.raises(ValueError, match="interpolation='cubic'"):
-        display.heatmap_panel(image, grid, interpolation="cubic")
-
-
-def test_text_line_is_one_line_of_constant_height_cut_to_its_width():
-    short, tall = display.text_line("a"), display.text_line("Ågj|()")
-    assert short.shape[0] == tall.shape[0] and (tall < 128).any()
-    long_text = "gae: label 5 | pred 5 | target 5 (p=0.99) " * 4
-    cut = display.text_line(long_text, width=200)
-    assert cut.shape == (short.shape[0], 200, 3)
-    assert not np.array_equal(cut, display.text_line(long_text)[:, :200]), "cut between glyphs, with an ellipsis"
-    centred = display.text_line("x", width=100, align="center")
-    ink = np.nonzero((centred < 128).any(-1).any(0))[0]
-    assert 40 < ink.mean() < 60
-
-
-def test_panel_row_titles_stay_on_one_line_whatever_their_length():
-    panel, other = _solid((0, 0, 255), 64, 64), _solid((255, 0, 0), 64, 64)
-    short = display.panel_row([("a", panel), ("b", other)], "header")
-    long = display.panel_row([("a very long method name " * 5, panel), ("b", other)], "header " * 50)
-    assert short.shape == long.shape
-    (top, left, height, width), solid = _block(long, (0, 0, 255))
-    assert (height, width) == (64, 64) and solid
-
-
-def test_evolution_grid_keeps_its_size_as_steps_fill_it():
-    cell = _solid((255, 0, 0), 32, 32)
-    empty = display.evolution_grid([[None, None, None]], ["gae"], ["", "", ""], (32, 32))
-    filled = display.evolution_grid([[cell, cell, cell]], ["gae"], ["step 1", "step 2", "step 3"], (32, 32))
-    assert empty.shape == filled.shape
-    with pytest.raises(ValueError, match="32x32"):
-        display.evolution_grid([[_solid((0, 0, 0), 8, 8), None, None]], ["gae"], ["", "", ""], (32, 32))
-
-
-def test_token_rows_wrap_long_text_downwards_at_a_constant_font_size():
-    tokens = ["[CLS]", "the", "cat", "sat", "[SEP]"]
-    row = [("gae", np.array([0.0, 0.2, 0.5, 1.0, 0.0]), (0.0, 1.0))]
-    short = display.token_rows(tokens, row, muted=[True, False, False, False, True])
-    long = display.token_rows(tokens * 40, [("gae", np.linspace(0, 1, 200), (0.0, 1.0))], muted=[False] * 200)
-    assert short.shape[1] == long.shape[1] and long.shape[0] > 3 * short.shape[0]
-    brightest = display.colormap_lut(display.SEQUENTIAL_CMAP)[255]
-    assert (short == brightest).all(-1).sum() > 100, "the most relevant token's box has the top colour"
-    grey = (short == 224).all(-1).sum()
-    assert grey > 100, "special tokens are drawn on grey"
-    with pytest.raises(ValueError, match="5 tokens and 4 relevance"):
-        display.token_rows(tokens, [("gae", np.zeros(4), (0.0, 1.0))])
-
-
-def test_feature_table_has_a_row_per_feature_and_a_coloured_cell_per_method():
-    names = [f"f{i}" for i in range(6)]
-    one = display.feature_table(names[:3], [("gae", [0.0, 0.5, 1.0], (0.0, 1.0))])
-    two = display.feature_table(names, [("gae", np.linspace(0, 1, 6), (0.0, 1.0)), ("ig", np.linspace(-1, 1, 6), (-1.0, 1.0))],
-                                  values=np.arange(6.0))
-    assert two.shape[0] > one.shape[0] and two.shape[1] > one.shape[1]
-    top = display.colormap_lut(display.SEQUENTIAL_CMAP)[255]
-    assert (one == top).all(-1).sum() > 200
-    with pytest.raises(ValueError, match="3 names and 2"):
-        display.feature_table(names[:3], [("gae", [0.0, 1.0], (0.0, 1.0))])

@@ -1,4 +1,4 @@
-"""modalities.py: token relevance back to pixels, token ids and features, and their pictures."""
+"""lightning_gae.modalities.tokens: token relevance back to pixels, token ids and features, and their pictures."""
 
 from pathlib import Path
 

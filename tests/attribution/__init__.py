@@ -1,0 +1,1 @@
+"""lightning_gae.attribution: our methods as Captum classes, inside Captum's own tools."""
