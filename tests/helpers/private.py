@@ -13,7 +13,6 @@ from lightning_gae.engine.explain import _attended, _explain, _relevance_row
 from lightning_gae.engine.lean import _chunks, _LeanAttention
 from lightning_gae.metrics.stderr import value_and_stderr as _value_and_stderr
 from lightning_gae.display.views import MAX_IMAGE_SIDE as _MAX_IMAGE_SIDE
-from lightning_gae.display.views import bounded as _bounded
 
-__all__ = ["_MAX_IMAGE_SIDE", "_Layer", "_LeanAttention", "_attended", "_balanced_choice", "_bounded", "_chunks", "_explain",
+__all__ = ["_MAX_IMAGE_SIDE", "_Layer", "_LeanAttention", "_attended", "_balanced_choice", "_chunks", "_explain",
            "_layer_abar", "_random_rows", "_relevance_row", "_subset_part", "_value_and_stderr"]
