@@ -11,5 +11,6 @@
 - ``pictures``: pictures searched pixel for pixel (the display tests);
 - ``lxt_reference``, ``chefer_vit``, ``tiled_attention``: the outside references of AttnLRP, Transformer Attribution and
   the fused attention step;
+- ``ci``: what a test does when an outside environment it needs cannot be built (skip here, fail under ``CI=true``);
 - ``private``: every private name of lightning_gae a test uses, imported in this one place.
 """

@@ -2,7 +2,8 @@
 
 The LXT side runs in its own environment (LXT 2.1 imports only under transformers 4.x), built by the
 ``lxt_env`` fixture below with ``pip install --target`` (slow, needs the package index; set
-``LXT_ENV=/path`` to reuse a built one) and driven through ``tests/helpers/lxt_reference.py``.
+``LXT_ENV=/path`` to reuse a built one) and driven through ``tests/helpers/lxt_reference.py``. Where that environment
+cannot be built the agreement tests skip, and under ``CI=true`` fail (``tests/helpers/ci.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 import lightning_gae as lg
 from lightning_gae.engine.explain import explain_methods
 from lightning_gae.lrp import UnsupportedOperation
+from tests.helpers.ci import environment_missing
 
 transformers = pytest.importorskip("transformers")
 
@@ -108,16 +110,35 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.fixture(scope="module")
 def lxt_env(tmp_path_factory):
     if os.environ.get("LXT_ENV"):
-        return Path(os.environ["LXT_ENV"])
-    target = tmp_path_factory.mktemp("lxt_env")
+        env = Path(os.environ["LXT_ENV"])
+        if not env.is_dir():
+            environment_missing(f"LXT_ENV={env} names no directory")
+        return env
+    return build_lxt_env(tmp_path_factory.mktemp("lxt_env"))
+
+
+def build_lxt_env(target: Path) -> Path:
+    """LXT's environment installed into ``target``; where it cannot be built, the test skips, or fails under CI=true."""
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), *LXT_PINS]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        environment_missing(f"LXT's environment could not be built in 600 s ({' '.join(cmd[3:])})")
     if done.returncode != 0:
-        pytest.skip(f"LXT's environment could not be built ({' '.join(cmd[3:])}): {done.stderr[-500:]}")
+        environment_missing(f"LXT's environment could not be built ({' '.join(cmd[3:])}): {done.stderr[-500:]}")
     for rel, text in TORCHVISION_STANDIN.items():
         (target / rel).parent.mkdir(parents=True, exist_ok=True)
         (target / rel).write_text(text)
     return target
+
+
+@pytest.mark.parametrize("ci", ["true", "TRUE", "", "false"])
+def test_an_lxt_environment_that_cannot_be_built_skips_here_and_fails_under_ci(tmp_path, monkeypatch, ci):
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kwargs: subprocess.CompletedProcess(cmd, 1, "", "no index here"))
+    outcome = pytest.fail.Exception if ci.lower() == "true" else pytest.skip.Exception
+    with pytest.raises(outcome, match="LXT's environment could not be built .*no index here"):
+        build_lxt_env(tmp_path)
 
 
 def lxt_relevance(env: Path, tmp_path: Path, kind: str, model: nn.Module, impl: str, inputs: dict, target, position=None):
