@@ -1,8 +1,8 @@
 """Fixtures for the whole suite. The helpers they hand out live in ``tests/helpers/`` (importable too,
 for module-level code and parametrisation); this file only exposes them.
 
-``-m "not slow"`` leaves out the tests marked ``slow`` (several processes, a browser, a real
-``tensorboard`` server, the CLI over every config); a plain ``pytest`` runs everything.
+``-m "not slow"`` leaves out the tests marked ``slow`` (a model fitted or run with a Trainer, several processes, a
+browser, a real ``tensorboard`` server, the CLI); a plain ``pytest`` runs everything.
 """
 
 import os

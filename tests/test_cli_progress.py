@@ -29,6 +29,7 @@ def compare_args(checkpoint, output, *options):
             *options]
 
 
+@pytest.mark.slow
 def test_compare_draws_a_bar_per_method_on_stderr(checkpoint, tmp_path):
     done = run_python(compare_args(checkpoint, tmp_path / "out", "--num_samples", "24", "--batch_size", "8",
                                    "--methods", "gae", "rollout", "random", "--metrics", "deletion_auc"), cwd=ROOT)

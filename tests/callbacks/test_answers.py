@@ -41,6 +41,7 @@ def _grouped_stderr(values, groups):
     return math.sqrt((len(labels) - 1) / len(labels) * sum((t - centre) ** 2 for t in left_out))
 
 
+@pytest.mark.slow
 def test_each_answer_token_is_a_row_logged_and_scored_for_recall(tmp_path):
     seed_everything(0)
     data = RecallDataModule(num_train=96, num_val=24, batch_size=12)

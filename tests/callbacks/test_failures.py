@@ -64,6 +64,7 @@ def test_misconfiguration_is_an_error_when_the_callback_is_built(build, message)
         build()
 
 
+@pytest.mark.slow
 def test_no_logger_warns_with_the_fix(tmp_path, make_trainer):
     trainer = make_trainer(tmp_path, [GAECallback(num_samples=1)], max_epochs=1, limit_train_batches=4, logger=False)
     with pytest.warns(UserWarning, match=r"no logger.*TensorBoardLogger"):
@@ -166,6 +167,7 @@ class BreaksAfterFirstEpoch(ViTClassifier):
         return super().forward(x)
 
 
+@pytest.mark.slow
 def test_a_model_that_breaks_mid_run_warns_and_training_finishes(tmp_path, make_trainer, read_events):
     callback = GAECallback(num_samples=2)
     trainer = make_trainer(tmp_path, [callback], max_epochs=3, limit_train_batches=4)
@@ -184,6 +186,7 @@ class NaNAfterFirstEpoch(ViTClassifier):
         return logits * float("nan") if self.current_epoch >= 1 and not self.training else logits
 
 
+@pytest.mark.slow
 def test_nan_logits_skip_the_step_with_one_warning_and_nothing_non_finite_is_logged(tmp_path, make_trainer, read_events):
     # Two NaN steps (epochs 1 and 2), two methods: still one warning.
     callback = GAECallback(num_samples=2, methods=("gae", "rollout"),
@@ -222,6 +225,7 @@ def _own_process_group():
         os.environ.update(environment)
 
 
+@pytest.mark.slow
 def test_fsdp1_on_one_process_explains_through_the_root_unit(tmp_path, make_trainer, read_events):
     # FSDPStrategy wraps the LightningModule itself in the root unit (and each block in its own); the explanations
     # run through it. Two processes, where the parameters are sharded: tests/callbacks/test_multiprocess.py.
@@ -251,6 +255,7 @@ class _ShardedViT(RankOneFails):
         fully_shard(self.model, mesh=mesh)
 
 
+@pytest.mark.slow
 def test_the_lrp_methods_under_fsdp2_leave_training_as_it_was_on_one_process(tmp_path, make_trainer):
     # The check when the fit starts is the units' first forward: it used to initialize them with the LRP forward's
     # detached parameters, and the first training step's backward raised "element 0 of tensors does not require
@@ -317,6 +322,7 @@ class DigitsWithBrokenSamples(DigitsDataModule):
         self.val_set = torch.utils.data.TensorDataset(x, y)
 
 
+@pytest.mark.slow
 def test_samples_with_nan_or_inf_inputs_are_neither_tracked_nor_scored(tmp_path, make_trainer, read_events):
     callback = GAECallback(num_samples=10, methods=("gae", "rollout"), faithfulness=FaithfulnessOptions(samples=32))
     trainer = make_trainer(tmp_path, [callback], max_epochs=2, limit_val_batches=None)
@@ -348,6 +354,7 @@ def test_every_sample_non_finite_stops_the_run_at_start(tmp_path, make_trainer):
         trainer.fit(small_vit(), AllBroken(batch_size=32))
 
 
+@pytest.mark.slow
 def test_the_lrp_methods_under_fsdp1_train_as_without_the_callback_and_explain_like_the_unwrapped_model(
         tmp_path, make_trainer, read_events):
     # FSDP1 gathers a unit's parameters inside its forward (a write-back of changed parameters, the all-gather, views

@@ -91,6 +91,7 @@ def _dense_auc(model, x, label, tokens):
     return metric.compute().item()
 
 
+@pytest.mark.slow
 def test_interim_points_equal_a_dense_rescoring_of_the_samples_they_name(tmp_path, make_trainer, read_events):
     seed_everything(0)
     gae = GAECallback(num_samples=2, methods=("gae",),
@@ -125,6 +126,7 @@ def test_interim_points_equal_a_dense_rescoring_of_the_samples_they_name(tmp_pat
     assert len(set(parts[0].tolist())) == 10
 
 
+@pytest.mark.slow
 def test_a_fit_ending_on_max_steps_scores_its_part_at_its_last_explanation_and_validate_all(tmp_path, make_trainer,
                                                                                             read_events):
     # Explanations every 2 optimizer steps up to max_steps=6: steps 2 and 4 are scheduled interim points, 6 the last.
@@ -144,6 +146,7 @@ def test_a_fit_ending_on_max_steps_scores_its_part_at_its_last_explanation_and_v
     assert counts[:3] == [(step, 8.0) for step in steps] and counts[3][0] >= steps[-1] and counts[3][1] == 24.0
 
 
+@pytest.mark.slow
 def test_the_custom_scalars_layout_charts_each_metric_with_every_method_as_its_own_run(tmp_path, make_trainer,
                                                                                       read_events):
     seed_everything(0)

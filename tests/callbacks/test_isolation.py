@@ -7,6 +7,7 @@ import random
 import weakref
 
 import numpy as np
+import pytest
 import torch
 from lightning.pytorch import Callback, seed_everything
 from torch import Tensor
@@ -19,6 +20,7 @@ from tests.helpers.models import small_vit
 from tests.helpers.trainer import heatmap_tag, weights
 
 
+@pytest.mark.slow
 def test_training_is_bitwise_unchanged_by_the_callback(tmp_path, make_trainer):
     results = []
     for callbacks in ([], [GAECallback(num_samples=2, every_n_train_steps=2, methods=("gae", "attn_gradcam"))]):
@@ -32,6 +34,7 @@ def test_training_is_bitwise_unchanged_by_the_callback(tmp_path, make_trainer):
     assert all(torch.equal(without[k], with_callback[k]) for k in without)
 
 
+@pytest.mark.slow
 def test_accumulation_training_is_bitwise_unchanged_by_the_callback(tmp_path, make_trainer, read_events):
     # Validation every 3 micro-batches falls between the two halves of steps 2 and 5, so the epoch
     # explanations at steps 1 and 4 run while .grad holds half a step's gradient: they must not add
@@ -60,6 +63,7 @@ class PersistentWorkersDigits(DigitsDataModule):
         return DataLoader(self.val_set, batch_size=16, num_workers=2, persistent_workers=True)
 
 
+@pytest.mark.slow
 def test_persistent_validation_workers_compute_the_same_validation_metrics(tmp_path, make_trainer, read_events):
     # With persistent workers, iter() on the Trainer's validation loader returns the loop's live
     # iterator, reset: reading samples through it would leave the validation epoch the leftovers.
@@ -112,6 +116,7 @@ class DrawsRandomNumbers(ViTClassifier):
         return super().training_step(batch, batch_idx)
 
 
+@pytest.mark.slow
 def test_training_draws_the_same_random_numbers_and_weights_with_the_callback(tmp_path, make_trainer):
     # The check before training explains the samples once; collection reads a dataset that draws from
     # numpy: every global RNG must be as it was, so training and its augmentations see the same numbers.
@@ -141,6 +146,7 @@ class Probe(Callback):
         self.refs = [weakref.ref(self.gae._run.inputs), *map(weakref.ref, self.gae._run.metric_objects.values())]
 
 
+@pytest.mark.slow
 def test_after_fit_the_callback_frees_its_samples_and_metric_objects(tmp_path, make_trainer):
     callback = GAECallback(num_samples=2,
                            faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc", "deletion_auc")))

@@ -29,6 +29,7 @@ def fitted(tmp_path_factory, make_trainer):
     return Path(trainer.logger.log_dir), callback
 
 
+@pytest.mark.slow
 def test_heatmaps_and_scalars_are_logged_at_every_explanation_step(fitted, read_events):
     logdir, callback = fitted
     acc = read_events(logdir)
@@ -68,6 +69,7 @@ def test_a_real_tensorboard_server_serves_the_tags(fitted):
         assert "relevance_concentration/gae" in scalar_tags
 
 
+@pytest.mark.slow
 def test_pytorch_lightning_tensorboard_logger_together_with_a_csv_logger(tmp_path, make_trainer, read_events):
     # The separate pytorch_lightning package has its own logger classes; lightning.pytorch's Trainer
     # takes them, and the callback finds the SummaryWriter of whichever logger has one.
@@ -88,6 +90,7 @@ def test_pytorch_lightning_tensorboard_logger_together_with_a_csv_logger(tmp_pat
     assert rows[-1]["relevance_stability_spearman/gae"]
 
 
+@pytest.mark.slow
 def test_more_samples_than_the_validation_set_warns_and_every_picture_stays_bounded(tmp_path, make_trainer,
                                                                                      read_events):
     # One run wrote a 386 x 70,949 px grid of every sample. Now a picture holds one sample, and the

@@ -32,6 +32,7 @@ def colormap_pixels(picture):
 # --- precision ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
 def test_bf16_training_logs_heatmaps_and_finite_scalars(tmp_path, precision, make_trainer, read_events):
     seed_everything(0)
@@ -136,6 +137,7 @@ def assert_rgb_picture(picture):
     assert len(np.unique(picture.reshape(-1, 3), axis=0)) > 10, "a blank picture"
 
 
+@pytest.mark.slow
 def test_text_model_with_dict_batches_and_padding(tmp_path, make_trainer, read_events):
     seed_everything(0)
     # Batches of 8 with their own padded length: the callback concatenates them, padding again.
@@ -170,6 +172,7 @@ def breast_cancer():
     return x, y, order[:450], order[450:], list(data.feature_names)
 
 
+@pytest.mark.slow
 def test_tabular_model_on_breast_cancer_features(tmp_path, make_trainer, read_events):
     seed_everything(0)
     x, y, train, val, names = breast_cancer()
@@ -220,6 +223,7 @@ class _MeanPooledViT(ViTClassifier):
         return vit.head(vit.norm(tokens).mean(dim=1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("query", [0, "mean"])
 def test_an_image_modality_without_cls_read_at_token_0_warns_to_use_the_mean(tmp_path, query, make_trainer,
                                                                             read_events):
@@ -241,6 +245,7 @@ def test_an_image_modality_without_cls_read_at_token_0_warns_to_use_the_mean(tmp
         assert read_events(tmp_path / "tb" / "version_0").Tags()["images"]
 
 
+@pytest.mark.slow
 def test_attnlrp_beside_gae_on_a_hugging_face_text_model(tmp_path, make_trainer, read_events):
     # The LRP method in the callback: the BERT inside the LightningModule gives its word embedding, and AttnLRP is
     # drawn, tabled and scored like the attention methods, on the same samples.

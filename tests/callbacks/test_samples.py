@@ -27,6 +27,7 @@ def test_samples_are_class_balanced():
     assert chosen != _balanced_choice(labels, 200, 10, seed=1)
 
 
+@pytest.mark.slow
 def test_tracked_samples_cover_every_class_or_the_warning_names_the_missing_ones(tmp_path, make_trainer):
     data = DigitsDataModule(batch_size=64)
     seed_everything(0)
@@ -46,6 +47,7 @@ def test_tracked_samples_cover_every_class_or_the_warning_names_the_missing_ones
     assert {int(labels[i]) for i in eight.sample_indices} == set(range(8))
 
 
+@pytest.mark.slow
 def test_resume_tracks_the_same_samples(tmp_path, make_trainer, read_events):
     seed_everything(0)
     first = GAECallback(num_samples=4, batches=BatchOptions(seed=0))
@@ -84,6 +86,7 @@ def two_loaders(kind):
     return train, (CombinedLoader(loaders, mode="sequential") if kind == "combined" else loaders)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,index", [("dict", "large"), ("dict", 1), ("combined", "large"), ("combined", 1)])
 def test_samples_come_from_the_named_or_numbered_validation_dataloader(tmp_path, kind, index, make_trainer, read_events):
     callback = GAECallback(faithfulness=FaithfulnessOptions(metrics=()),
@@ -106,6 +109,7 @@ def test_a_validation_dataloader_that_is_not_there_stops_the_run_with_the_choice
         trainer.fit(TwoLoaders(dim=32, depth=2, heads=2), *two_loaders("dict"))
 
 
+@pytest.mark.slow
 def test_a_validation_split_chosen_by_a_sampler_is_where_samples_come_from(tmp_path, make_trainer):
     data = DigitsDataModule()
     data.setup()

@@ -13,6 +13,7 @@ from tests.helpers.models import small_vit
 from tests.helpers.trainer import assert_heatmaps_at_steps, heatmap_tag, no_skipped_explanation
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", ["pred", "label"])
 def test_validate_under_inference_mode_logs_heatmaps(tmp_path, target, make_trainer, read_events):
     # validate() reads the samples in inference mode: the labels, explained with target="label",
@@ -25,6 +26,7 @@ def test_validate_under_inference_mode_logs_heatmaps(tmp_path, target, make_trai
     assert f"gae_heatmaps/val_{callback.sample_indices[0]}" in acc.Tags()["images"]
 
 
+@pytest.mark.slow
 def test_accumulation_explains_once_per_optimizer_step_multiple_of_n(tmp_path, make_trainer, read_events):
     # 8 micro-batches per epoch, 2 per optimizer step: steps 1..4, then 5..8. on_train_batch_end fires
     # twice with the same global_step (3 and 6 included), but each step must be explained once. Steps 3
@@ -40,6 +42,7 @@ def test_accumulation_explains_once_per_optimizer_step_multiple_of_n(tmp_path, m
     assert [e.step for e in acc.Scalars("relevance_stability_spearman/gae")] == [5]
 
 
+@pytest.mark.slow
 def test_validate_after_fit_with_the_same_callback_logs_at_lightnings_step(tmp_path, make_trainer, read_events):
     callback = GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(metrics=()))
     trainer = make_trainer(tmp_path, [callback])
@@ -53,6 +56,7 @@ def test_validate_after_fit_with_the_same_callback_logs_at_lightnings_step(tmp_p
     assert [e.step for e in acc.Scalars("relevance_concentration/gae")] == [1, 3, 4]
 
 
+@pytest.mark.slow
 def test_scalars_land_at_the_step_of_the_modules_own_validation_logs_under_accumulation(tmp_path, make_trainer,
                                                                                          read_events):
     # Validation every 3 micro-batches with 2 per optimizer step: once mid-accumulation (global step 1,
@@ -67,6 +71,7 @@ def test_scalars_land_at_the_step_of_the_modules_own_validation_logs_under_accum
     assert acc.image_steps(heatmap_tag(callback.sample_indices[0])) == [1, 2]
 
 
+@pytest.mark.slow
 def test_fast_dev_run_explains_nothing_and_warns_nothing(tmp_path):
     """fast_dev_run gives the Trainer no-op loggers: the callback checks its setup and stays quiet."""
     callback = GAECallback(num_samples=10, faithfulness=FaithfulnessOptions(samples=16))

@@ -21,6 +21,7 @@ from recipes.vit import ViTClassifier
 from tests.helpers.models import small_vit
 
 
+@pytest.mark.slow
 def test_perturbation_aucs_are_logged_for_every_method_and_random(tmp_path, make_trainer, read_events):
     seed_everything(0)
     callback = GAECallback(num_samples=4, methods=("gae", "rollout"),
@@ -49,6 +50,7 @@ class ModeRecordingViT(ViTClassifier):
         return super().forward(x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("every,scored", [(None, [3]), (1, [0, 1, 2, 3]), (2, [0, 2, 3])],
                          ids=["None: when fit ends", "every step", "every second step and the end"])
 def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weights(tmp_path, every, scored, make_trainer,
@@ -85,6 +87,7 @@ def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weig
             assert error == pytest.approx(acc.Scalars(f"{metric}/{method}/stderr")[-1].value, rel=0.06)  # 2 digits
 
 
+@pytest.mark.slow
 def test_fit_that_ends_between_explanation_steps_scores_the_final_weights_in_eval_mode(tmp_path, make_trainer,
                                                                                       read_events):
     # every_n_epochs=2 over 3 epochs: one explanation step (epoch 1). The last epoch's weights are scored when
@@ -103,6 +106,7 @@ def test_fit_that_ends_between_explanation_steps_scores_the_final_weights_in_eva
     assert model.inference_modes and not any(model.inference_modes)
 
 
+@pytest.mark.slow
 def test_explanations_between_training_steps_score_in_eval_mode(tmp_path, make_trainer, read_events):
     # on_train_batch_end sees the module in training mode: the metrics' forwards must not run with dropout.
     seed_everything(0)
@@ -118,6 +122,7 @@ def test_explanations_between_training_steps_score_in_eval_mode(tmp_path, make_t
     assert model.inference_modes and not any(model.inference_modes)
 
 
+@pytest.mark.slow
 def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp_path, make_trainer, read_events):
     callback = GAECallback(num_samples=3,
                            faithfulness=FaithfulnessOptions(metrics=("deletion_auc", "insertion_auc", "comprehensiveness")))
@@ -133,6 +138,7 @@ def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp
     assert all(m.device.type == "cpu" for m in callback._run.metric_objects.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "target,with_labels,protocol",
     [("pred", True, "predicted"), ("pred", False, "target"), ("label", True, "target")],
@@ -212,6 +218,7 @@ class SquaresViT(ViTClassifier):
         return DataLoader(Squares(64, 1), batch_size=32)
 
 
+@pytest.mark.slow
 def test_segmentation_is_scored_when_the_batch_has_masks(tmp_path, make_trainer, read_events):
     seed_everything(0)
     callback = GAECallback(num_samples=8, methods=("gae",), faithfulness=FaithfulnessOptions(metrics=(), samples=0))
@@ -298,6 +305,7 @@ class TextClassifier(pl.LightningModule):
         return DataLoader(Marked(64, 1), batch_size=32)
 
 
+@pytest.mark.slow
 def test_rationale_agreement_is_scored_when_the_batch_has_rationales(tmp_path, make_trainer, read_events):
     pytest.importorskip("transformers")
     seed_everything(0)
@@ -313,6 +321,7 @@ def test_rationale_agreement_is_scored_when_the_batch_has_rationales(tmp_path, m
         assert 0.0 <= logged[f"positive_perturbation_auc/{method}"][-1] <= 90.0
 
 
+@pytest.mark.slow
 def test_captum_baselines_share_the_grid_and_the_metric_tags(tmp_path, make_trainer, read_events):
     callback = GAECallback(num_samples=2, captum_baselines=("saliency", "integrated_gradients"))
     trainer = make_trainer(tmp_path, [callback], limit_train_batches=4, inference_mode=True)
@@ -334,6 +343,7 @@ def test_captum_baselines_share_the_grid_and_the_metric_tags(tmp_path, make_trai
     assert acc.Images(tag)[0].width > plain_acc.Images(tag)[0].width * 1.5
 
 
+@pytest.mark.slow
 def test_faithfulness_is_scored_on_its_own_subset_in_batches_with_standard_errors(tmp_path, make_trainer,
                                                                                  read_events):
     # 16 samples read and all 16 scored, in batches of 5 (uneven), separately from the 2 shown.

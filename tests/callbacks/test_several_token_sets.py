@@ -66,6 +66,7 @@ def _direct_rows(model, batch, method):
     return torch.stack(rows, dim=1)
 
 
+@pytest.mark.slow
 def test_seq2seq_rows_are_the_per_position_explanations_at_equal_lengths(seq2seq_run):
     acc, callback, model, batch = seq2seq_run["acc"], seq2seq_run["callback"], seq2seq_run["model"], seq2seq_run["batch"]
     assert batch["src"].shape[1] == batch["tgt_in"].shape[1] == 7
@@ -84,6 +85,7 @@ def test_seq2seq_rows_are_the_per_position_explanations_at_equal_lengths(seq2seq
             assert not torch.allclose(logged, logged_decoder)
 
 
+@pytest.mark.slow
 def test_seq2seq_set_inputs_and_single_set_tensors_keep_each_set(seq2seq_run):
     acc, callback, batch = seq2seq_run["acc"], seq2seq_run["callback"], seq2seq_run["batch"]
     for k, index in enumerate(callback.sample_indices):
@@ -99,6 +101,7 @@ def test_seq2seq_set_inputs_and_single_set_tensors_keep_each_set(seq2seq_run):
         assert acc.tensor(f"gae_dashboard/relevance/gae/val_{index}").shape == (7,)
 
 
+@pytest.mark.slow
 def test_seq2seq_pictures_are_a_matrix_per_method_and_set(seq2seq_run):
     acc, callback = seq2seq_run["acc"], seq2seq_run["callback"]
     assert sorted(acc.Tags()["images"]) == sorted(f"gae_heatmaps/val_{i}" for i in callback.sample_indices)
@@ -114,6 +117,7 @@ def test_seq2seq_pictures_are_a_matrix_per_method_and_set(seq2seq_run):
     assert "gae · encoder" in table and "raw\\_attention · decoder" in table
 
 
+@pytest.mark.slow
 def test_alignment_accuracy_is_the_metric_on_the_explanations(seq2seq_run):
     acc, model, batch = seq2seq_run["acc"], seq2seq_run["model"], seq2seq_run["batch"]
     for method in SEQ_METHODS:
@@ -146,6 +150,7 @@ def test_equal_lengths_without_set_inputs_stop_the_run_and_ask_for_them(tmp_path
         trainer.validate(_seq2seq_model(), _copy_data())
 
 
+@pytest.mark.slow
 def test_unequal_lengths_find_each_sets_input(tmp_path, make_trainer, read_events):
     seed_everything(0)
     callback = _seq2seq_callback()
@@ -200,6 +205,7 @@ def _clip_explain(model, batch, method):
     return explain(model, inputs, target=image_text_similarity, method=method, streams=shape_clip_streams())
 
 
+@pytest.mark.slow
 def test_clip_sets_are_logged_apart_at_equal_token_counts(clip_run):
     acc, callback, model, batch = clip_run["acc"], clip_run["callback"], clip_run["model"], clip_run["batch"]
     for method in CLIP_METHODS:
@@ -212,6 +218,7 @@ def test_clip_sets_are_logged_apart_at_equal_token_counts(clip_run):
             assert not torch.allclose(exp.relevance["text"][k], exp.relevance["image"][k])
 
 
+@pytest.mark.slow
 def test_clip_ground_truth_scores_each_set_with_its_own_truth(clip_run):
     acc, model, batch = clip_run["acc"], clip_run["model"], clip_run["batch"]
     text = _shape_text()
@@ -231,6 +238,7 @@ def test_clip_ground_truth_scores_each_set_with_its_own_truth(clip_run):
             assert acc.Scalars(f"rationale_{key}/{method}")[-1].value == pytest.approx(value.item(), rel=1e-4, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_clip_picture_puts_the_heatmap_beside_the_tokens(clip_run):
     acc, callback = clip_run["acc"], clip_run["callback"]
     for index in callback.sample_indices:

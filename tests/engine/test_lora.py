@@ -66,6 +66,7 @@ def test_the_adapters_change_the_explanation():
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.slow
 def test_callback_on_a_lora_fine_tune_of_the_recall_model(tmp_path):
     """GAECallback on the recall recipe's Llama with LoRA adapters (only they train): each answer token is logged,
     equal to the merged model's explanation of it."""

@@ -70,6 +70,7 @@ def test_review_models_are_explained_and_attributed_at_their_word_embedding(mode
     assert ig.shape == (3, 32) and ig.abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_a_short_fit_learns_the_reviews_and_gae_finds_the_planted_words():
     pl.seed_everything(0)
     data = ReviewsDataModule(num_train=2048, num_val=64, batch_size=64)
@@ -150,6 +151,7 @@ def test_shape_models_are_explained_on_the_patch_grid(model_class):
     assert (modality.patch_size, modality.prefix_tokens) == (4, 1)
 
 
+@pytest.mark.slow
 def test_compare_on_a_recipe_checkpoint_scores_the_known_answer(tmp_path, monkeypatch):
     config = ROOT / "configs" / "text_rationales.yaml"
     monkeypatch.chdir(tmp_path)

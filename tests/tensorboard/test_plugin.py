@@ -340,6 +340,7 @@ def _ink_bands(rows_with_ink):
     return bands
 
 
+@pytest.mark.slow
 def test_each_tracked_sample_is_one_picture_of_every_method_at_a_readable_size(run, read_events):
     acc = read_events(run["logdir"])
     callback = run["callback"]
@@ -369,6 +370,7 @@ def test_each_tracked_sample_is_one_picture_of_every_method_at_a_readable_size(r
     assert len({s.shape for s in strips}) == 1 and not np.array_equal(strips[0], strips[1])
 
 
+@pytest.mark.slow
 def test_scalars_are_grouped_by_metric_and_charted_together(run, read_events):
     acc = read_events(run["logdir"])
     scalars = acc.Tags()["scalars"]
@@ -388,6 +390,7 @@ def test_scalars_are_grouped_by_metric_and_charted_together(run, read_events):
             "gae_faithfulness/positive_perturbation_auc"]
 
 
+@pytest.mark.slow
 def test_the_dashboard_tensors_name_the_plugin(run, read_plugin_events):
     acc = read_plugin_events(run["logdir"])
     ours = [t for t in acc.Tags()["tensors"] if t.startswith("gae_dashboard/")]
@@ -408,6 +411,7 @@ def test_token_relevance_that_does_not_fit_the_patch_grid_is_an_error():
                     explanations={"gae": exp})
 
 
+@pytest.mark.slow
 def test_a_second_trainer_logging_elsewhere_gets_the_inputs_and_the_layout(run, tmp_path, make_trainer,
                                                                            read_plugin_events):
     # The same callback, then trainer.validate() on a new Trainer with its own log dir: its run must
