@@ -12,6 +12,7 @@ import yaml
 from lightning_gae.cli import COMPARE_METRICS, main
 from lightning_gae.compare import DEFAULT_METHODS
 from tests.helpers.processes import ROOT
+from tests.helpers.report import HEADER, assert_printed_as_logged, section, value_and_error
 
 CONFIG = ROOT / "configs" / "vit_digits.yaml"
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -27,10 +28,25 @@ SMALL = {"text_rationales", "text_rationales_bert", "tabular", "vit_shapes", "hf
 @pytest.mark.slow
 @pytest.mark.parametrize("subcommand", ["fit", "validate", "test"])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda path: path.stem)
-def test_every_config_runs_every_subcommand_through_the_cli(config, subcommand, tmp_path, monkeypatch):
+def test_every_config_runs_every_subcommand_through_the_cli(config, subcommand, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     main([subcommand, "--config", str(config), "--trainer.fast_dev_run=true",
           *(SMALL_DATA if config.stem in SMALL else [])])
+    out = capsys.readouterr().out
+    # The config's GAECallback printed its summary once, with the module's own logged values of this run.
+    ended = {"fit": "the fit ended", "validate": "the validation ended", "test": "the test ended"}[subcommand]
+    assert out.count(f"GAECallback: {ended}") == 1 and out.count("GAECallback: the ") == 1, out[-3000:]
+    names = [row[0] for row in section(out, "metrics (trainer.callback_metrics)")[1:]]
+    expected = {"fit": {"train_loss", "val_loss"}, "validate": {"val_loss"}, "test": {"test_loss"}}[subcommand]
+    assert expected <= set(names), names
+    if subcommand != "fit":
+        stage = "val" if subcommand == "validate" else "test"
+        assert all(name.startswith(f"{stage}_") for name in names), names
+        assert f"{'Validate' if subcommand == 'validate' else 'Test'} metric" in out, "Lightning's results table"
+    # fast_dev_run: one batch, nothing explained, nothing written (no logs, checkpoints or saved config).
+    assert "faithfulness: not scored (fast_dev_run replaces the loggers with no-op ones" in out
+    assert "event files: none (fast_dev_run writes no logs)" in out
+    assert sorted(os.listdir(tmp_path)) == []
 
 
 @pytest.mark.slow
@@ -39,10 +55,12 @@ def test_cli_imports_the_configs_modules_from_the_working_directory(tmp_path, ru
     project = tmp_path / "project"
     project.mkdir()
     (project / "my_data.py").write_text(
-        "import torch\n"
+        "import pathlib\n"
         "from lightning.pytorch.demos.boring_classes import BoringDataModule\n"
         "class TinyData(BoringDataModule):\n"
-        "    pass\n"
+        "    def setup(self, stage):\n"
+        "        super().setup(stage)\n"
+        "        pathlib.Path('setup.txt').write_text(__file__)\n"
     )
     (project / "config.yaml").write_text(
         "trainer: {fast_dev_run: true, logger: false, enable_progress_bar: false, enable_model_summary: false}\n"
@@ -56,13 +74,15 @@ def test_cli_imports_the_configs_modules_from_the_working_directory(tmp_path, ru
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = run_python([launcher, "validate", "--config", "config.yaml"], cwd=project, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    # The data module of the working directory's my_data.py ran its validation set-up, and the one validation batch ran.
+    assert (project / "setup.txt").read_text() == str(project / "my_data.py")
+    assert "Running in `fast_dev_run` mode: will run the requested loop using 1 batch(es)" in done.stdout + done.stderr
+    assert {p.name for p in project.iterdir()} - {"__pycache__"} == {"config.yaml", "my_data.py", "setup.txt"}
 
 
 @pytest.mark.slow
 def test_the_main_job_ends_with_its_summary_under_the_progress_bar(tmp_path, run_python, read_events):
     """What a user sees: the fit through the command line, the summary last, its numbers the logged ones."""
-    from tests.callbacks.test_report import HEADER, assert_printed_as_logged, section, value_and_error
-
     runs = tmp_path / "runs"
     done = run_python(["-m", "lightning_gae.cli", "fit", "--config", CONFIG, "--trainer.max_epochs=3",
                        "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2",
@@ -137,16 +157,19 @@ def test_compare_writes_table_json_and_grid(checkpoint, tmp_path, monkeypatch, c
 
 
 @pytest.mark.slow
-def test_compare_takes_chosen_methods_and_metrics(checkpoint, tmp_path):
+def test_compare_takes_chosen_methods_and_metrics(checkpoint, tmp_path, capsys):
     main(["compare", "--config", str(CONFIG), "--ckpt_path", str(checkpoint), "--output", str(tmp_path),
           "--num_samples", "5", "--batch_size", "2", "--methods", "gae", "random", "--metrics", "deletion_auc"])
     report = json.loads((tmp_path / "comparison.json").read_text())
     assert report["num_samples"] == 5
     assert {m: set(s) for m, s in report["methods"].items()} == {
         "gae": {"deletion_auc", "seconds_per_sample"}, "random": {"deletion_auc", "seconds_per_sample"}}
-    with pytest.raises(SystemExit):
-        main(["compare", "--config", str(CONFIG), "--ckpt_path", str(checkpoint), "--output", str(tmp_path),
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        main(["compare", "--config", str(CONFIG), "--ckpt_path", str(checkpoint), "--output", str(tmp_path / "lime"),
               "--methods", "lime"])
+    assert refused.value.code == 2 and "invalid choice: 'lime'" in capsys.readouterr().err
+    assert not (tmp_path / "lime").exists()
 
 
 @pytest.mark.slow
@@ -161,6 +184,7 @@ def test_compare_uses_the_modality_of_the_configs_callback(checkpoint, tmp_path)
     with pytest.raises(ValueError, match="patch_size=4"):
         main(["compare", "--config", str(path), "--ckpt_path", str(checkpoint), "--output", str(tmp_path / "out"),
               "--num_samples", "2", "--methods", "gae", "--metrics", "deletion_auc"])
+    assert not (tmp_path / "out").exists(), "nothing is written for a modality that does not fit"
 
 
 @pytest.mark.slow
@@ -206,6 +230,7 @@ def _fit(config, root):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config,columns", [
     ("seq2seq", {"encoder/alignment_accuracy"}),
     ("dual_encoder", {"image/segmentation_miou", "text/rationale_auprc"}),
@@ -228,6 +253,7 @@ def test_the_cli_compares_a_recipes_token_sets(config, columns, tmp_path, monkey
     assert picture.shape[0] >= 4 * 256
 
 
+@pytest.mark.slow
 def test_the_cli_compares_a_causal_lms_answer_tokens(tmp_path, monkeypatch):
     import torch
 

@@ -3,41 +3,18 @@ event files are; the numbers are the ones logged (read back with TensorBoard's r
 
 from __future__ import annotations
 
-import math
-import re
 from pathlib import Path
 
+import pytest
 from lightning.pytorch import seed_everything
 
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from recipes.digits import DigitsDataModule
 from tests.helpers.models import small_vit
-
-HEADER = "GAECallback: the fit ended"
-
-
-def section(text: str, start: str) -> list[list[str]]:
-    """The rows of the aligned table under the line starting with ``start`` (its header row first), split into cells."""
-    lines = text.splitlines()
-    first = next(i for i, line in enumerate(lines) if line.startswith(start))
-    rows = []
-    for line in lines[first + 1:]:
-        if not line.startswith("  "):
-            break
-        rows.append(re.split(r"\s{2,}", line.strip()))
-    return rows
+from tests.helpers.report import HEADER, assert_printed_as_logged, section, value_and_error
 
 
-def value_and_error(cell: str) -> tuple[float, float | None]:
-    value, _, error = cell.partition(" ± ")
-    return float(value), float(error) if error else None
-
-
-def assert_printed_as_logged(printed: str, logged: float, digits: int) -> None:
-    """``printed`` is ``logged`` to the ``digits`` significant digits it is printed with (the event file keeps float32)."""
-    assert math.isclose(float(printed), logged, rel_tol=10 ** (1 - digits), abs_tol=1e-9), (printed, logged)
-
-
+@pytest.mark.slow
 def test_fit_prints_the_metrics_and_faithfulness_it_logged_and_where(tmp_path, make_trainer, read_events, capsys):
     seed_everything(0)
     callback = GAECallback(num_samples=2, methods=("gae", "rollout"), faithfulness=FaithfulnessOptions(samples=32))
@@ -68,6 +45,7 @@ def test_fit_prints_the_metrics_and_faithfulness_it_logged_and_where(tmp_path, m
             assert_printed_as_logged(str(error), logged[f"{metric}/{method}/stderr"], 2)
 
 
+@pytest.mark.slow
 def test_the_summary_says_why_nothing_was_scored_or_written(tmp_path, make_trainer, capsys):
     seed_everything(0)
     trainer = make_trainer(tmp_path, [GAECallback(num_samples=2)], fast_dev_run=True)
@@ -84,6 +62,7 @@ def test_the_summary_says_why_nothing_was_scored_or_written(tmp_path, make_train
     assert f"event files: {trainer.logger.log_dir}\n" in out
 
 
+@pytest.mark.slow
 def test_print_summary_false_prints_nothing_and_keeps_the_text(tmp_path, make_trainer, capsys):
     seed_everything(0)
     callback = GAECallback(num_samples=2, print_summary=False, faithfulness=FaithfulnessOptions(samples=8))
@@ -93,6 +72,7 @@ def test_print_summary_false_prints_nothing_and_keeps_the_text(tmp_path, make_tr
     assert callback.summary.strip().startswith(HEADER) and "faithfulness (8 validation samples" in callback.summary
 
 
+@pytest.mark.slow
 def test_scores_of_the_last_explanation_step_are_the_ones_printed(tmp_path, make_trainer, read_events, capsys):
     """metric_samples=0 scores the tracked samples at every explanation step: the summary shows the last step's."""
     seed_everything(0)
@@ -109,6 +89,7 @@ def test_scores_of_the_last_explanation_step_are_the_ones_printed(tmp_path, make
     assert_printed_as_logged(str(value_and_error(rows["gae"])[0]), last, 4)
 
 
+@pytest.mark.slow
 def test_validate_after_fit_prints_the_whole_subset_it_scored_where_fit_printed_its_part(tmp_path, make_trainer,
                                                                                        read_events, capsys):
     seed_everything(0)
