@@ -219,8 +219,7 @@ def test_every_class_path_of_the_configs_imports():
 # The tests mirror the package (tests/__init__.py): tests/<folder>/test_<name>.py tests lightning_gae/<folder>/<name>.py
 # (or _<name>.py), or one of these concerns of the folder, each exercising several of its modules.
 _TEST_CONCERNS = {
-    "callbacks": {"answers", "failures", "faithfulness_curves", "isolation", "logging", "models", "multiprocess",
-                  "several_token_sets"},
+    "callbacks": {"answers", "failures", "faithfulness_curves", "isolation", "logging", "models", "multiprocess"},
     "engine": {"attention_flow", "attn_gradcam_vit", "capture_models", "lora", "tiled_reference"},
     "metrics": {"abpc", "dtypes", "harness", "torchmetrics"},
     "tensorboard": {"token_sets_tab"},
