@@ -83,8 +83,12 @@ SECTIONS = sections(README.read_text())
 # Every Markdown page of the documentation site (not Sphinx's generated or built files).
 PAGES = {str(p.relative_to(DOCS)): p for p in sorted(DOCS.rglob("*.md")) if not {"_build", "_api"} & set(p.parts)}
 PAGE_BLOCKS = {name: [b for blocks in sections(p.read_text()).values() for b in blocks] for name, p in PAGES.items()}
-# The section whose example trains a model: it must write its event files where it says.
+# The section whose example trains a model: it must write its event files where it says, and it runs in the slow part.
 TRAINS = {"Add it to your training", "getting-started.md", "guides/callback.md"}
+
+
+def _slow_if_it_trains(names):
+    return [pytest.param(name, marks=pytest.mark.slow) if name in TRAINS else name for name in names]
 
 
 def test_every_python_block_is_collected():
@@ -94,6 +98,9 @@ def test_every_python_block_is_collected():
     for name, path in PAGES.items():
         assert len(PAGE_BLOCKS[name]) == len(re.findall(r"^```python\s*$", path.read_text(), re.M)), name
     assert sum(len(b) for b in PAGE_BLOCKS.values()) >= 15
+    fitting = {name for name, blocks in [*SECTIONS.items(), *PAGE_BLOCKS.items()]
+               if any(re.search(r"^[^#\n]*\.fit\(", b.code, re.M) for b in blocks)}
+    assert fitting == TRAINS
 
 
 def _hand_attention_is_named_by_the_error(namespace: dict) -> None:
@@ -123,12 +130,12 @@ def _run(name: str, blocks: list[Block], path: Path, tmp_path: Path, monkeypatch
         assert list(tmp_path.glob("runs/lightning_logs/version_0/events.out.tfevents.*"))
 
 
-@pytest.mark.parametrize("heading", list(SECTIONS))
+@pytest.mark.parametrize("heading", _slow_if_it_trains(SECTIONS))
 def test_readme_section_runs(heading, tmp_path, monkeypatch):
     _run(heading, SECTIONS[heading], README, tmp_path, monkeypatch)
 
 
-@pytest.mark.parametrize("page", [name for name, blocks in PAGE_BLOCKS.items() if blocks])
+@pytest.mark.parametrize("page", _slow_if_it_trains(name for name, blocks in PAGE_BLOCKS.items() if blocks))
 def test_docs_page_runs(page, tmp_path, monkeypatch):
     _run(page, PAGE_BLOCKS[page], PAGES[page], tmp_path, monkeypatch)
 
