@@ -37,6 +37,8 @@ from lightning_gae.metrics import (
     RationaleAgreement,
     RationaleRecall,
     RelevanceSegmentation,
+    RegionRecall,
+    RegionShare,
     Sufficiency,
     functional,
 )
@@ -226,6 +228,32 @@ def explanation_stability() -> Case:
                 oracle=lambda a, b: oracle.explanation_stability_oracle(a, b, top_fraction=0.2), batches=batches)
 
 
+def _region_batches(seed: int, empty_region: bool) -> list[tuple]:
+    g = _generator(seed)
+    batches = []
+    for n in BATCH_SIZES:
+        scores = torch.randn(n, 14, generator=g)
+        mask = torch.rand(n, 14, generator=g) < 0.3
+        valid = torch.rand(n, 14, generator=g) > 0.15
+        scores[0] = -scores[0].abs() - 0.1  # no positive relevance: no share
+        if empty_region:
+            mask[-1] = False                 # no region: no recall
+        batches.append((scores, mask, valid))
+    return batches
+
+
+def region_share() -> Case:
+    return Case(metric=RegionShare, functional=lambda *a: functional.region_share(*a).nanmean(),
+                oracle=oracle.region_share_oracle, batches=_region_batches(12, empty_region=False))
+
+
+def region_recall() -> Case:
+    return Case(metric=lambda: RegionRecall(k=3),
+                functional=lambda s, m, v: functional.region_recall(s, m, 3, v).nanmean(),
+                oracle=lambda s, m, v: oracle.region_recall_oracle(s, m, v, k=3),
+                batches=_region_batches(13, empty_region=True))
+
+
 CASES: dict[str, Callable[[], Case]] = {
     "PositivePerturbationAUC": positive_perturbation_auc,
     "NegativePerturbationAUC": negative_perturbation_auc,
@@ -240,6 +268,8 @@ CASES: dict[str, Callable[[], Case]] = {
     "RationaleRecall": rationale_recall,
     "AlignmentAccuracy": alignment_accuracy,
     "ExplanationStability": explanation_stability,
+    "RegionShare": region_share,
+    "RegionRecall": region_recall,
 }
 
 

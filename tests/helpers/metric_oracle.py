@@ -222,3 +222,35 @@ def rationale_recall_oracle(scores, rationales, valid=None, k=None):
         masses.append(sum(max(value, 0.0) for value, truth in kept if truth) / positive if positive > 0 else 0.0)
     n = len(tops)
     return {"top1": sum(tops) / n, "hit_at_k": sum(hits) / n, "mass": sum(masses) / n}
+
+
+def region_share_oracle(scores, mask, valid=None):
+    """Mean over samples of the positive relevance on the region over all positive relevance (valid tokens only);
+    a sample without positive relevance is not counted. One sample and one token at a time."""
+    shares = []
+    for b in range(scores.shape[0]):
+        total = on_region = 0.0
+        for n in range(scores.shape[1]):
+            if valid is not None and not bool(valid[b, n]):
+                continue
+            mass = max(float(scores[b, n]), 0.0)
+            total += mass
+            on_region += mass if bool(mask[b, n]) else 0.0
+        if total > 0:
+            shares.append(on_region / total)
+    return torch.tensor(sum(shares) / len(shares))
+
+
+def region_recall_oracle(scores, mask, valid=None, k=None):
+    """Mean over samples with a non-empty region of |top-k valid tokens in the region| / min(k, |region|), k the
+    region's size by default (no ties in the data it is given)."""
+    recalls = []
+    for b in range(scores.shape[0]):
+        tokens = [n for n in range(scores.shape[1]) if valid is None or bool(valid[b, n])]
+        region = [n for n in tokens if bool(mask[b, n])]
+        if not region:
+            continue
+        top = min(len(region) if k is None else k, len(tokens))
+        best = sorted(tokens, key=lambda n: float(scores[b, n]), reverse=True)[:top]
+        recalls.append(sum(n in region for n in best) / min(top, len(region)))
+    return torch.tensor(sum(recalls) / len(recalls))
