@@ -7,6 +7,7 @@ Two families. :mod:`~lightning_gae.display.figures` (:func:`titled_image`, :func
 callback's pictures by colormap lookups and glyph bitmaps, without a figure per sample.
 """
 
+from lightning_gae.display import figures, panels
 from lightning_gae.display.figures import (
     feature_bars,
     figure_to_array,
@@ -35,28 +36,5 @@ from lightning_gae.display.panels import (
     value_range,
 )
 
-__all__ = [
-    "DIVERGING_CMAP",
-    "SEQUENTIAL_CMAP",
-    "colorbar",
-    "colorize",
-    "colormap_lut",
-    "enlarge",
-    "evolution_grid",
-    "feature_bars",
-    "feature_table",
-    "figure_to_array",
-    "grid",
-    "heatmap_panel",
-    "matrix_panel",
-    "normalize",
-    "overlay",
-    "panel_row",
-    "side_by_side",
-    "stack",
-    "text_line",
-    "titled_image",
-    "token_rows",
-    "token_strip",
-    "value_range",
-]
+# Every public name of the two modules, re-exported here.
+__all__ = sorted({*figures.__all__, *panels.__all__})

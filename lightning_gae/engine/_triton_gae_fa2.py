@@ -81,6 +81,28 @@ if triton is not None:
         return c
 
     @triton.jit
+    def _block(start, n, bh, E, BLOCK: tl.constexpr, E_PAD: tl.constexpr):
+        """Rows ``start .. start + BLOCK`` of a ``[B*H, n, E]`` tensor: their indices, the feature indices, which rows
+        exist, the load/store mask and the 64-bit offsets."""
+        offs = start + tl.arange(0, BLOCK)
+        offs_e = tl.arange(0, E_PAD)
+        inside = offs < n
+        mask = inside[:, None] & (offs_e[None, :] < E)
+        rows = bh * n * E + offs[:, None] * E + offs_e[None, :]
+        return offs, offs_e, inside, mask, rows
+
+    @triton.jit
+    def _key_block(K, V, KEY_BIAS, b, n_k, offs_k, k_in, kv_mask, kv_rows, HAS_KEY_BIAS: tl.constexpr):
+        """A block of keys and values, and per key the bias in log2 units: -inf past the last key and on padding,
+        so that no tile needs a key mask."""
+        k = tl.load(K + kv_rows, mask=kv_mask, other=0.0)
+        v = tl.load(V + kv_rows, mask=kv_mask, other=0.0)
+        kb = tl.where(k_in, 0.0, float("-inf"))
+        if HAS_KEY_BIAS:
+            kb += tl.load(KEY_BIAS + b * n_k + offs_k, mask=k_in, other=0.0) * 1.4426950408889634
+        return k, v, kb
+
+    @triton.jit
     def _key_slab(dk, dv, u, k, v, kb, offs_k, start, bh, b, Q, DO, LSE, D, ROW, LIVE, DQ,
                   n_q, lse_stride, qk_scale, scale,
                   MASK_Q: tl.constexpr, MASK_CAUSAL: tl.constexpr, NEED_GRADS: tl.constexpr, DQ_ATOMIC: tl.constexpr,
@@ -143,17 +165,8 @@ if triton is not None:
         bh = tl.program_id(1).to(tl.int64)  # every offset below is 64-bit from here
         b = bh // heads
         k0 = pid_k * BLOCK_K
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        offs_e = tl.arange(0, E_PAD)
-        k_in = offs_k < n_k
-        kv_mask = k_in[:, None] & (offs_e[None, :] < E)
-        kv_rows = bh * n_k * E + offs_k[:, None] * E + offs_e[None, :]
-        k = tl.load(K + kv_rows, mask=kv_mask, other=0.0)
-        v = tl.load(V + kv_rows, mask=kv_mask, other=0.0)
-        # Per key, in log2 units: -inf past the last key and on padding, so no tile needs a key mask.
-        kb = tl.where(k_in, 0.0, float("-inf"))
-        if HAS_KEY_BIAS:
-            kb += tl.load(KEY_BIAS + b * n_k + offs_k, mask=k_in, other=0.0) * 1.4426950408889634
+        offs_k, offs_e, k_in, kv_mask, kv_rows = _block(k0, n_k, bh, E, BLOCK_K, E_PAD)
+        k, v, kb = _key_block(K, V, KEY_BIAS, b, n_k, offs_k, k_in, kv_mask, kv_rows, HAS_KEY_BIAS)
         qk_scale = scale * 1.4426950408889634
         dk = tl.zeros([BLOCK_K, E_PAD], dtype=tl.float32)
         dv = tl.zeros([BLOCK_K, E_PAD], dtype=tl.float32)
@@ -194,11 +207,7 @@ if triton is not None:
         bh = tl.program_id(1).to(tl.int64)
         b = bh // heads
         q0 = pid_q * BLOCK_Q
-        offs_q = q0 + tl.arange(0, BLOCK_Q)
-        offs_e = tl.arange(0, E_PAD)
-        q_in = offs_q < n_q
-        qe = q_in[:, None] & (offs_e[None, :] < E)
-        rows = bh * n_q * E + offs_q[:, None] * E + offs_e[None, :]
+        offs_q, offs_e, q_in, qe, rows = _block(q0, n_q, bh, E, BLOCK_Q, E_PAD)
         dq = tl.zeros([BLOCK_Q, E_PAD], dtype=tl.float32)
         live = tl.load(LIVE + bh * n_q + offs_q, mask=q_in, other=0)
         if tl.max(live, axis=0) != 0:
@@ -212,15 +221,8 @@ if triton is not None:
             if CAUSAL:
                 hi = tl.minimum(n_k, q0 + BLOCK_Q)
             for start in range(0, hi, BLOCK_K):
-                offs_k = start + tl.arange(0, BLOCK_K)
-                k_in = offs_k < n_k
-                kv = k_in[:, None] & (offs_e[None, :] < E)
-                kv_rows = bh * n_k * E + offs_k[:, None] * E + offs_e[None, :]
-                k = tl.load(K + kv_rows, mask=kv, other=0.0)
-                v = tl.load(V + kv_rows, mask=kv, other=0.0)
-                kb = tl.where(k_in, 0.0, float("-inf"))
-                if HAS_KEY_BIAS:
-                    kb += tl.load(KEY_BIAS + b * n_k + offs_k, mask=k_in, other=0.0) * 1.4426950408889634
+                offs_k, _, k_in, kv_mask, kv_rows = _block(start, n_k, bh, E, BLOCK_K, E_PAD)
+                k, v, kb = _key_block(K, V, KEY_BIAS, b, n_k, offs_k, k_in, kv_mask, kv_rows, HAS_KEY_BIAS)
                 s = _dot(q, tl.trans(k), PRECISION, UPCAST) * qk_scale + kb[None, :]
                 if CAUSAL:
                     s = tl.where(offs_k[None, :] <= offs_q[:, None], s, float("-inf"))
