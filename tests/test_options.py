@@ -46,7 +46,7 @@ data:
 def test_the_signature_has_at_most_15_parameters_and_the_rest_in_groups():
     parameters = list(inspect.signature(GAECallback.__init__).parameters)[1:]
     assert len(parameters) <= 15
-    assert parameters[-4:] == ["faithfulness", "batches", "engine", "display"]
+    assert parameters[-5:] == ["faithfulness", "batches", "engine", "display", "regions"]
     # What the 11 shipped configs and the README set every day stays flat.
     assert {"num_samples", "every_n_epochs", "methods", "modality", "target", "query", "captum_baselines"} <= set(parameters)
 
