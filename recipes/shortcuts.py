@@ -21,15 +21,14 @@ form (``watermark_mask``, ``spurious_id``), so a config or a test can declare it
 
 from __future__ import annotations
 
-import lightning.pytorch as pl
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 from lightning_gae.modalities.regions import Region
 from recipes.common import TensorDictDataset
 from recipes.digits import DigitsDataModule
-from recipes.text_rationales import CLASS_NAMES, FILLERS, POSITIVE, NEGATIVE, VOCAB, make_reviews
+from recipes.text_rationales import FILLERS, NEGATIVE, POSITIVE, VOCAB, ReviewsDataModule, make_reviews
 
 __all__ = [
     "SPURIOUS_WORD",
@@ -154,7 +153,7 @@ def _flip_sentiment(batch: dict[str, Tensor], noise: float, generator: torch.Gen
     return {**batch, "input_ids": ids}
 
 
-class SpuriousReviewsDataModule(pl.LightningDataModule):
+class SpuriousReviewsDataModule(ReviewsDataModule):
     """Generated reviews (:mod:`recipes.text_rationales`) with a word that predicts the label in training only.
 
     Args:
@@ -174,16 +173,13 @@ class SpuriousReviewsDataModule(pl.LightningDataModule):
     def __init__(self, shortcut: bool = True, correlation: float = 0.95, sentiment_noise: float = 0.2,
                  num_train: int = 4000, num_val: int = 512, max_length: int = 32, batch_size: int = 64, seed: int = 0,
                  num_workers: int = 0) -> None:
-        super().__init__()
         for name, value in (("correlation", correlation), ("sentiment_noise", sentiment_noise)):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1]; got {value}")
-        self.save_hyperparameters()
-        self.class_names = list(CLASS_NAMES)
+        super().__init__(num_train, num_val, max_length, batch_size, seed, num_workers)
+        self.save_hyperparameters()  # this class's arguments too: its setup reads them
         self.spurious_id = VOCAB.index(SPURIOUS_WORD)
         self.region = Region("spurious_word", "suspect", token_ids=[self.spurious_id])
-        self.train_set: TensorDictDataset | None = None
-        self.val_set: TensorDictDataset | None = None
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is not None:
@@ -197,13 +193,3 @@ class SpuriousReviewsDataModule(pl.LightningDataModule):
         self.train_set = TensorDictDataset(train)
         val = make_reviews(h.num_val, h.max_length, generator=torch.Generator().manual_seed(h.seed + 1))
         self.val_set = TensorDictDataset(add_spurious_word(val, 0.5, 0.5, generator))
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.hparams.batch_size, shuffle=True,
-                          num_workers=self.hparams.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
-
-    def test_dataloader(self) -> DataLoader:
-        return self.val_dataloader()

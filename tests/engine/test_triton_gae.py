@@ -9,6 +9,8 @@ import math
 import pytest
 import torch
 
+from tests.helpers.models import tiny_hf_bert
+
 # (tests/conftest.py switches Triton to its interpreter where there is no NVIDIA GPU, before torch is imported.)
 pytest.importorskip("triton", reason="Triton is not installed: it ships with CUDA builds of torch; "
                                      "`pip install triton` runs this test under its CPU interpreter")
@@ -53,16 +55,7 @@ def test_the_kernel_equals_the_lean_backward(kind, shape):
 
 
 def _bert(device):
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64, num_labels=2, attn_implementation="sdpa")
-    model = BertForSequenceClassification(config).to(device).eval()
-    ids = torch.randint(1, 100, (3, 21), device=device)
-    mask = torch.ones_like(ids)
-    mask[1, -6:] = 0  # padding
-    return model, {"input_ids": ids, "attention_mask": mask}
+    return tiny_hf_bert(device, layers=2)
 
 
 def test_explain_runs_the_kernel_when_asked_and_gives_the_same_relevance(monkeypatch):

@@ -401,3 +401,18 @@ def shape_clip_streams() -> Streams:
 # SumModel's features, relevance ordered like the features, and the modality that removes them (to 0).
 FEATURES = torch.tensor([[2.0, 1.0, 0.5, 0.25]])
 TAB = TabularTokens(["a", "b", "c", "d"], prefix_tokens=0, means=[0.0, 0.0, 0.0, 0.0])
+
+
+def tiny_hf_bert(device: torch.device | str = "cpu", layers: int = 2):
+    """A Hugging Face BERT classifier built from a small config (SDPA attention), and a batch of 3 x 21 token ids
+    whose second sample ends in 6 padded positions."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, num_labels=2, attn_implementation="sdpa")
+    model = BertForSequenceClassification(config).to(device).eval()
+    ids = torch.randint(1, 100, (3, 21), device=device)
+    mask = torch.ones_like(ids)
+    mask[1, -6:] = 0  # padding
+    return model, {"input_ids": ids, "attention_mask": mask}
