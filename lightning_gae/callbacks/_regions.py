@@ -108,10 +108,17 @@ class RegionAlert:
     faithfulness: str
     removal: str
 
-    def text(self) -> str:
+    def text(self, indent: str = "") -> str:
+        """A headline with the step, the method, the region and the share, then one indented line per detail."""
         floor = "" if self.floor is None else f" (random: {self.floor:.0%})"
-        return (f"step {self.step}: {self.share:.0%} of {self.method}'s relevance sits on the suspect region "
-                f"{self.region!r}{floor}; samples most affected: {self.samples}; {self.faithfulness}; {self.removal}")
+        head = f"step {self.step}: {self.share:.0%} of {self.method}'s relevance sits on the suspect region {self.region!r}{floor}"
+        details = [f"samples most affected: {self.samples}", self.faithfulness, self.removal]
+        return "\n".join([indent + head, *(f"{indent}    {line}" for line in details)])
+
+    def markdown(self) -> str:
+        """The same for TensorBoard's Text tab: the headline, then the details as a list."""
+        head, *details = self.text().split("\n")
+        return "\n".join([f"**{head}**", "", *(f"- {line.strip()}" for line in details)])
 
 
 def faithfulness_beside(method: str, scores: Mapping[str, float] | None) -> str:

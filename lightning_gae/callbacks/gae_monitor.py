@@ -420,7 +420,7 @@ class GAECallback(Callback):
         subset = None if self._run.scored is None else len(self._run.scored)
         hint = whole_subset_hint(trainer, subset, scores, logs) if stage == "fit" else []
         has_truth = self._run.truth is not None or bool(self._run.keyed)
-        alerts = [f"  {alert.text()}" for alert in self._alerts]
+        alerts = [alert.text(indent="  ") for alert in self._alerts]
         hint = [*hint, *(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else [])]
         self.summary = fit_report(metrics, scores, scored_on,
                                   why_not_scored(trainer, self._not_scored, self.faithfulness.metrics, has_truth),
@@ -533,9 +533,9 @@ class GAECallback(Callback):
         for alert in found:
             self._alerts.append(alert)
             rank_zero_warn(f"GAECallback: {alert.text()}")
-            for writer in writers(trainer):
-                writer.add_text("gae_alerts", alert.text(), step)
             trainer.should_stop = trainer.should_stop or self.regions.stop_on_shortcut
+        for writer in writers(trainer) if found else ():  # one entry per step: the Text tab keeps one per tag and step
+            writer.add_text("gae_alerts", "\n\n".join(alert.markdown() for alert in found), step)
 
     def _remember(self, scalars: dict[str, float], scored_on: str) -> None:
         """Keep the faithfulness scalars just logged (if the step scored any) for the summary printed when fit ends."""

@@ -5,7 +5,6 @@ when the same cue carries no label."""
 import pytest
 import torch
 from lightning.pytorch import seed_everything
-from torch.utils.data import DataLoader
 
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback, RegionOptions
 from lightning_gae.callbacks._regions import region_scalars
@@ -88,7 +87,10 @@ def test_the_alert_fires_when_the_model_learns_the_spurious_word_and_not_without
     alert = next(a for a in callback._alerts if a.method == "gae")
     assert alert.share >= 0.5 and len(alert.samples) == 3 and "positive_perturbation_auc" in alert.faithfulness
     assert "the model uses it" in alert.removal
-    assert any(tag.startswith("gae_alerts") for tag in events.Tags()["tensors"])  # the Text tab has it
+    # The Text tab keeps one entry per tag and step: every alert of a step is in it.
+    texts = [t.tensor_proto.string_val[0].decode() for t in events.Tensors("gae_alerts/text_summary")]
+    step_text = next(t for t in texts if "gae's relevance" in t)
+    assert all(f"{a.method}'s relevance" in step_text for a in callback._alerts if a.step == alert.step)
     assert "alerts (suspect regions that took a method's relevance):" in capsys.readouterr().out
     # The same cue carrying no label: nothing to warn about, and the share stays near the floor.
     clean, clean_trainer = _fit(tmp_path / "clean", make_trainer, shortcut=False, seed=seed)
