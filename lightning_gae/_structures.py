@@ -25,7 +25,8 @@ _DISPLAY_KEYS = ("pixel_values", "input_ids", "x")
 
 
 def model_logits(output: Any) -> Tensor | None:
-    """The logits of a model output: a tensor, a mapping or object with ``logits``, or a tuple's first tensor."""
+    """The logits of a model output: a tensor, a mapping or object with ``logits``, or a tuple's first tensor (its
+    second when the first is a 0-dim loss, as Hugging Face models return ``(loss, logits, ...)`` without a dict)."""
     if isinstance(output, Tensor):
         return output
     if isinstance(output, Mapping) and isinstance(output.get("logits"), Tensor):
@@ -34,6 +35,9 @@ def model_logits(output: Any) -> Tensor | None:
     if isinstance(logits, Tensor):
         return logits
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        # Hugging Face with return_dict=False and labels returns (loss, logits, ...): a 0-dim loss is no logits.
+        if output[0].dim() == 0 and len(output) > 1 and isinstance(output[1], Tensor) and output[1].dim() > 0:
+            return output[1]
         return output[0]
     return None
 

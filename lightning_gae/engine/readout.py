@@ -17,7 +17,7 @@ from typing import Any, Literal, Union
 import torch
 from torch import Tensor, nn
 
-from lightning_gae._structures import Target, call_args, eval_mode, map_tensors, nonfinite_inputs
+from lightning_gae._structures import Target, call_args, eval_mode, first_tensor, map_tensors, nonfinite_inputs
 
 __all__ = ["PADDING_KEYS", "Explanation", "Query", "explaining", "hide_own", "keep_mask", "readout_query",
            "refuse_nonfinite", "resolve_readout", "target_scores"]
@@ -125,6 +125,7 @@ def target_scores(output: Any, logits: Tensor | None, target: Target, query: Ten
     if target is None:
         index = logits.argmax(dim=-1)
     else:
+        _refuse_non_integer(target)
         index = torch.as_tensor(target, dtype=torch.long, device=logits.device)
         index = index.expand(batch) if index.dim() == 0 else index.reshape(-1)
         if index.shape != (batch,):
@@ -132,6 +133,17 @@ def target_scores(output: Any, logits: Tensor | None, target: Target, query: Ten
         if ((index < 0) | (index >= logits.shape[-1])).any():
             raise ValueError(f"target {index.tolist()} is out of range for {logits.shape[-1]} classes")
     return logits.gather(1, index[:, None]).squeeze(1), index
+
+
+def _refuse_non_integer(target: Any) -> None:
+    """A class index is an integer: a string or a float would be refused inside ``torch`` or silently truncated."""
+    values = target if isinstance(target, (list, tuple)) else [target]
+    bad = next((v for v in values if isinstance(v, (str, float, bool)) or (isinstance(v, Tensor) and (
+        v.is_floating_point() or v.is_complex() or v.dtype == torch.bool))), None)
+    if bad is not None:
+        got = f"a {bad.dtype} tensor" if isinstance(bad, Tensor) else f"{type(bad).__name__} {bad!r}"
+        raise ValueError(f"target: a class index is an integer (an int, a LongTensor [B] of one class per sample, None "
+                         f"for the prediction, or a callable output -> Tensor[B] for any other score); got {got}")
 
 
 def hide_own(row: Tensor, query: Tensor) -> Tensor:
@@ -167,6 +179,13 @@ def explaining(model: nn.Module, inputs: Any, float_leaves: bool = False) -> Ite
     hence the copies; with ``float_leaves`` the float copies require grad (the leaves of an LRP pass).
     """
     refuse_nonfinite(inputs)
+    try:
+        first = first_tensor(inputs)
+    except TypeError:  # no tensor at all: the model's own call says what it wanted
+        first = None
+    if first is not None and first.dim() and first.shape[0] == 0:
+        raise ValueError(f"the inputs hold no sample (a batch of 0: {type(inputs).__name__} with a first tensor of "
+                         f"shape {tuple(first.shape)}); explain at least one")
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
         yield call_args(map_tensors(inputs, lambda t: t.detach().clone().requires_grad_(float_leaves and t.is_floating_point())))

@@ -1,5 +1,8 @@
 """lightning_gae.engine.readout: inputs with NaN or inf are refused (explain() says how many and where) instead of
-returning NaN relevance."""
+returning NaN relevance; an empty batch and a target that is no class index are refused with what to pass; a
+``(loss, logits)`` tuple output is read at its logits."""
+
+import re
 
 import pytest
 import torch
@@ -36,3 +39,37 @@ def test_the_message_names_the_keyword_input():
         lg.explain(Keyword(), {"pixel_values": x, "scale": scale})
     # Integer inputs (token ids) are never NaN and are not checked.
     assert torch.isfinite(lg.explain(Keyword(), {"pixel_values": x, "scale": torch.ones(2, 1, 1, 1)}).tokens).all()
+
+
+@pytest.mark.parametrize("method", ["gae", "rollout", "attnlrp", "transformer_attribution"])
+def test_an_empty_batch_is_refused_by_every_method(method):
+    # It used to fail inside a reshape (or return [0, N] maps from some methods and raise in others).
+    model = TinyViT().eval()
+    with pytest.raises(ValueError, match=r"the inputs hold no sample \(a batch of 0.*explain at least one"):
+        lg.explain(model, torch.rand(0, 1, 8, 8), method=method)
+
+
+@pytest.mark.parametrize("target, got", [("cat", "str 'cat'"), (1.5, "float 1.5"), (torch.tensor([0.0, 1.0]), "a torch.float32 tensor"),
+                                         ([1, 2.5], "float 2.5"), (True, "bool True")])
+def test_a_target_that_is_no_class_index_is_refused(target, got):
+    # A float used to be truncated to a class silently (1.5 -> 1), a string to fail inside torch.tensor.
+    model = TinyViT().eval()
+    with pytest.raises(ValueError, match=rf"target: a class index is an integer .*got {re.escape(got)}"):
+        lg.explain(model, torch.rand(2, 1, 8, 8), target=target)
+    assert lg.explain(model, torch.rand(2, 1, 8, 8), target=torch.tensor([0, 1])).target.tolist() == [0, 1]
+
+
+def test_a_loss_and_logits_tuple_is_read_at_its_logits():
+    # A Hugging Face model with return_dict=False and labels returns (loss, logits): it raised a bare IndexError.
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                        num_labels=3, return_dict=False)
+    model = BertForSequenceClassification(config).eval()
+    ids = torch.randint(1, 50, (2, 7))
+    with_labels = lg.explain(model, {"input_ids": ids, "labels": torch.tensor([0, 2])}, target=torch.tensor([1, 2]))
+    plain = lg.explain(model, {"input_ids": ids}, target=torch.tensor([1, 2]))
+    assert with_labels.logits.shape == (2, 3)
+    torch.testing.assert_close(with_labels.tokens, plain.tokens)
+    torch.testing.assert_close(with_labels.score, plain.score)
