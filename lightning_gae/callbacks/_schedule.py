@@ -2,7 +2,7 @@
 
 Scoring is the callback's expensive part: every perturbation metric runs 9 forward passes per sample
 and scored method. So ``fit`` scores a fixed part of the subset at the scheduled explanation steps
-(the first and every ``metric_every_n_explanations``-th after it) and on its final weights, and
+(the first and every ``FaithfulnessOptions.every_n_explanations``-th after it) and on its final weights, and
 ``validate``/``test`` score the whole subset. The part is the same samples at every point of fit's
 curve, so two points differ by the weights, not by the samples (the curve has no jump at its end); each
 point is an honest score of the samples it was scored on, logged with its standard error and their
