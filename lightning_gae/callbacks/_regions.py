@@ -58,12 +58,12 @@ def region_scalars(relevance: Mapping[str, Tensor], masks: Mapping[str, Tensor],
     samples that hold the region), and region -> method -> the per-sample shares ``[B]`` (NaN where not held)."""
     scalars: dict[str, float] = {}
     shares: dict[str, dict[str, Tensor]] = {}
+    rows = {method: tokens.detach().float().cpu() for method, tokens in relevance.items()}
+    valid = _valid(modality, inputs, next(iter(rows.values())).shape[1]) if rows else None
     for name, mask in masks.items():
         held = mask.any(dim=1)
         shares[name] = {}
-        for method, tokens in relevance.items():
-            tokens = tokens.detach().float().cpu()
-            valid = _valid(modality, inputs, tokens.shape[1])
+        for method, tokens in rows.items():
             share = region_share(tokens, mask, valid).masked_fill(~held, float("nan"))
             recall = region_recall(tokens, mask, top_k, valid).masked_fill(~held, float("nan"))
             shares[name][method] = share
@@ -136,7 +136,7 @@ def faithfulness_beside(method: str, scores: Mapping[str, float] | None) -> str:
 
 
 def due_alerts(regions: RegionOptions, scalars: Mapping[str, float], shares: Mapping[str, Mapping[str, Tensor]],
-               first: Mapping[str, float], raised: set[tuple[str, str]], shown: list[Any], step: int
+               first: Mapping[str, float], raised: set[tuple[str, str]], shown: list[Any]
                ) -> list[tuple[Region, str, float, list[Any]]]:
     """``(region, method, share, samples most affected)`` for every suspect region and method whose share crossed
     the threshold (or rose by ``rise`` since ``first``) and was not raised before."""
@@ -168,7 +168,7 @@ def new_alerts(regions: RegionOptions, run: RunState, scalars: Mapping[str, floa
     scores = scalars if faithfulness_rows(scalars) is not None else last_scores
     done = {(a.region, a.method) for a in raised}
     found = []
-    for region, method, share, samples in due_alerts(regions, scalars, shares, first, done, run.shown, step):
+    for region, method, share, samples in due_alerts(regions, scalars, shares, first, done, run.shown):
         removal = removal_verdict(module, inputs, run.region_masks[region.name], run.modality, seed)
         found.append(RegionAlert(step, region.name, method, share, scalars.get(share_tag(region.name, "random")),
                                  samples, faithfulness_beside(method, scores), removal))
