@@ -168,8 +168,11 @@ def new_alerts(regions: RegionOptions, run: RunState, scalars: Mapping[str, floa
     scores = scalars if faithfulness_rows(scalars) is not None else last_scores
     done = {(a.region, a.method) for a in raised}
     found = []
+    removals: dict[str, str] = {}  # the check removes the region from the samples: the same for every method
     for region, method, share, samples in due_alerts(regions, scalars, shares, first, done, run.shown):
-        removal = removal_verdict(module, inputs, run.region_masks[region.name], run.modality, seed)
+        if region.name not in removals:
+            removals[region.name] = removal_verdict(module, inputs, run.region_masks[region.name], run.modality, seed)
+        removal = removals[region.name]
         found.append(RegionAlert(step, region.name, method, share, scalars.get(share_tag(region.name, "random")),
                                  samples, faithfulness_beside(method, scores), removal))
     return found
