@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the errors and the two smaller shapes' times only")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on a CPU under Triton's interpreter")
+    parser.add_argument("--shapes", nargs="+", choices=[s[0] for s in SHAPES], help="time these shapes only")
+    parser.add_argument("--no-errors", action="store_true", help="the times only (a second call on the same machine)")
     args = parser.parse_args(argv)
     import triton
 
@@ -281,9 +283,12 @@ def main(argv: list[str] | None = None) -> None:
         if not torch.cuda.is_available():
             raise SystemExit("benchmarks/kernel_gpu.py needs a CUDA GPU (--smoke: a CPU run of tiny shapes)")
         error_shapes, shapes = ERROR_SHAPES, SHAPES[:2] if args.quick else SHAPES
+        if args.shapes:
+            shapes = [s for s in SHAPES if s[0] in args.shapes]
         print(f"<!-- {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__} -->\n")
     failures: list[str] = []
-    errors(failures, error_shapes)
+    if not args.no_errors:
+        errors(failures, error_shapes)
     timings(shapes)
     if failures:
         print("ERROR BOUNDS MISSED:\n" + "\n".join(failures))
