@@ -6,7 +6,7 @@
 #      installs whatever of them is missing there (no network needed), then prints
 #      - benchmarks/kernel_gpu.py: the kernels' errors at two shapes and each variant's backward time against SDPA's
 #        own float32 backward at the four attention shapes (exit 1 if an error bound is missed);
-#      - lightning-gae bench --device cuda --sizes gpu --methods gae_triton gae_triton2 saliency (ViT-B/16 batch 64,
+#      - lightning-gae bench --device cuda --sizes gpu --methods gae_triton gae_triton2 gae_chunks saliency (ViT-B/16 batch 64,
 #        BERT-base N=512 and 4096, the Llama-style decoder at 8k; the main job left out), with issue 35's targets.
 # --quick: the errors, the two smaller shapes' times and the bench at ViT-B/16 and BERT N=512 only.
 # 'kernels' or 'bench' as the first argument runs that half alone (two calls, if one would outrun 10 minutes; the
@@ -40,6 +40,6 @@ fi
 tokens=()
 [ "${1:-}" = --quick ] && tokens=(--tokens 197 512)
 python3 -m lightning_gae.cli bench --device cuda \
-  --sizes gpu --cases vit bert llama "${tokens[@]}" --methods gae_triton gae_triton2 saliency --repeats 3 --budget 20 \
+  --sizes gpu --cases vit bert llama "${tokens[@]}" --methods gae_triton gae_triton2 gae_chunks saliency --repeats 3 --budget 20 \
   || status=1
 exit $status

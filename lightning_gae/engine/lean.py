@@ -16,14 +16,15 @@ With ``LIGHTNING_GAE_KERNEL=triton`` in the environment (and Triton importable),
 kernel per call instead of the chunks (:mod:`lightning_gae.engine._triton_gae`: tiles of queries and keys, nothing
 ``N x N``), where its masks allow (none, causal, or one additive bias per key); otherwise the chunks run.
 ``LIGHTNING_GAE_KERNEL=triton2`` runs the FlashAttention-2-shaped kernel instead (:mod:`lightning_gae.engine._triton_gae_fa2`:
-the log-sum-exp from the fused CUDA forward, the lowest layer's update alone); ``chunks`` forces the chunks. Opt-in
-until it has been measured on a GPU (then ``_triton_gae_fa2.DEFAULT_ON_CUDA`` makes it CUDA's default).
+the log-sum-exp from the fused CUDA forward, the lowest layer's update alone), which is also what CUDA tensors get
+when nothing is asked (``_triton_gae_fa2.DEFAULT_ON_CUDA``); ``chunks`` forces the chunks.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +50,9 @@ class LeanCall:
     # [Nq] int: 1 + the last key any sample or head lets each query see (None: all). A causal mask's
     # chunk of queries then skips the keys after its last query, whose probabilities are exactly 0.
     key_limits: Tensor | None = None
+    # Whether the additive mask is one value per key (the same for every query), as a Triton kernel takes it; None:
+    # not asked (no kernel runs, or no mask).
+    bias_per_key: bool | None = None
 
 
 @dataclass
@@ -65,6 +69,19 @@ class LeanState:
     workspace: list[Tensor] = field(default_factory=list)
     # The row form as a Triton kernel per call (see the module doc): LIGHTNING_GAE_KERNEL, read when made.
     kernel: str = field(default_factory=lambda: os.environ.get("LIGHTNING_GAE_KERNEL", ""))
+    # What each mask tells (its key limits; whether it is one bias per key), found once per forward: the layers share
+    # one mask, and each finding reads a GPU value back, a synchronisation that leaves the GPU idle while Python
+    # catches up (a dozen per forward cost a fifth of a BERT-base explanation at batch 8 on an H200).
+    mask_facts: list[tuple[Tensor, int, tuple, tuple]] = field(default_factory=list)
+
+    def facts(self, mask: Tensor, key: tuple, find: Callable[[], tuple]) -> tuple:
+        """``find()`` for ``mask`` and ``key``, computed once while ``mask`` is the same tensor, unchanged in place."""
+        for held, version, held_key, found in self.mask_facts:
+            if held is mask and version == mask._version and held_key == key:
+                return found
+        found = find()
+        self.mask_facts.append((mask, mask._version, key, found))
+        return found
 
     def buffers(self, size: int, dtype: torch.dtype, device: torch.device) -> list[Tensor]:
         """Three flat buffers of at least ``size`` elements, reused from the previous call when they fit."""
@@ -247,17 +264,24 @@ class _LeanAttention(torch.autograd.Function):
                 None if dbias is None else dbias.to(bias.dtype), None, None, None, None, None)
 
 
-def _key_bias(bias: Tensor | None, batch: int, n_k: int) -> Tensor | None | bool:
-    """``bias`` as one additive value per key ``[B, N_k]`` (None for no bias), or False where it varies by head or
-    query. A padding mask expanded over the queries (``[B, 1, N, N]``, as Hugging Face passes it) is one per key."""
-    if bias is None:
-        return None
+def _per_key(bias: Tensor) -> bool:
+    """Whether ``bias`` is one additive value per key: ``[B, 1, 1 or N_q, N_k]`` with every query's row the same (a
+    padding mask expanded over the queries, as Hugging Face passes it). Reads the answer back from the device."""
     if bias.dim() != 4 or bias.shape[1] != 1:
         return False
-    if bias.shape[2] != 1:
-        with torch.no_grad():
-            if not all(bool((bias[:, :, i:i + 256] == bias[:, :, :1]).all()) for i in range(0, bias.shape[2], 256)):
-                return False
+    if bias.shape[2] == 1:
+        return True
+    with torch.no_grad():
+        return all(bool((bias[:, :, i:i + 256] == bias[:, :, :1]).all()) for i in range(0, bias.shape[2], 256))
+
+
+def _key_bias(bias: Tensor | None, batch: int, n_k: int, per_key: bool | None = None) -> Tensor | None | bool:
+    """``bias`` as one additive value per key ``[B, N_k]`` (None for no bias), or False where it varies by head or
+    query. ``per_key``: :func:`_per_key`'s answer where the forward found it already."""
+    if bias is None:
+        return None
+    if not (_per_key(bias) if per_key is None else per_key):
+        return False
     return bias[:, 0, 0, :].expand(batch, n_k)
 
 
@@ -313,7 +337,7 @@ def _kernel_backward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, 
     from lightning_gae.engine._triton_gae import available, gae_attention_backward
     from lightning_gae.engine._triton_gae_fa2 import gae_attention_backward_fa2
 
-    key_bias = _key_bias(bias, q.shape[0], k.shape[-2])
+    key_bias = _key_bias(bias, q.shape[0], k.shape[-2], ctx.call.bias_per_key)
     if (not available() or key_bias is False or ctx.bias_grad or v.shape[-1] != q.shape[-1]
             or q.shape[-2] != k.shape[-2]):
         return None
@@ -377,7 +401,13 @@ def lean_attention(
             seen = open_.reshape(-1, *open_.shape[-3:]).any(dim=(-3, -2)) if open_.dim() >= 3 else open_.any(dim=-2)[None]
             call.attended = seen.expand(query.shape[0], n_k) if seen.shape[0] == 1 else seen
             if not bias.requires_grad:  # a learned bias (T5's) keeps every key: its gradient is wanted everywhere
-                per_query = open_.reshape(-1, n_q, n_k).any(dim=0)
-                last = (per_query * torch.arange(1, n_k + 1, device=per_query.device)).amax(dim=-1)
-                call.key_limits = last.cpu() if bool((last < n_k).any()) else None
+                def find() -> tuple:
+                    per_query = open_.reshape(-1, n_q, n_k).any(dim=0)
+                    last = (per_query * torch.arange(1, n_k + 1, device=per_query.device)).amax(dim=-1)
+                    per_key = _per_key(bias) if _kernel_name(state, query) else None
+                    return (last.cpu() if bool((last < n_k).any()) else None), per_key
+
+                # Keyed on the caller's mask, which the layers share (``bias`` is made anew per call).
+                call.key_limits, call.bias_per_key = state.facts(attn_mask, (n_q, n_k, is_causal, bias.dtype), find) \
+                    if attn_mask is not None else find()
     return _LeanAttention.apply(query, key, value, bias, token, scale, state, call, False)
