@@ -251,7 +251,7 @@ def timings(shapes: list) -> None:
                                is_causal=causal, scale=scale)
             return lambda: torch.autograd.grad(o, (qs, ks, vs), dout, retain_graph=True)
 
-        runs["lean chunks (the default)"] = chunks()
+        runs["lean chunks"] = chunks()
         for label, run in runs.items():
             try:
                 times[label] = do_bench(run)

@@ -35,7 +35,7 @@ extensions = [
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "evidence/results"]  # tables the pages include
 templates_path = ["_templates"]
 
 myst_enable_extensions = ["dollarmath", "colon_fence", "deflist", "attrs_block"]

@@ -78,3 +78,40 @@ def test_every_public_name_is_on_the_api_page(module):
     missing = [name for name in names if not re.search(rf"^   {re.escape(name)}$", page, re.M)]
     assert names
     assert missing == []
+
+
+def test_result_tables_are_what_their_generator_makes_of_the_committed_results():
+    from benchmarks import tables
+
+    sources = sorted(tables.RESULTS.glob("*.json"))
+    assert sources, f"no result files in {tables.RESULTS}"
+    for source in sources:
+        table = source.with_suffix(".md")
+        assert table.exists() and table.read_text() == tables.render(source), (
+            f"{table.relative_to(ROOT)} differs from what its results make: run `python -m benchmarks.tables`")
+
+
+def test_every_result_table_is_on_a_page():
+    from benchmarks import tables
+
+    pages = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.md") if tables.RESULTS not in p.parents)
+    for table in tables.RESULTS.glob("*.md"):
+        assert re.search(r"```\{include\} [\w./]*" + re.escape(table.name), pages), f"no page includes {table.name}"
+
+
+def test_the_table_generator_divides_by_the_training_step_of_the_same_setting():
+    from benchmarks import tables
+
+    rows = [{"case": c, "method": m, "batch": b, "tokens": n, "seconds": s, "peak_memory_mb": mb}
+            for c, m, b, n, s, mb in [("bert", "forward_backward", 2, 2, 0.5, 1024.0), ("bert", "gae", 2, 2, 0.25, 512.0),
+                                      ("bert", "forward_backward", 1, 2, 1.0, 2048.0), ("bert", "gae", 1, 2, 3.0, 2048.0),
+                                      ("vit", "forward_backward", 2, 2, 2.0, 1024.0), ("vit", "saliency", 2, 2, 1.0, 256.0)]]
+    lines = tables.bench_table(rows).splitlines()
+    assert lines[0] == "{.numbers}"
+    assert lines[1] == "| model | batch | N | training step | `gae` | `saliency` |"
+    # Batch == tokens in the first row: the columns must still come from the right keys.
+    assert lines[3:] == ["| ViT | 2 | 2 | 2000 ms / 1.0 GiB | - | 0.50x / 0.25x |",
+                         "| BERT | 1 | 2 | 1000 ms / 2.0 GiB | 3.00x / 1.00x | - |",
+                         "| BERT | 2 | 2 | 500 ms / 1.0 GiB | 0.50x / 0.50x | - |"]
+    with pytest.raises(ValueError, match="no forward_backward row"):
+        tables.bench_table(rows[1:2])

@@ -307,7 +307,7 @@ def _kernel_name(state: LeanState, q: Tensor) -> str | None:
     """The Triton kernel the row form runs (``"triton"``, ``"triton2"``), or None for the chunks."""
     if state.kernel in ("triton", "triton2"):
         return state.kernel
-    if state.kernel == "" and q.is_cuda:  # not asked: CUDA's default once a GPU run shows the kernel winning
+    if state.kernel == "" and q.is_cuda:  # not asked: CUDA's default (the kernel, where DEFAULT_ON_CUDA)
         from lightning_gae.engine._triton_gae_fa2 import DEFAULT_ON_CUDA, available
 
         return "triton2" if available() and DEFAULT_ON_CUDA else None
@@ -333,7 +333,7 @@ def _grads_wanted(*tensors: Tensor) -> bool:
 def _kernel_backward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, out: Tensor, dout: Tensor,
                      kernel: str = "triton") -> tuple | None:
     """The row form's backward as a Triton kernel, or None where it does not apply (then the chunks run)."""
-    # Imported here, at call time: Triton's import is slow, and only an opted-in backward needs it.
+    # Imported here, at call time: Triton's import is slow, and only a kernel's backward needs it.
     from lightning_gae.engine._triton_gae import available, gae_attention_backward
     from lightning_gae.engine._triton_gae_fa2 import gae_attention_backward_fa2
 

@@ -171,3 +171,35 @@ def test_causal_chunks_cover_every_query_once_within_their_budget(n):
     uniform = _chunks(8, n, n, None)
     assert all(keys == n for _, _, keys in uniform)
     assert len(spans) < len(uniform) if n >= 4096 else len(spans) <= len(uniform)
+
+
+def test_a_mask_shared_by_the_layers_is_read_once_per_forward_and_again_when_it_changes():
+    # Each reading of a mask's facts (its key limits, whether it is one bias per key) copies a value from the device;
+    # the layers of one forward share the caller's mask, so one reading serves them all, unless the mask changed.
+    torch.manual_seed(0)
+    b, h, n, e = 2, 2, 6, 4
+    q, k, v = (torch.randn(b, h, n, e) for _ in range(3))
+    mask = torch.ones(b, 1, n, n, dtype=torch.bool)
+    mask[..., -1] = False  # the last key is padding in every sample: the chunks may stop before it
+    state, token = LeanState(mode="row", kernel="triton2"), torch.zeros((), requires_grad=True)
+    calls = [LeanCall(index=i) for i in range(3)]
+    for call in calls[:2]:
+        lean_attention(q, k, v, state, token, call, attn_mask=mask)
+    assert len(state.mask_facts) == 1
+    fresh = LeanCall(index=0)
+    lean_attention(q, k, v, LeanState(mode="row", kernel="triton2"), token, fresh, attn_mask=mask)
+    for call in calls[:2]:
+        assert torch.equal(call.key_limits, fresh.key_limits) and call.key_limits.tolist() == [n - 1] * n
+        assert call.bias_per_key is True
+    # Changed in place so that it varies by query: read again, and no longer one bias per key.
+    mask[:, :, 0, 1] = False
+    lean_attention(q, k, v, state, token, calls[2], attn_mask=mask)
+    assert len(state.mask_facts) == 2 and calls[2].bias_per_key is False
+    # Another tensor with the same values: read for itself (identity, not content, is the key), same facts.
+    other = LeanCall(index=3)
+    lean_attention(q, k, v, state, token, other, attn_mask=mask.clone())
+    assert len(state.mask_facts) == 3 and other.bias_per_key is False
+    # Without a kernel asked for, whether the mask is one bias per key is not read at all.
+    plain = LeanCall(index=0)
+    lean_attention(q, k, v, LeanState(mode="row", kernel="chunks"), token, plain, attn_mask=mask)
+    assert plain.bias_per_key is None
