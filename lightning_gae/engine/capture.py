@@ -194,9 +194,9 @@ class _CaptureMode(TorchFunctionMode):
         q, k, v = p["query"], p["key"], p["value"]
         if not all(isinstance(t, Tensor) and t.dim() == 4 for t in (q, k, v)) or not torch.is_grad_enabled():
             return None
-        state, token = self.recorder.lean
+        state, token = self.recorder.lean_state, self.recorder.lean_token_on(q.device)
         call = LeanCall(index=self.recorder._count)
-        out = lean_attention(q, k, v, state, token.to(q.device), call, attn_mask=p.get("attn_mask"),
+        out = lean_attention(q, k, v, state, token, call, attn_mask=p.get("attn_mask"),
                              is_causal=p.get("is_causal", False), scale=p.get("scale"), enable_gqa=p.get("enable_gqa", False))
         # A stand-in with the probabilities' shape and no storage: nothing N x N is kept.
         shape = (q.shape[0], q.shape[1], q.shape[-2], k.shape[-2])
@@ -213,7 +213,7 @@ class _CaptureMode(TorchFunctionMode):
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            if self.recorder.lean is not None:
+            if self.recorder.lean_state is not None:
                 lean = self._lean_sdpa(args, kwargs)
                 if lean is not None:
                     return lean
@@ -306,9 +306,10 @@ class AttentionRecorder:
     def __init__(self, model: nn.Module, attention_modules: Sequence[str] | str | None = None, lean: bool = False) -> None:
         self.model = model
         # lean=True: SDPA calls keep no probabilities; their Ā is made in the backward pass
-        # (lightning_gae.engine.lean), driven by ``lean_state`` once ``lean_token``'s gradient is asked for.
+        # (lightning_gae.engine.lean), driven by ``lean_state`` once the gradient of ``lean_tokens`` is asked for.
         self.lean_state = LeanState() if lean else None
-        self.lean_token = torch.zeros((), requires_grad=True) if lean else None
+        self.lean_tokens: dict[torch.device, Tensor] = {}
+        """One zero per device the lean calls ran on (see :meth:`lean_token_on`)."""
         if isinstance(attention_modules, str):
             attention_modules = [attention_modules]
         self.attention_modules = list(attention_modules) if attention_modules else None
@@ -351,9 +352,14 @@ class AttentionRecorder:
             targets.extend(t for t in found if t not in targets)
         return targets
 
-    @property
-    def lean(self) -> tuple[LeanState, Tensor] | None:
-        return None if self.lean_state is None else (self.lean_state, self.lean_token)
+    def lean_token_on(self, device: torch.device) -> Tensor:
+        """The zero that every lean call on ``device`` takes, so that asking for its gradient runs their backwards.
+        Made on that device: a token on another would be copied there by every call, and its gradient back, each
+        copy between a GPU and the host waiting for the GPU to catch up."""
+        token = self.lean_tokens.get(device)
+        if token is None:
+            token = self.lean_tokens[device] = torch.zeros((), device=device, requires_grad=True)
+        return token
 
     @property
     def current_path(self) -> str:

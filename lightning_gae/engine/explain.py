@@ -130,7 +130,8 @@ def _gae_backward(score: Tensor, layers: list[AttentionRecord], recorder: Attent
         state.calls = {r.lean.index for r in lean}
     if state is not None and row_start is not None:
         state.mode, state.row = "row", row_start
-    wanted = ([recorder.lean_token] if lean else []) + [r.tensor for r in explicit]
+    tokens = list(recorder.lean_tokens.values()) if lean else []
+    wanted = tokens + [r.tensor for r in explicit]
     found = torch.autograd.grad(score.sum(), wanted, allow_unused=True)
     if state is not None:
         state.workspace = []  # the backward's buffers are not needed past it
@@ -138,7 +139,7 @@ def _gae_backward(score: Tensor, layers: list[AttentionRecord], recorder: Attent
         if state.order != sorted(state.order, reverse=True):
             raise _OutOfOrder
         return None, state.row
-    grads = dict(zip((r.index for r in explicit), found[1:] if lean else found))
+    grads = dict(zip((r.index for r in explicit), found[len(tokens):]))
     abars = []
     for rec in layers:
         if rec.lean is not None:

@@ -238,3 +238,15 @@ def test_explaining_does_not_show_a_warning_twice():
     from lightning_gae import explain
 
     assert shown_once(lambda: explain(TinyViT().eval(), torch.rand(2, 1, 8, 8)))
+
+
+def test_the_lean_calls_take_a_token_made_on_their_own_device():
+    # A token on the host would be copied to a GPU by every attention call and its gradient copied back, each copy
+    # waiting for the GPU; the recorder makes one per device the calls run on (meta stands in for a GPU here).
+    with torch.device("meta"):
+        model = TinyViT()
+    with AttentionRecorder(model, lean=True) as recorder:
+        assert recorder.lean_tokens == {}
+        model(torch.randn(2, 1, 8, 8, device="meta"))
+    assert len(recorder.records) == 3
+    assert [(d.type, t.device.type, t.requires_grad) for d, t in recorder.lean_tokens.items()] == [("meta", "meta", True)]

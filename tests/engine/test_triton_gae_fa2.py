@@ -308,7 +308,7 @@ def test_the_gpu_script_runs_every_step_on_a_cpu(capsys):
     assert out.count("| yes |") == 2 * 9 and "| no |" not in out  # 8 fp32 variants and bf16, at two shapes
     for variant, rows in (("v1 ieee 16x16", 4), ("fa2 tf32x3 loop", 2), ("fa2 tf32x3 loop (same tiles)", 2),
                           ("fa2 tf32x3 update only (lowest layer)", 2),
-                          ("lean chunks (the default)", 2), ("sdpa fp32 (efficient)", 2)):
+                          ("lean chunks", 2), ("sdpa fp32 (efficient)", 2)):
         assert out.count(f"| {variant} |") == rows, variant  # the errors' table and the times' (two shapes each)
 
 
