@@ -171,3 +171,15 @@ def test_the_fa2_kernel_has_its_own_table_and_issue_35s_targets():
     assert "| 1.08 | <= 1.10 | yes |" in lines["gae_triton2 / saliency (bert batch 1, N=4096)"]
     assert "| 0.95 | <= 0.9 | no |" in lines["gae_triton2 / gae (llama batch 1, N=8192)"]
     assert "| 1.10 | <= 1.2 | yes |" in lines["peak memory gae_triton2 / forward_backward (llama batch 1, N=8192)"]
+
+
+def test_the_gpu_profile_script_says_it_needs_a_gpu_where_there_is_none():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the script would profile it")
+    script = Path(bench.__file__).with_name("profile_gpu.py")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "needs a CUDA GPU" in done.stderr
