@@ -101,7 +101,7 @@ def test_validate_after_fit_prints_the_whole_subset_it_scored_where_fit_printed_
     out = capsys.readouterr().out
     assert "faithfulness (8 validation samples, the final weights at step" in out
     # No checkpoint and no saved config here: the hint is the Python call.
-    assert "these are 8 of the 40 samples of the faithfulness subset" in out and "trainer.validate(model, datamodule)" in out
+    assert "these are 8 of the 40 samples of the faithfulness subset" in out and "trainer.validate(model, datamodule=datamodule)" in out
     trainer.validate(model, data)
     out = capsys.readouterr().out
     assert out.count("GAECallback: the validation ended") == 1 and "these are" not in out
@@ -119,3 +119,20 @@ def test_validate_after_fit_prints_the_whole_subset_it_scored_where_fit_printed_
             metric = name.rstrip(" ↑↓")
             assert_printed_as_logged(str(value), logged[f"{metric}/{method}"], 4)
             assert_printed_as_logged(str(error), logged[f"{metric}/{method}/stderr"], 2)
+
+
+@pytest.mark.slow
+def test_a_fit_on_loaders_is_told_to_validate_on_loaders_and_the_hint_works_when_followed(tmp_path, make_trainer, capsys):
+    seed_everything(0)
+    callback = GAECallback(num_samples=2, methods=("gae",),
+                           faithfulness=FaithfulnessOptions(samples=40, interim_samples=8))
+    trainer = make_trainer(tmp_path, [callback], limit_train_batches=3)
+    data = DigitsDataModule(batch_size=32)
+    data.setup()
+    model, val_dataloader = small_vit(), data.val_dataloader()
+    trainer.fit(model, train_dataloaders=data.train_dataloader(), val_dataloaders=val_dataloader)
+    out = capsys.readouterr().out
+    hint = [line.strip() for line in out.splitlines() if line.strip().startswith("trainer.validate(")]
+    assert hint == ["trainer.validate(model, dataloaders=val_dataloader)"]
+    eval(hint[0], {"trainer": trainer, "model": model, "val_dataloader": val_dataloader})  # as printed
+    assert "faithfulness (40 validation samples at step" in capsys.readouterr().out
