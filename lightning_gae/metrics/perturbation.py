@@ -48,6 +48,11 @@ __all__ = [
 ]
 
 
+def _empty(attributions: Tensor) -> bool:
+    """An update with no sample (the last batch of a filtered loader, say): nothing to add, and nothing to fail."""
+    return isinstance(attributions, Tensor) and attributions.dim() > 0 and attributions.shape[0] == 0
+
+
 class _ModelMetric(Metric):
     """A metric that runs a model on perturbed inputs; the model is used, never owned."""
 
@@ -97,6 +102,8 @@ class _CurveMetric(_ModelMetric):
         raise NotImplementedError
 
     def update(self, inputs: Any, attributions: Tensor, target: Target = None) -> None:
+        if _empty(attributions):
+            return
         curves = self._curves(inputs, attributions, target)
         total = getattr(self, self._sum_name)
         setattr(self, self._sum_name, total + curves.sum(dim=0).to(total))
@@ -292,6 +299,8 @@ class _MeanMetric(_ModelMetric):
         raise NotImplementedError
 
     def update(self, inputs: Any, attributions: Tensor, target: Target = None) -> None:
+        if _empty(attributions):
+            return
         values = self._per_sample(inputs, attributions, target)
         state = getattr(self, self._total_name)
         setattr(self, self._total_name, state + values.sum().to(state))

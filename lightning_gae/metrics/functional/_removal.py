@@ -35,6 +35,7 @@ __all__ = [
     "score_logits",
     "scored_classes",
     "unit_ranking",
+    "unorderable",
 ]
 
 Order = Literal["positive", "negative"]
@@ -186,11 +187,20 @@ def perturbed_scores(
 
 
 def unit_ranking(modality: Modality, inputs: Any, attributions: Tensor) -> tuple[Tensor, Tensor]:
+    if attributions.dim() == 0 or attributions.shape[0] == 0:
+        raise ValueError(f"attributions of shape {tuple(attributions.shape)} hold no sample: pass a batch of at least one "
+                         "(a metric class's update() leaves the metric unchanged for an empty batch)")
     scores = modality.unit_scores(attributions.detach(), inputs)
     removable = modality.removable(inputs).to(scores.device)
     if scores.shape != removable.shape:
         raise ValueError(f"{type(modality).__name__} scored {tuple(scores.shape)} units but has {tuple(removable.shape)}")
     return scores, removable
+
+
+def unorderable(scores: Tensor, removable: Tensor) -> Tensor:
+    """``[B]`` bool: the samples whose relevance on some removable unit is NaN or infinite. No removal order follows
+    from such relevance, so their scores are NaN (a NaN in a mean over samples then shows, where zeros would hide)."""
+    return (removable & ~torch.isfinite(scores)).any(dim=-1)
 
 
 # --- perturbation test (Chefer et al.) ------------------------------------------------------------

@@ -29,6 +29,7 @@ from lightning_gae.metrics.functional._removal import (
     ranked_masks,
     removal_counts,
     unit_ranking,
+    unorderable,
 )
 from lightning_gae.modalities.tokens import Modality
 
@@ -118,7 +119,8 @@ def _ordered_curves(
     masks = torch.cat([ranked_masks(scores, removable, counts, order) for order in orders])
     curves, _ = perturbed_scores(forward_fn, modality, inputs, masks, target, score, max_batch=max_batch,
                                  protocol=protocol)
-    return curves.reshape(len(orders), len(fractions), -1).transpose(1, 2)
+    curves = curves.reshape(len(orders), len(fractions), -1).transpose(1, 2)
+    return curves.masked_fill(unorderable(scores, removable)[None, :, None], float("nan"))
 
 
 def _perturbation_auc_compute(curve_sum: Tensor, count: Tensor | int, fractions: Sequence[float], scale: float = 100.0) -> Tensor:
@@ -325,7 +327,7 @@ def _deletion_curves(
     else:
         curves, _ = perturbed_scores(forward_fn, modality, inputs, chosen, target, "probability", max_batch=max_batch,
                                      protocol=protocol)
-    return curves.T
+    return curves.T.masked_fill(unorderable(scores, removable)[:, None], float("nan"))
 
 
 def deletion_auc(
@@ -432,7 +434,8 @@ def _eraser_per_sample(
                                     protocol=protocol)
     drops = clean[None] - probs
     # AOPC's k = 0 term (nothing removed) is a drop of exactly 0: it only adds to the denominator.
-    return drops.sum(dim=0) / (len(bins) + 1) if with_zero else drops.mean(dim=0)
+    per_sample = drops.sum(dim=0) / (len(bins) + 1) if with_zero else drops.mean(dim=0)
+    return per_sample.masked_fill(unorderable(scores, removable), float("nan"))
 
 
 def _mean_compute(total: Tensor, count: Tensor | int) -> Tensor:
