@@ -62,6 +62,14 @@ class Explanation:
     query_set: str = "tokens"
     conservation: Tensor | None = None
 
+    @property
+    def finite(self) -> Tensor:
+        """``[B]`` bool: whether every relevance of the sample, in every token set, is a finite number. The model's
+        score is finite where an explanation is returned (a NaN or inf one is refused); a relevance can still
+        overflow, in half precision say."""
+        values = [self.tokens, *self.relevance.values()]
+        return torch.stack([torch.isfinite(v).flatten(1).all(dim=1) for v in values]).all(dim=0)
+
 
 def keep_mask(kwargs: Mapping[str, Any], batch: int, num_tokens: int) -> Tensor | None:
     """``[B, N]`` bool, True for real tokens, from a padding mask among the keyword inputs."""
@@ -107,7 +115,7 @@ def target_scores(output: Any, logits: Tensor | None, target: Target, query: Ten
         if not isinstance(score, Tensor) or score.reshape(-1).shape != (batch,):
             got = tuple(score.shape) if isinstance(score, Tensor) else type(score).__name__
             raise ValueError(f"target callable must return one scalar per sample, a Tensor of shape [{batch}]; got {got}")
-        return score.reshape(batch), None
+        return _refuse_nonfinite_scores(score.reshape(batch)), None
     if logits is None:
         raise ValueError(
             "the model output has no logits (a tensor, `.logits`, or a tuple whose first item is a tensor); "
@@ -132,7 +140,20 @@ def target_scores(output: Any, logits: Tensor | None, target: Target, query: Ten
             raise ValueError(f"target has {index.numel()} entries for a batch of {batch}; give an int, one index per sample, or a callable")
         if ((index < 0) | (index >= logits.shape[-1])).any():
             raise ValueError(f"target {index.tolist()} is out of range for {logits.shape[-1]} classes")
-    return logits.gather(1, index[:, None]).squeeze(1), index
+    return _refuse_nonfinite_scores(logits.gather(1, index[:, None]).squeeze(1)), index
+
+
+def _refuse_nonfinite_scores(score: Tensor) -> Tensor:
+    """The explained scores, refused where one is NaN or inf: every relevance read from it would be NaN (or a mask's
+    test on NaN probabilities would answer for it), silently."""
+    bad = ~torch.isfinite(score.detach())
+    if bad.any():
+        samples = bad.nonzero().flatten().tolist()
+        raise ValueError(f"the model's output to explain is NaN or inf for sample(s) {samples[:8]}"
+                         f"{' ...' if len(samples) > 8 else ''}, from finite inputs: the model has diverged (non-finite "
+                         "weights or activations), and every explanation of it would be NaN. Check the weights "
+                         "(all(p.isfinite().all() for p in model.parameters())) and the training's loss")
+    return score
 
 
 def _refuse_non_integer(target: Any) -> None:

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from lightning_gae._structures import map_tensors, model_logits
+from lightning_gae._structures import first_tensor, map_tensors, model_logits
 from lightning_gae.engine.attention import (
     as_heads,
     explicit_multi_head_attention_forward,
@@ -432,7 +432,15 @@ def attribution_row(probs: list[Tensor], lrp_grads: list[Tensor], grads: list[Te
 def explain(model: nn.Module, inputs: Any, target: Any, query: Any,
             embedding_layer: nn.Module | str | None = None) -> Explanation:
     """``method="transformer_attribution"``: one forward under the authors' rules, two backward passes
-    of its graph (the LRP relevance and the plain gradient at each attention map)."""
+    of its graph (the LRP relevance and the plain gradient at each attention map). Inside an autocast region
+    it runs with autocast off: the alpha-beta rule's sums of positive and negative parts lose most of their digits
+    in half precision, so the relevance is that of the float32 model."""
+    first = first_tensor(inputs)
+    with torch.autocast(first.device.type if first is not None else "cpu", enabled=False):
+        return _explain(model, inputs, target, query, embedding_layer)
+
+
+def _explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_layer: nn.Module | str | None) -> Explanation:
     if isinstance(query, dict):
         raise ValueError(f"method={METHOD!r} explains one token set; query={{set: ...}} is for models with several")
     floats = []

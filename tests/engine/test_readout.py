@@ -73,3 +73,42 @@ def test_a_loss_and_logits_tuple_is_read_at_its_logits():
     assert with_labels.logits.shape == (2, 3)
     torch.testing.assert_close(with_labels.tokens, plain.tokens)
     torch.testing.assert_close(with_labels.score, plain.score)
+
+
+def _diverged_bert():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                        attn_implementation="sdpa", num_labels=2)
+    model = BertForSequenceClassification(config).eval()
+    with torch.no_grad():
+        model.bert.encoder.layer[1].attention.self.query.weight[0, 0] = float("nan")
+    ids = torch.randint(1, 50, (2, 6))
+    return model, {"input_ids": ids, "attention_mask": torch.tensor([[1] * 6, [1] * 4 + [0] * 2])}
+
+
+@pytest.mark.parametrize("method", [*lg.METHODS, *lg.LRP_METHODS])
+def test_a_diverged_model_is_refused_by_every_method_with_the_samples_and_what_to_check(method):
+    # Padded, so that a method testing the (NaN) probabilities for padding cannot answer first with a wrong reason.
+    model, inputs = _diverged_bert()
+    with pytest.raises(ValueError, match=re.escape("the model's output to explain is NaN or inf for sample(s) [0, 1]")
+                       + ".*Check the weights"):
+        lg.explain(model, inputs, method=method)
+
+
+def test_a_callable_targets_nonfinite_score_is_refused_too():
+    model = TinyViT().eval()
+    x = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=re.escape("for sample(s) [1]")):
+        lg.explain(model, x, target=lambda logits: logits[:, 0] / torch.tensor([1.0, 0.0]))
+
+
+def test_an_explanation_says_which_samples_have_finite_relevance():
+    model = TinyViT().eval()
+    x = torch.rand(17, 1, 8, 8, generator=torch.Generator().manual_seed(0))  # as many samples as tokens
+    exp = lg.explain(model, x)
+    assert exp.finite.shape == (17,) and exp.finite.all()
+    exp.tokens[4, 2] = float("inf")
+    exp.relevance["tokens"][9, 0] = float("nan")
+    assert exp.finite.nonzero().flatten().tolist() == [i for i in range(17) if i not in (4, 9)]
