@@ -117,6 +117,16 @@ def display_input(inputs: Any) -> Tensor:
     return inputs
 
 
+def input_tensor(inputs: Any) -> Any:
+    """``inputs`` itself when it is a tensor, else its :func:`display_input`; inputs that hold none come back as they are."""
+    if isinstance(inputs, Tensor):
+        return inputs
+    try:
+        return display_input(inputs)
+    except (StopIteration, IndexError, KeyError):
+        return inputs
+
+
 def keyword_inputs(inputs: Any) -> Mapping[str, Any] | None:
     """The mapping of keyword inputs (``model(**inputs)``), also inside a one-item tuple (``model(batch)``); else None."""
     if isinstance(inputs, (tuple, list)) and len(inputs) == 1:

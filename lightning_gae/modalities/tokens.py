@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_gae import display
-from lightning_gae._structures import display_input, keyword_inputs, replace_input
+from lightning_gae._structures import input_tensor, keyword_inputs, replace_input
 
 __all__ = ["ImageTokens", "Modality", "TabularTokens", "TextTokens"]
 
@@ -37,20 +37,12 @@ def _check_cmap(cmap: str) -> None:
 
 
 def _images(inputs: Any) -> Tensor:
-    """The images among ``inputs``: the tensor itself, or the one a person looks at among keyword or tuple inputs
-    (``pixel_values`` of a Hugging Face batch)."""
-    images = inputs if isinstance(inputs, Tensor) else _shown(inputs)
+    """The images among ``inputs``: a tensor, or ``pixel_values`` (the shown input) among keyword or tuple inputs."""
+    images = input_tensor(inputs)
     if not isinstance(images, Tensor) or images.dim() != 4:
         raise ValueError(f"ImageTokens needs images [B, C, H, W] (a tensor, or 'pixel_values' among keyword inputs); got "
                          f"{getattr(images, 'shape', type(images).__name__)}")
     return images
-
-
-def _shown(inputs: Any) -> Any:
-    try:
-        return display_input(inputs)
-    except (StopIteration, IndexError, KeyError):
-        return inputs
 
 
 def _check_tokens(tokens: Tensor, batch: int) -> None:
@@ -246,8 +238,7 @@ class ImageTokens(Modality):
         return value.to(like).view(1, channels, 1, 1)
 
     def remove(self, inputs: Any, drop: Tensor, fill: Any = None) -> Any:
-        """Images with the dropped pixels (or patches) black, or taken from ``fill``; keyword or tuple inputs come back
-        with their images replaced."""
+        """Images with the dropped pixels (or patches) black, or taken from ``fill``, in the structure of ``inputs``."""
         images = _images(inputs)
         batch, channels, height, width = images.shape
         if self.removal == "patch":
@@ -316,11 +307,10 @@ class ImageTokens(Modality):
     def infer(cls, inputs: object, num_tokens: int) -> ImageTokens | None:
         """Guess the patching from the input shape and the token count, or None.
 
-        ``inputs`` must be a floating ``[B, C, H, H]`` tensor (or hold one as ``pixel_values``); the guess is the patch size ``p`` and prefix
+        ``inputs`` must be (or show, as ``pixel_values``) a floating ``[B, C, H, H]`` tensor; the guess is the patch size ``p`` and prefix
         count ``k`` (tried in the order 1, 0, 2) with ``num_tokens == k + (H // p) ** 2`` and ``p`` dividing ``H``.
         """
-        if not isinstance(inputs, Tensor):
-            inputs = _shown(inputs)
+        inputs = input_tensor(inputs)
         if not (isinstance(inputs, Tensor) and inputs.dim() == 4 and inputs.is_floating_point()):
             return None
         side = inputs.shape[-1]
@@ -559,13 +549,12 @@ class TabularTokens(Modality):
 
     def _features(self, inputs: Any) -> Tensor:
         """The features among ``inputs``: the tensor itself, or the one a person looks at among keyword or tuple inputs."""
-        features = inputs if isinstance(inputs, Tensor) else _shown(inputs)
+        features = input_tensor(inputs)
         count = len(self.feature_names)
         if isinstance(features, Tensor) and features.dim() > 2 and features.shape[1] == count:
             raise ValueError(f"TabularTokens({count} feature_names) draws and removes one value per feature, so it needs "
-                             f"features [B, {count}]; got {list(features.shape)}, several values per feature. Give the "
-                             "model one value per feature (and make each feature's vector inside its forward), or pass "
-                             "a modality of your own (a lightning_gae.Modality subclass)")
+                             f"features [B, {count}]; got {list(features.shape)}. Give the model one value per feature "
+                             "(make each feature's vector inside its forward), or write a lightning_gae.Modality of your own")
         if not isinstance(features, Tensor) or features.dim() != 2 or features.shape[1] != count:
             raise ValueError(f"TabularTokens needs features [B, {count}] (a tensor, or the first among keyword or "
                              f"tuple inputs); got {list(getattr(features, 'shape', [])) or type(features).__name__}")
@@ -588,15 +577,13 @@ class TabularTokens(Modality):
         Raises:
             ValueError: without ``means`` or ``fill`` (the message says how to give them).
         """
-        features = self._features(inputs)
+        features, fill = self._features(inputs), None if fill is None else self._features(fill)
         if fill is None:
             if self.means is None:
                 raise ValueError("TabularTokens has no value to put in place of a removed feature: pass "
                                  "means=[...] (the training set's feature means, in the scale the model sees) "
                                  "or call modality.fit(train_features)")
             fill = torch.tensor(self.means).to(features)
-        else:
-            fill = self._features(fill)
         return replace_input(inputs, features, torch.where(drop.to(features.device), fill, features))
 
     def render(self, x: Tensor | None, relevance: Tensor | None, title: str) -> np.ndarray:
@@ -607,7 +594,6 @@ class TabularTokens(Modality):
         """
         values = None if x is None else x.detach().float().cpu().reshape(-1)
         if values is not None and values.numel() != len(self.feature_names):
-            raise ValueError(f"TabularTokens({len(self.feature_names)} feature_names) draws one value per feature; got "
-                             f"a sample of shape {list(x.shape)}")
+            raise ValueError(f"TabularTokens({len(self.feature_names)} feature_names) draws one value per feature; got {list(x.shape)}")
         lengths = torch.zeros(len(self.feature_names)) if relevance is None else relevance.detach().float().cpu()
         return display.feature_bars(self.feature_names, lengths, title, values=values)
