@@ -383,7 +383,7 @@ class TextTokens(Modality):
     @staticmethod
     def _input_ids(inputs: Any) -> Tensor:
         keywords = keyword_inputs(inputs)
-        ids = inputs if keywords is None else keywords.get("input_ids")
+        ids = input_tensor(inputs) if keywords is None else keywords.get("input_ids")
         if not isinstance(ids, Tensor) or ids.dim() != 2:
             raise ValueError("TextTokens needs input_ids [B, T]: a tensor, or a mapping (a tokenizer's output) with 'input_ids'")
         return ids
