@@ -20,7 +20,7 @@ __all__ = ["fit_to_forward", "forward_hint"]
 _BATCH_NAMES = ("batch", "inputs", "sample", "samples", "data")
 
 
-def _parameters(module: nn.Module) -> list[inspect.Parameter] | None:
+def _forward_parameters(module: nn.Module) -> list[inspect.Parameter] | None:
     """The forward's parameters (``self`` left out), or None when its signature cannot be read."""
     try:
         return list(inspect.signature(module.forward).parameters.values())
@@ -56,7 +56,7 @@ def fit_to_forward(module: nn.Module, inputs: Any) -> Any:
         ValueError: a mapping the forward's parameters do not tell how to pass; the message names
             ``batches=BatchOptions(inputs=...)`` with readers that work when passed.
     """
-    parameters = _parameters(module)
+    parameters = _forward_parameters(module)
     if not isinstance(inputs, Mapping) or parameters is None:
         return inputs
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
@@ -91,7 +91,7 @@ def forward_hint(module: nn.Module, inputs: Any, error: BaseException) -> str:
     """What to pass when calling the module on the samples raised ``error`` (empty when it is not a call mismatch)."""
     if not isinstance(error, TypeError):
         return ""
-    parameters = _parameters(module) or []
+    parameters = _forward_parameters(module) or []
     required = _required(parameters)
     if isinstance(inputs, Mapping):
         return (f" The model is called as model(**inputs) with the batch keys {list(inputs)}; pass "
