@@ -105,15 +105,38 @@ def first_tensor(inputs: Any) -> Tensor:
 
 
 def display_input(inputs: Any) -> Tensor:
-    """The tensor a person looks at: images (``pixel_values``), token ids (``input_ids``) or features."""
+    """The tensor a person looks at: images (``pixel_values``), token ids (``input_ids``) or features; inside a
+    tuple, its first item's (``(batch,)`` for a module whose forward takes the batch mapping itself)."""
     if isinstance(inputs, Mapping):
         for key in _DISPLAY_KEYS:
             if key in inputs:
                 return inputs[key]
         return next(v for v in inputs.values() if isinstance(v, Tensor))
     if isinstance(inputs, (tuple, list)):
-        return inputs[0]
+        return display_input(inputs[0])
     return inputs
+
+
+def input_tensor(inputs: Any) -> Any:
+    """``inputs`` itself when it is a tensor, else its :func:`display_input`; inputs that hold none come back as they are."""
+    if isinstance(inputs, Tensor):
+        return inputs
+    try:
+        return display_input(inputs)
+    except (StopIteration, IndexError, KeyError):
+        return inputs
+
+
+def keyword_inputs(inputs: Any) -> Mapping[str, Any] | None:
+    """The mapping of keyword inputs (``model(**inputs)``), also inside a one-item tuple (``model(batch)``); else None."""
+    if isinstance(inputs, (tuple, list)) and len(inputs) == 1:
+        inputs = inputs[0]
+    return inputs if isinstance(inputs, Mapping) else None
+
+
+def replace_input(inputs: Any, old: Tensor, new: Tensor) -> Any:
+    """``inputs`` with the tensor ``old`` (that very object, wherever it sits) replaced by ``new``, the structure kept."""
+    return map_tensors(inputs, lambda t: new if t is old else t)
 
 
 def concat(parts: list[Any]) -> Any:

@@ -15,7 +15,8 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from lightning_gae._structures import display_input, map_tensors
+from lightning_gae._structures import display_input, keyword_inputs, map_tensors
+from lightning_gae.callbacks._batch_layout import forward_hint
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.callbacks._token_sets import prepare_sets
 from lightning_gae.callbacks.answer_samples import keep_readout
@@ -23,10 +24,10 @@ from lightning_gae.options import EngineOptions
 from lightning_gae.callbacks.samples import class_names
 from lightning_gae.engine.readout import Explanation
 from lightning_gae.metrics.ground_truth import scored_truth
-from lightning_gae.modalities.tokens import ImageTokens, Modality, TextTokens
+from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.tensorboard.summary import TensorBoardViews
 
-__all__ = ["check_explanations"]
+__all__ = ["check_explanations", "check_removal", "infer_modality"]
 
 Explainer = Callable[[LightningModule, Any], tuple[dict[str, Explanation], dict[str, Tensor]]]
 
@@ -39,11 +40,7 @@ def check_explanations(run: RunState, trainer: Trainer, pl_module: LightningModu
     try:
         explanations, maps = explain(pl_module, inputs)
     except Exception as err:
-        hint = ""
-        if isinstance(err, TypeError) and isinstance(inputs, Mapping):
-            hint = (f" The model is called as model(**inputs) with the batch keys {list(inputs)}; if its "
-                    "forward does not take all of them, pass batches=BatchOptions(inputs=lambda batch: {...}) that "
-                    "keeps only its inputs.")
+        hint = forward_hint(pl_module, inputs, err)
         raise ValueError(f"GAECallback: the tracked validation samples cannot be explained, so the run stops "
                          f"before training ({type(err).__name__}: {err}).{hint}") from err
     first = next(iter(explanations.values()))
@@ -60,7 +57,7 @@ def check_explanations(run: RunState, trainer: Trainer, pl_module: LightningModu
     if run.readout is not None:
         modality = keep_readout(modality)
     if modality is None:
-        modality = ImageTokens.infer(display_input(inputs), first.tokens.shape[1])
+        modality = infer_modality(trainer, pl_module, run, inputs, first.tokens.shape[1])
     if modality is None:
         raise ValueError(
             "GAECallback: cannot infer the modality of these inputs; pass modality=ImageTokens(patch_size=...), "
@@ -84,12 +81,78 @@ def check_explanations(run: RunState, trainer: Trainer, pl_module: LightningModu
         # What the metrics and the ground truth's metric ask of the modality before their forwards.
         cpu_inputs = map_tensors(inputs, lambda t: t.cpu())
         if metrics:
-            modality.removable(cpu_inputs)
             modality.unit_scores(first.tokens.cpu(), cpu_inputs)
+            check_removal(modality, cpu_inputs, metrics)
         entry = None if run.truth is None else scored_truth(modality, run.truth)
         if entry is not None:
             entry.update_args(modality, cpu_inputs, first.tokens.cpu(), run.truth)
     except Exception as err:
         run.modality = None
+        if isinstance(err, _CannotRemove):
+            raise ValueError(str(err)) from err.__cause__
         raise ValueError(f"GAECallback(modality={modality!r}) does not fit the model's explanations of these "
                          f"inputs: {type(err).__name__}: {err}") from err
+
+
+class _CannotRemove(Exception):
+    """The modality fits the explanations, but the metrics cannot remove its units: its own message, unwrapped."""
+
+
+def check_removal(modality: Modality, inputs: Any, metrics: Sequence[str]) -> None:
+    """Remove every removable unit of ``inputs`` once, as the metrics will: a modality that cannot (a ``TextTokens``
+    with no id to put in a removed token's place) stops the run now instead of failing every scored step.
+
+    Raises:
+        _CannotRemove: naming the modality's argument to give, or ``FaithfulnessOptions(metrics=())``.
+    """
+    try:
+        modality.remove(inputs, modality.removable(inputs))
+    except Exception as err:
+        raise _CannotRemove(
+            f"GAECallback(faithfulness=FaithfulnessOptions(metrics={list(metrics)})): the metrics remove parts of the "
+            f"inputs, but modality={modality!r} cannot remove them ({type(err).__name__}: {err}). Give the modality "
+            "what it asks for, or pass faithfulness=FaithfulnessOptions(metrics=()) to score no removal metric"
+        ) from err
+
+
+def infer_modality(trainer: Trainer, pl_module: LightningModule, run: RunState, inputs: Any,
+                   num_tokens: int) -> Modality | None:
+    """The modality of inputs that say it: images whose patch grid fits the tokens, integer token ids one per token
+    (``input_ids``), or features ``[B, F]`` one per token (after at most one prefix token); else None.
+
+    Text takes the ``tokenizer`` of the module or data module if one has it; tabular features are named by their
+    input and removed to their mean over the samples read. Both are said once, with the argument that sets them.
+    """
+    shown = display_input(inputs)
+    image = ImageTokens.infer(shown, num_tokens)
+    if image is not None or not isinstance(shown, Tensor) or shown.dim() != 2:
+        return image
+    keywords = keyword_inputs(inputs) or {}
+    if not shown.is_floating_point() and shown.shape[1] == num_tokens:
+        tokenizer = next((t for t in (getattr(pl_module, "tokenizer", None),
+                                      getattr(getattr(trainer, "datamodule", None), "tokenizer", None))
+                          if hasattr(t, "convert_ids_to_tokens")), None)
+        if tokenizer is not None:
+            return TextTokens(tokenizer)
+        mask = keywords.get("attention_mask")
+        by_mask = isinstance(mask, Tensor) and mask.shape == shown.shape
+        pad = next((c.pad_token_id for c in (getattr(m, "config", None) for m in pl_module.modules())
+                    if isinstance(getattr(c, "pad_token_id", None), int)), None)
+        text = TextTokens(pad_id=pad, removal="attention" if by_mask else "replace")
+        rank_zero_warn(f"GAECallback: the inputs are token ids, so modality={text!r} (removal={text.removal!r}); "
+                       "without a tokenizer the tokens are drawn as ids and special tokens ([CLS], [SEP]) are not "
+                       "told apart: pass modality=TextTokens(tokenizer), or give the module or its data module a "
+                       "`tokenizer` attribute")
+        return text
+    features = shown.shape[1]
+    if shown.is_floating_point() and 0 <= num_tokens - features <= 1:
+        key = next((k for k, v in keywords.items() if v is shown), "x")
+        read = display_input(run.scored.inputs) if run.scored is not None else shown
+        table = TabularTokens([f"{key}[{i}]" for i in range(features)], prefix_tokens=num_tokens - features)
+        table.fit(read.float())
+        rank_zero_warn(f"GAECallback: the inputs are {features} features, one token each, so modality={table!r} "
+                       f"with the names {key}[0], ... and, for a removed feature, its mean over the {len(read)} "
+                       "validation samples read; pass modality=TabularTokens(feature_names=[...], means=[...]) (the "
+                       "training set's means, or .fit(train_features)) to set them")
+        return table
+    return None

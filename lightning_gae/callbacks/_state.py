@@ -8,6 +8,7 @@ from typing import Any
 from torch import Tensor
 from torchmetrics import Metric
 
+from lightning_gae.callbacks._failures import Failures
 from lightning_gae.callbacks.samples import Samples
 from lightning_gae.language.answers import NextTokenLogits
 from lightning_gae.modalities.tokens import Modality
@@ -31,6 +32,7 @@ class RunState:
         row_names: a causal LM's answer rows' names; ``readout``: the model read at each row's readout.
         metric_objects: the metrics built for this run, by name (they hold the module).
         region_masks: each declared region's tokens in the tracked samples, ``[B, N]`` bool.
+        failures: what failed in the run's explanation steps (warned once per kind, counted for the summary).
     """
 
     sample_indices: list[int] | None = None
@@ -48,6 +50,7 @@ class RunState:
     readout: NextTokenLogits | None = None
     metric_objects: dict[str, Metric] = field(default_factory=dict)
     region_masks: dict[str, Tensor] = field(default_factory=dict)
+    failures: Failures = field(default_factory=Failures)
 
     @property
     def shown(self) -> list[Any]:

@@ -12,6 +12,7 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 
+from lightning_gae.callbacks._batch_layout import fit_to_forward
 from lightning_gae.callbacks._schedule import interim_part
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.callbacks.answer_samples import answer_samples, has_answer_labels, holds_causal_lm
@@ -89,6 +90,9 @@ def collect(trainer: Trainer, run: RunState, num_samples: int, batches: BatchOpt
     read, count = read_samples(reader, batches.max_scan_batches, batches.inputs or default_batch_inputs,
                                batches.labels or default_batch_labels,
                                batches.ground_truth or default_batch_ground_truth)
+    if batches.inputs is None:
+        # The default reader's inputs as the module's forward takes them: by name, or the batch itself.
+        read.inputs = fit_to_forward(trainer.lightning_module, read.inputs)
     total = len(read)
     scanned = (f"the first {total} samples read (max_scan_batches={batches.max_scan_batches})"
                if count == batches.max_scan_batches else f"the {total} samples of the validation set")

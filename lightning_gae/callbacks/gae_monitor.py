@@ -344,12 +344,8 @@ class GAECallback(Callback):
         every_rank = lockstep.sharded or (subset is not None and run.sets is None)
         if not (every_rank or trainer.is_global_zero):
             return
-        with isolate_rng():
-            try:
-                lockstep.run(lambda: self._explain_step(trainer, pl_module, step, subset), every_rank)
-            except Exception as err:  # noqa: BLE001 - an explanation must never take training down
-                reason = str(err) if isinstance(err, RankFailed) else f"{type(err).__name__}: {err}"
-                self._warn_once(reason, f"GAECallback: explanation at step {step} failed and was skipped ({reason})")
+        with isolate_rng(), run.failures.attempt(step):  # an explanation must never take training down
+            lockstep.run(lambda: self._explain_step(trainer, pl_module, step, subset), every_rank)
 
     @override
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -424,7 +420,7 @@ class GAECallback(Callback):
         hint = [*hint, *(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else [])]
         self.summary = fit_report(metrics, scores, scored_on,
                                   why_not_scored(trainer, self._not_scored, self.faithfulness.metrics, has_truth),
-                                  logs, why_no_logs(trainer), hint, stage)
+                                  logs, why_no_logs(trainer), hint, stage) + self._run.failures.summary()
         if self.print_summary:
             print(self.summary)
 
@@ -479,9 +475,9 @@ class GAECallback(Callback):
         if first.logits is not None:
             computed.append(first.logits)
         if not all(torch.isfinite(t).all() for t in computed):
-            self._warn_once("non-finite", f"GAECallback: explanation at step {step} was skipped: the model's logits or "
-                                          "the relevance are not finite (NaN or inf). Such steps are skipped and "
-                                          "nothing non-finite is logged; this warning is not repeated.")
+            run.failures.record("explanation", step, "not finite", f"GAECallback: explanation at step {step} was skipped: "
+                                "the model's logits or the relevance are not finite (NaN or inf). Such steps are skipped, "
+                                "nothing non-finite is logged, and the summary counts them.")
             return
         scalars: dict[str, float] = {}
         for method, exp in explanations.items():
@@ -504,19 +500,21 @@ class GAECallback(Callback):
             self._last_scored = (trainer.state.fn.value, step)
         else:
             batches = []
-        scalars.update(self._faithfulness(pl_module, batches, shared, groups))
-        if views is not None:
-            scalars.update(set_truth_scalars(explanations, rows, run.sets, views, run.keyed, pl_module,
-                                             run.metric_objects))
         shares = None
-        if run.region_masks:
-            relevance = {m: e.tokens for m, e in explanations.items()}
-            relevance["random"] = random_attribution(first.tokens, self.batches.seed)
-            found, shares = region_scalars(relevance, run.region_masks, run.modality, inputs, self.regions.top_k)
-            scalars.update(found)
+        with run.failures.isolated("scoring", step):  # the pictures are logged whatever scoring does
+            scalars.update(self._faithfulness(pl_module, batches, shared, groups))
+            if views is not None:
+                scalars.update(set_truth_scalars(explanations, rows, run.sets, views, run.keyed, pl_module,
+                                                 run.metric_objects))
+            if run.region_masks:
+                relevance = {m: e.tokens for m, e in explanations.items()}
+                relevance["random"] = random_attribution(first.tokens, self.batches.seed)
+                found, shares = region_scalars(relevance, run.region_masks, run.modality, inputs, self.regions.top_k)
+                scalars.update(found)
         scalars = self._finite(scalars, step)
-        if trainer.is_global_zero:
-            self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
+        with run.failures.isolated("pictures", step):
+            if trainer.is_global_zero:
+                self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
         self._remember(scalars, scored_on)
         if shares is not None and trainer.is_global_zero:
             self._alert(trainer, pl_module, step, inputs, scalars, shares)

@@ -15,7 +15,7 @@ zeroed attention mask, feature means. The classes are plain, with typed
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import matplotlib
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from lightning_gae import display
+from lightning_gae._structures import input_tensor, keyword_inputs, replace_input
 
 __all__ = ["ImageTokens", "Modality", "TabularTokens", "TextTokens"]
 
@@ -33,6 +34,15 @@ def _check_cmap(cmap: str) -> None:
     # Fail when the config is read, not at the first rendering many steps into training.
     if cmap not in matplotlib.colormaps:
         raise ValueError(f"cmap={cmap!r} is not a matplotlib colormap; e.g. 'jet', 'viridis', 'Reds'")
+
+
+def _images(inputs: Any) -> Tensor:
+    """The images among ``inputs``: a tensor, or ``pixel_values`` (the shown input) among keyword or tuple inputs."""
+    images = input_tensor(inputs)
+    if not isinstance(images, Tensor) or images.dim() != 4:
+        raise ValueError(f"ImageTokens needs images [B, C, H, W] (a tensor, or 'pixel_values' among keyword inputs); got "
+                         f"{getattr(images, 'shape', type(images).__name__)}")
+    return images
 
 
 def _check_tokens(tokens: Tensor, batch: int) -> None:
@@ -145,7 +155,7 @@ class ImageTokens(Modality):
     def __repr__(self) -> str:
         return f"ImageTokens(patch_size={self.patch_size}, prefix_tokens={self.prefix_tokens})"
 
-    def to_input(self, tokens: Tensor, inputs: Tensor) -> Tensor:
+    def to_input(self, tokens: Tensor, inputs: Any) -> Tensor:
         """Patch relevance upsampled to pixels.
 
         Args:
@@ -159,12 +169,11 @@ class ImageTokens(Modality):
             ValueError: if the token count does not fit ``patch_size`` and ``prefix_tokens``.
         """
         grid = self._patch_grid(tokens, inputs)[:, None]
-        return F.interpolate(grid, size=tuple(inputs.shape[-2:]), mode="bilinear", align_corners=False)[:, 0]
+        return F.interpolate(grid, size=tuple(_images(inputs).shape[-2:]), mode="bilinear", align_corners=False)[:, 0]
 
-    def _patch_grid(self, tokens: Tensor, inputs: Tensor) -> Tensor:
+    def _patch_grid(self, tokens: Tensor, inputs: Any) -> Tensor:
         """The patch tokens' relevance as float32 ``[B, rows, cols]``, the prefix dropped."""
-        if not isinstance(inputs, Tensor) or inputs.dim() != 4:
-            raise ValueError(f"ImageTokens needs images [B, C, H, W]; got {getattr(inputs, 'shape', type(inputs).__name__)}")
+        inputs = _images(inputs)
         _check_tokens(tokens, inputs.shape[0])
         height, width = inputs.shape[-2:]
         rows, cols = height // self.patch_size, width // self.patch_size
@@ -178,14 +187,13 @@ class ImageTokens(Modality):
             )
         return tokens[:, self.prefix_tokens :].float().reshape(-1, rows, cols)
 
-    def pixel_map(self, attributions: Tensor, inputs: Tensor) -> Tensor:
+    def pixel_map(self, attributions: Tensor, inputs: Any) -> Tensor:
         """Any attribution of ``inputs [B, C, H, W]`` as float32 ``[B, H, W]``.
 
         Token relevance ``[B, N]`` goes through :meth:`to_input`; a pixel map ``[B, H, W]`` is kept;
         an input-shaped map ``[B, C, H, W]`` (Captum's) is summed over channels.
         """
-        if not isinstance(inputs, Tensor) or inputs.dim() != 4:
-            raise ValueError(f"ImageTokens needs images [B, C, H, W]; got {getattr(inputs, 'shape', type(inputs).__name__)}")
+        inputs = _images(inputs)
         if attributions.dim() == 2:
             return self.to_input(attributions, inputs)
         if attributions.dim() == 4 and attributions.shape == inputs.shape:
@@ -197,7 +205,7 @@ class ImageTokens(Modality):
             "relevance [B, N], a pixel map [B, H, W] or an input-shaped map [B, C, H, W]"
         )
 
-    def unit_scores(self, attributions: Tensor, inputs: Tensor) -> Tensor:
+    def unit_scores(self, attributions: Tensor, inputs: Any) -> Tensor:
         """Pixels ``[B, H*W]`` (row-major) or, with ``removal="patch"``, patches ``[B, rows*cols]``.
 
         Patches are ranked by their own token's relevance (token relevance ``[B, N]``), or by the
@@ -206,15 +214,16 @@ class ImageTokens(Modality):
         """
         if self.removal == "patch" and attributions.dim() == 2:
             return self._patch_grid(attributions, inputs).flatten(1)
-        pixels = self.pixel_map(attributions, inputs)
+        pixels = self.pixel_map(attributions, _images(inputs))
         if self.removal == "patch":
             rows, cols = pixels.shape[-2] // self.patch_size, pixels.shape[-1] // self.patch_size
             cropped = pixels[:, None, : rows * self.patch_size, : cols * self.patch_size]
             pixels = F.avg_pool2d(cropped, self.patch_size)[:, 0]
         return pixels.flatten(1)
 
-    def removable(self, inputs: Tensor) -> Tensor:
+    def removable(self, inputs: Any) -> Tensor:
         """Every pixel (or patch)."""
+        inputs = _images(inputs)
         batch, _, height, width = inputs.shape
         units = (height // self.patch_size) * (width // self.patch_size) if self.removal == "patch" else height * width
         return torch.ones(batch, units, dtype=torch.bool, device=inputs.device)
@@ -228,11 +237,10 @@ class ImageTokens(Modality):
             value = value / torch.tensor(self.std)
         return value.to(like).view(1, channels, 1, 1)
 
-    def remove(self, inputs: Tensor, drop: Tensor, fill: Tensor | None = None) -> Tensor:
-        """Images with the dropped pixels (or patches) black, or taken from ``fill``."""
-        if not isinstance(inputs, Tensor) or inputs.dim() != 4:
-            raise ValueError(f"ImageTokens needs images [B, C, H, W]; got {getattr(inputs, 'shape', type(inputs).__name__)}")
-        batch, channels, height, width = inputs.shape
+    def remove(self, inputs: Any, drop: Tensor, fill: Any = None) -> Any:
+        """Images with the dropped pixels (or patches) black, or taken from ``fill``, in the structure of ``inputs``."""
+        images = _images(inputs)
+        batch, channels, height, width = images.shape
         if self.removal == "patch":
             rows, cols = height // self.patch_size, width // self.patch_size
             cells = drop.reshape(batch, 1, rows, cols)
@@ -240,11 +248,12 @@ class ImageTokens(Modality):
             mask = F.pad(mask, (0, width - mask.shape[-1], 0, height - mask.shape[-2]))
         else:
             mask = drop.reshape(batch, 1, height, width)
-        replacement = self._black(channels, inputs) if fill is None else fill
-        return torch.where(mask.to(inputs.device), replacement, inputs)
+        replacement = self._black(channels, images) if fill is None else _images(fill)
+        return replace_input(inputs, images, torch.where(mask.to(images.device), replacement, images))
 
-    def blurred(self, inputs: Tensor) -> Tensor:
+    def blurred(self, inputs: Any) -> Any:
         """A Gaussian blur of each channel (reflect padding), the start of an insertion curve (RISE)."""
+        source, inputs = inputs, _images(inputs)
         sigma = self.blur_sigma or max(1.0, 0.025 * max(inputs.shape[-2:]))
         radius = max(1, min(int(3 * sigma), min(inputs.shape[-2:]) - 1))
         offsets = torch.arange(-radius, radius + 1, dtype=torch.float32)
@@ -254,7 +263,8 @@ class ImageTokens(Modality):
         out = F.pad(inputs, (radius, radius, radius, radius), mode="reflect")
         # Separable: a row pass, then a column pass, one channel at a time (groups=C).
         out = F.conv2d(out, kernel.view(1, 1, 1, -1).expand(channels, 1, 1, -1), groups=channels)
-        return F.conv2d(out, kernel.view(1, 1, -1, 1).expand(channels, 1, -1, 1), groups=channels)
+        out = F.conv2d(out, kernel.view(1, 1, -1, 1).expand(channels, 1, -1, 1), groups=channels)
+        return replace_input(source, inputs, out)
 
     def display_image(self, x: Tensor) -> Tensor:
         """One image ``[C, H, W]`` (C = 1 or 3) as displayable RGB ``[H, W, 3]`` in [0, 1], normalisation undone."""
@@ -297,9 +307,10 @@ class ImageTokens(Modality):
     def infer(cls, inputs: object, num_tokens: int) -> ImageTokens | None:
         """Guess the patching from the input shape and the token count, or None.
 
-        ``inputs`` must be a floating ``[B, C, H, H]`` tensor; the guess is the patch size ``p`` and prefix
+        ``inputs`` must be (or show, as ``pixel_values``) a floating ``[B, C, H, H]`` tensor; the guess is the patch size ``p`` and prefix
         count ``k`` (tried in the order 1, 0, 2) with ``num_tokens == k + (H // p) ** 2`` and ``p`` dividing ``H``.
         """
+        inputs = input_tensor(inputs)
         if not (isinstance(inputs, Tensor) and inputs.dim() == 4 and inputs.is_floating_point()):
             return None
         side = inputs.shape[-1]
@@ -371,7 +382,8 @@ class TextTokens(Modality):
 
     @staticmethod
     def _input_ids(inputs: Any) -> Tensor:
-        ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
+        keywords = keyword_inputs(inputs)
+        ids = input_tensor(inputs) if keywords is None else keywords.get("input_ids")
         if not isinstance(ids, Tensor) or ids.dim() != 2:
             raise ValueError("TextTokens needs input_ids [B, T]: a tensor, or a mapping (a tokenizer's output) with 'input_ids'")
         return ids
@@ -409,7 +421,7 @@ class TextTokens(Modality):
         """bool ``[B, T]``: the tokens that are not padding, by the ``attention_mask`` (when the inputs carry one of
         their shape), else by ``pad_id``; all of them when neither says."""
         ids = self._input_ids(inputs)
-        mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+        mask = (keyword_inputs(inputs) or {}).get("attention_mask")
         if isinstance(mask, Tensor) and mask.shape == ids.shape:
             return mask != 0
         if self.pad_id is not None:
@@ -426,10 +438,10 @@ class TextTokens(Modality):
         ids = self._input_ids(inputs)
         drop = drop.to(ids.device) & self.removable(inputs)
         if self.removal == "attention":
-            mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+            mask = (keyword_inputs(inputs) or {}).get("attention_mask")
             if not isinstance(mask, Tensor) or mask.shape != ids.shape:
                 raise ValueError("TextTokens(removal='attention') needs inputs as a mapping with an attention_mask [B, T]")
-            return {**inputs, "attention_mask": mask.masked_fill(drop, 0)}
+            return replace_input(inputs, mask, mask.masked_fill(drop, 0))
         if fill is not None:
             replacement = self._input_ids(fill)
         elif self.mask_id is not None or self.pad_id is not None:
@@ -437,8 +449,7 @@ class TextTokens(Modality):
         else:
             raise ValueError("TextTokens cannot remove tokens without an id to put in their place: pass mask_id= "
                              "(or pad_id=, or a tokenizer with a mask or pad token), or use removal='attention'")
-        new_ids = torch.where(drop, replacement, ids)
-        return {**inputs, "input_ids": new_ids} if isinstance(inputs, Mapping) else new_ids
+        return replace_input(inputs, ids, torch.where(drop, replacement, ids))
 
     def matches_input(self, x: Tensor, num_tokens: int) -> bool:
         return x.dim() == 2 and not x.is_floating_point() and x.shape[1] == num_tokens
@@ -526,6 +537,8 @@ class TabularTokens(Modality):
         """
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be [B, N]; got shape {tuple(tokens.shape)}")
+        if inputs is not None:
+            self._features(inputs)
         count = tokens.shape[1] - self.prefix_tokens
         if count != len(self.feature_names):
             raise ValueError(
@@ -535,36 +548,43 @@ class TabularTokens(Modality):
         return tokens[:, self.prefix_tokens :].float()
 
     def _features(self, inputs: Any) -> Tensor:
-        if not isinstance(inputs, Tensor) or inputs.dim() != 2 or inputs.shape[1] != len(self.feature_names):
-            raise ValueError(f"TabularTokens needs features [B, {len(self.feature_names)}]; "
-                             f"got {getattr(inputs, 'shape', type(inputs).__name__)}")
-        return inputs
+        """The features among ``inputs``: the tensor itself, or the one a person looks at among keyword or tuple inputs."""
+        features = input_tensor(inputs)
+        count = len(self.feature_names)
+        if isinstance(features, Tensor) and features.dim() > 2 and features.shape[1] == count:
+            raise ValueError(f"TabularTokens({count} feature_names) draws and removes one value per feature, so it needs "
+                             f"features [B, {count}]; got {list(features.shape)}. Give the model one value per feature "
+                             "(make each feature's vector inside its forward), or write a lightning_gae.Modality of your own")
+        if not isinstance(features, Tensor) or features.dim() != 2 or features.shape[1] != count:
+            raise ValueError(f"TabularTokens needs features [B, {count}] (a tensor, or the first among keyword or "
+                             f"tuple inputs); got {list(getattr(features, 'shape', [])) or type(features).__name__}")
+        return features
 
-    def unit_scores(self, attributions: Tensor, inputs: Tensor) -> Tensor:
+    def unit_scores(self, attributions: Tensor, inputs: Any) -> Tensor:
         """One score per feature ``[B, F]``, from token relevance ``[B, prefix + F]`` or a map ``[B, F]``."""
         features = self._features(inputs)
         if attributions.shape == features.shape:
             return attributions.float()
         return self.to_input(attributions, inputs)
 
-    def removable(self, inputs: Tensor) -> Tensor:
+    def removable(self, inputs: Any) -> Tensor:
         """Every feature."""
         return torch.ones_like(self._features(inputs), dtype=torch.bool)
 
-    def remove(self, inputs: Tensor, drop: Tensor, fill: Tensor | None = None) -> Tensor:
+    def remove(self, inputs: Any, drop: Tensor, fill: Any = None) -> Any:
         """Dropped features take ``means`` (or ``fill``'s values).
 
         Raises:
             ValueError: without ``means`` or ``fill`` (the message says how to give them).
         """
-        features = self._features(inputs)
+        features, fill = self._features(inputs), None if fill is None else self._features(fill)
         if fill is None:
             if self.means is None:
                 raise ValueError("TabularTokens has no value to put in place of a removed feature: pass "
                                  "means=[...] (the training set's feature means, in the scale the model sees) "
                                  "or call modality.fit(train_features)")
             fill = torch.tensor(self.means).to(features)
-        return torch.where(drop.to(features.device), fill, features)
+        return replace_input(inputs, features, torch.where(drop.to(features.device), fill, features))
 
     def render(self, x: Tensor | None, relevance: Tensor | None, title: str) -> np.ndarray:
         """Bars of relevance ``[F]`` per feature (None: no bars), labelled ``name = value`` from ``x [F]`` (or None).
@@ -573,5 +593,7 @@ class TabularTokens(Modality):
             uint8 ``[h, w, 3]``.
         """
         values = None if x is None else x.detach().float().cpu().reshape(-1)
+        if values is not None and values.numel() != len(self.feature_names):
+            raise ValueError(f"TabularTokens({len(self.feature_names)} feature_names) draws one value per feature; got {list(x.shape)}")
         lengths = torch.zeros(len(self.feature_names)) if relevance is None else relevance.detach().float().cpu()
         return display.feature_bars(self.feature_names, lengths, title, values=values)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
+from lightning.pytorch import Callback
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 import lightning_gae as lg
@@ -21,7 +22,9 @@ from lightning_gae import ImageTokens
 from lightning_gae.callbacks import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions, GAECallback
 from recipes.digits import DigitsDataModule
 from recipes.vit import Block, ViTClassifier
+from tests.helpers.hf_modules import Batches, TextByName, ids_and_mask, tiny_bert
 from tests.helpers.models import RankOneFails, small_vit
+from tests.helpers.private import _Failures
 from tests.helpers.trainer import EPOCH_END_STEPS, CPUFSDPStrategy, heatmap_tag, no_skipped_explanation
 
 
@@ -84,17 +87,17 @@ class FlatDigits(DigitsDataModule):
 
 
 class FeatureTransformer(ViTClassifier):
-    """One token per feature: no image, so no modality can be inferred."""
+    """One token per pair of features: neither image patches nor one token per feature, so no modality is inferred."""
 
     def __init__(self) -> None:
         super().__init__(dim=16, depth=1, heads=2)
-        self.embed = nn.Linear(1, 16)
+        self.embed = nn.Linear(2, 16)
         self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1,
                                              enable_nested_tensor=False)
         self.head = nn.Linear(16, 10)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.head(self.encoder(self.embed(x.flatten(1)[..., None]))[:, 0])
+        return self.head(self.encoder(self.embed(x.flatten(1).view(len(x), -1, 2)))[:, 0])
 
 
 class Keyed(Dataset):
@@ -120,7 +123,13 @@ class KeyedDigits(DigitsDataModule):
 
 
 class KeyedViT(ViTClassifier):
-    def forward(self, pixel_values: Tensor) -> Tensor:
+    """Its forward hides its parameters behind ``*args, **kwargs`` (a decorator's wrapper): the keys it takes cannot
+    be read from its signature. (A forward that names them gets only those: tests/callbacks/test_batch_layout.py.)"""
+
+    def forward(self, *args, **kwargs) -> Tensor:
+        return self._forward(*args, **kwargs)
+
+    def _forward(self, pixel_values: Tensor) -> Tensor:
         return self.model(pixel_values)
 
     def training_step(self, batch, batch_idx):
@@ -140,7 +149,7 @@ class KeyedViT(ViTClassifier):
                      id="no modality fits"),
         pytest.param({}, KeyedViT, r"cannot be explained.*unexpected keyword argument 'index'.*pass "
                                    r"batches=BatchOptions\(inputs=",
-                     id="forward rejects a batch key"),
+                     id="forward hides its parameters and rejects a batch key"),
         pytest.param(dict(batches=BatchOptions(sample_indices=[10_000])), small_vit,
                      r"BatchOptions\(sample_indices=...\)\): \[10000\] are outside the 360 samples of the validation set",
                      id="sample outside the validation set"),
@@ -176,6 +185,7 @@ def test_a_model_that_breaks_mid_run_warns_and_training_finishes(tmp_path, make_
     assert trainer.current_epoch == 3 and trainer.state.finished
     steps = {e.step for e in read_events(trainer.logger.log_dir).Images(f"gae_heatmaps/val_{callback.sample_indices[0]}")}
     assert len(steps) == 1, "only the first epoch could be explained"
+    assert "explanations failed at 2 of 3 explanation steps:\n  ValueError: no attention was recorded" in callback.summary
 
 
 class NaNAfterFirstEpoch(ViTClassifier):
@@ -278,10 +288,13 @@ TENSOR_PARALLEL_SCRIPT = """
     import json, sys
     import torch
     from lightning.pytorch import Trainer
-    from lightning.pytorch.strategies import ModelParallelStrategy
+    from lightning.pytorch import Callback
+from lightning.pytorch.strategies import ModelParallelStrategy
     from lightning_gae.callbacks import GAECallback
     from recipes.digits import DigitsDataModule
-    from tests.helpers.models import RankOneFails, small_vit
+    from tests.helpers.hf_modules import Batches, TextByName, ids_and_mask, tiny_bert
+from tests.helpers.models import RankOneFails, small_vit
+from tests.helpers.private import _Failures
 
     trainer = Trainer(logger=False, callbacks=[GAECallback()], accelerator="cpu", devices=2, max_epochs=1,
                       strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),
@@ -398,3 +411,124 @@ def test_the_lrp_methods_under_fsdp1_train_as_without_the_callback_and_explain_l
             assert np.abs(alone.tensor(tag)).max() > 0
             np.testing.assert_allclose(acc.tensor(tag), alone.tensor(tag), rtol=0, atol=1e-5)
             np.testing.assert_allclose(acc.tensor(tag), tokens[k].numpy(), rtol=0, atol=1e-5)
+
+
+# --- failures are isolated and counted ---------------------------------------------------------------
+
+
+def test_failures_are_warned_once_per_kind_and_counted_per_step():
+    failures = _Failures()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in (1, 3, 5, 7):
+            with failures.attempt(step):
+                if step > 1:
+                    with failures.isolated("scoring", step):
+                        raise RuntimeError("perturbed forward broke")
+                if step == 7:
+                    raise ValueError("no attention was recorded")
+    messages = [str(w.message) for w in caught]
+    assert messages == [
+        "GAECallback: scoring at step 3 failed and was skipped; the step's pictures were logged (RuntimeError: perturbed "
+        "forward broke); further failures of this kind are counted in the summary",
+        "GAECallback: explanation at step 7 failed and was skipped (ValueError: no attention was recorded); further "
+        "failures of this kind are counted in the summary"]
+    assert failures.lines() == ["explanations failed at 1 of 4 explanation steps:",
+                                "  ValueError: no attention was recorded (1 step, first at step 7)",
+                                "scoring failed at 3 of 4 explanation steps:",
+                                "  RuntimeError: perturbed forward broke (3 steps, first at step 3)"]
+
+
+def _token_ids(i):
+    ids, mask = ids_and_mask(i)
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor(i % 2)}
+
+
+@pytest.mark.slow
+def test_text_tokens_that_cannot_remove_a_token_stop_the_run_at_start_naming_the_argument(tmp_path, make_trainer):
+    # TextTokens() with no mask or pad id used to pass the fit-start check, then drop every scored step whole.
+    trainer = make_trainer(tmp_path, [GAECallback(num_samples=2, modality=lg.TextTokens())])
+    loader = DataLoader(Batches(_token_ids), batch_size=4)
+    with pytest.raises(ValueError, match=r"FaithfulnessOptions\(metrics=\['positive_perturbation_auc', "
+                                         r"'negative_perturbation_auc'\]\)\): the metrics remove parts of the inputs, "
+                                         r"but modality=TextTokens\(ids, pad_id=None\) cannot.*pass mask_id=.*"
+                                         r"FaithfulnessOptions\(metrics=\(\)\)"):
+        trainer.fit(TextByName(tiny_bert()), loader, loader)
+    assert trainer.global_step == 0
+
+
+class PerturbedForwardBreaks(ViTClassifier):
+    """From epoch 1 on, once validation is over, the forwards without gradients (the metrics' perturbed inputs) fail;
+    the explanation's own forward, validation and training are untouched."""
+
+    breaks = False
+
+    def forward(self, x):
+        if self.breaks and not torch.is_grad_enabled():
+            raise RuntimeError("perturbed forward broke")
+        return super().forward(x)
+
+
+class BreakScoring(Callback):
+    """Before GAECallback (callbacks run in order): scoring breaks at the explanation steps from epoch 1 on."""
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        pl_module.breaks = False
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        pl_module.breaks = trainer.current_epoch >= 1 and not trainer.sanity_checking
+
+
+@pytest.mark.slow
+def test_a_scoring_failure_keeps_the_steps_pictures_and_every_step_is_counted(tmp_path, make_trainer, read_events):
+    callback = GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(samples=0))
+    trainer = make_trainer(tmp_path, [BreakScoring(), callback], max_epochs=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(PerturbedForwardBreaks(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    said = [str(w.message) for w in caught if "failed" in str(w.message)]
+    assert said == [f"GAECallback: scoring at step {EPOCH_END_STEPS[1]} failed and was skipped; the step's pictures were "
+                    "logged (RuntimeError: perturbed forward broke); further failures of this kind are counted in the "
+                    "summary"], said
+    acc = read_events(trainer.logger.log_dir)
+    steps = [*EPOCH_END_STEPS, EPOCH_END_STEPS[1] + 2]
+    for sample in callback.sample_indices:
+        assert acc.image_steps(heatmap_tag(sample)) == steps  # the pictures of the steps whose scoring failed too
+    assert acc.scalar_steps("positive_perturbation_auc/gae") == steps[:1]
+    assert acc.scalar_steps("relevance_concentration/gae") == steps
+    assert ("scoring failed at 2 of 3 explanation steps:\n  RuntimeError: perturbed forward broke (2 steps, first at "
+            f"step {EPOCH_END_STEPS[1]})") in callback.summary
+
+
+class BrokenPictures(ImageTokens):
+    """Draws at fit start (the check), then fails every picture (``broken`` is set when training starts)."""
+
+    broken = False
+
+    def display_image(self, x):
+        if self.broken:
+            raise RuntimeError("cannot draw")
+        return super().display_image(x)
+
+
+class BreakPictures(Callback):
+    def __init__(self, modality: BrokenPictures) -> None:
+        self.modality = modality
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.modality.broken = True
+
+
+@pytest.mark.slow
+def test_a_picture_failure_keeps_the_steps_scalars_and_the_summarys_scores(tmp_path, make_trainer, read_events):
+    modality = BrokenPictures(patch_size=2)
+    callback = GAECallback(num_samples=2, modality=modality, faithfulness=FaithfulnessOptions(samples=0))
+    trainer = make_trainer(tmp_path, [callback, BreakPictures(modality)])
+    with pytest.warns(UserWarning, match=r"pictures at step 1 failed and were skipped; the step's scalars were logged "
+                                         r"\(RuntimeError: cannot draw\)"):
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    acc = read_events(trainer.logger.log_dir)
+    assert acc.scalar_steps("positive_perturbation_auc/gae") == EPOCH_END_STEPS
+    assert "faithfulness (the 2 tracked validation samples at step 3" in callback.summary
+    assert "pictures failed at 2 of 2 explanation steps:\n  RuntimeError: cannot draw (2 steps, first at step 1)" \
+        in callback.summary

@@ -6,7 +6,9 @@ package's private modules (``_samples``, ``_stderr``, ``_distributed``), kept un
 
 from lightning_gae.lrp._ta_attention import Layer as _Layer
 from lightning_gae.lrp._ta_attention import layer_abar as _layer_abar
+from lightning_gae.callbacks._batch_layout import fit_to_forward as _fit_to_forward
 from lightning_gae.callbacks._distributed import random_rows as _random_rows
+from lightning_gae.callbacks._failures import Failures as _Failures
 from lightning_gae.callbacks._distributed import subset_part as _subset_part
 from lightning_gae.callbacks.samples import balanced_choice as _balanced_choice
 from lightning_gae.engine.explain import _attended, _explain, _relevance_row
@@ -14,5 +16,6 @@ from lightning_gae.engine.lean import _chunks, _LeanAttention
 from lightning_gae.metrics.stderr import value_and_stderr as _value_and_stderr
 from lightning_gae.display.views import MAX_IMAGE_SIDE as _MAX_IMAGE_SIDE
 
-__all__ = ["_MAX_IMAGE_SIDE", "_Layer", "_LeanAttention", "_attended", "_balanced_choice", "_chunks", "_explain",
+__all__ = ["_Failures", "_MAX_IMAGE_SIDE", "_Layer", "_LeanAttention", "_attended", "_balanced_choice", "_chunks", "_explain",
+           "_fit_to_forward",
            "_layer_abar", "_random_rows", "_relevance_row", "_subset_part", "_value_and_stderr"]

@@ -263,3 +263,57 @@ def test_lightning_cli_can_build_modalities_from_config():
     }})
     modality = parser.instantiate_classes(config).modality
     assert isinstance(modality, ImageTokens) and (modality.patch_size, modality.prefix_tokens, modality.mean) == (2, 0, (0.5,))
+
+
+# --- keyword and tuple inputs (Hugging Face batches, a forward that takes the batch) ---------------
+
+
+def _same(a, b):
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+@pytest.mark.parametrize(
+    "modality,tensor,wrap,key",
+    [
+        (ImageTokens(patch_size=4), torch.rand(2, 3, 8, 8), lambda x: {"pixel_values": x}, "pixel_values"),
+        (ImageTokens(patch_size=4, removal="patch"), torch.rand(2, 3, 8, 8), lambda x: ({"pixel_values": x},),
+         "pixel_values"),
+        (TabularTokens(["a", "b", "c"], means=[0.5, 0.5, 0.5]), torch.rand(2, 3), lambda x: {"features": x}, "features"),
+        (TextTokens(mask_id=9), torch.tensor([[1, 2, 3, 0], [4, 5, 6, 7]]),
+         lambda x: ({"input_ids": x, "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])},), "input_ids"),
+    ],
+    ids=["image mapping", "image batch as one argument", "features mapping", "text batch as one argument"],
+)
+def test_keyword_and_tuple_inputs_are_mapped_and_removed_like_their_tensor(modality, tensor, wrap, key):
+    # A Hugging Face batch {"pixel_values": ...} used to fail every modality call with "'dict' object has no
+    # attribute 'shape'"; a module whose forward takes the batch is called with (batch,).
+    inputs = wrap(tensor)
+    mapping = inputs[0] if isinstance(inputs, tuple) else inputs
+    tokens = torch.rand(2, 1 + 4 if isinstance(modality, ImageTokens) else 4)
+    direct = mapping if isinstance(modality, TextTokens) else tensor
+    assert torch.equal(modality.to_input(tokens, inputs), modality.to_input(tokens, direct))
+    assert torch.equal(modality.unit_scores(tokens, inputs), modality.unit_scores(tokens, direct))
+    removable = modality.removable(inputs)
+    assert torch.equal(removable, modality.removable(direct))
+    drop = torch.zeros_like(removable)
+    drop[:, :2] = True
+    removed = modality.remove(inputs, drop)
+    assert type(removed) is type(inputs)
+    removed_mapping = removed[0] if isinstance(removed, tuple) else removed
+    expected = modality.remove(direct, drop)
+    assert set(removed_mapping) == set(mapping)
+    assert torch.equal(removed_mapping[key], expected[key] if isinstance(expected, dict) else expected)
+    assert not torch.equal(removed_mapping[key], tensor) or isinstance(modality, TextTokens)
+    assert all(_same(removed_mapping[k], mapping[k]) for k in mapping if k not in (key, "attention_mask"))
+    blurred = modality.blurred(inputs)
+    assert type(blurred) is type(inputs)
+
+
+def test_tabular_features_of_several_values_are_refused_naming_what_to_do():
+    # [B, F, D] features used to leak "TypeError: unsupported format string passed to list.__format__" from the picture.
+    modality = TabularTokens(["a", "b", "c"], prefix_tokens=0, means=[0.0] * 3)
+    features = torch.rand(2, 3, 4)
+    for call in (lambda: modality.to_input(torch.rand(2, 3), features), lambda: modality.removable(features),
+                 lambda: modality.render(features[0], torch.rand(3), "row 0")):
+        with pytest.raises(ValueError, match=r"TabularTokens\(3 feature_names\) draws.* one value per feature"):
+            call()

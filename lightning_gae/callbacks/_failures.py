@@ -1,0 +1,94 @@
+"""What failed in a run's explanation steps, and how often: each part of a step fails on its own, each kind of
+failure is warned once with its step, and the summary counts them all.
+
+A step has parts that fail apart: the explanation itself (nothing of the step can be logged), its scoring (the
+faithfulness metrics, the ground truth and the regions: the pictures are still logged) and its pictures (the scalars
+are still logged and kept for the summary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lightning_gae.callbacks._distributed import RankFailed
+
+__all__ = ["Failures"]
+
+# What a failing part costs the step, said in its warning.
+_WHAT_IS_LOST = {
+    "explanation": "was skipped",
+    "scoring": "was skipped; the step's pictures were logged",
+    "pictures": "were skipped; the step's scalars were logged",
+}
+
+
+@dataclass
+class _Kind:
+    """One kind of failure of one part: where it first happened and at which steps."""
+
+    part: str
+    reason: str
+    steps: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Failures:
+    """The explanation steps of a run (fit, validate or test) and what failed in them."""
+
+    steps: set[int] = field(default_factory=set)
+    kinds: dict[tuple[str, str], _Kind] = field(default_factory=dict)
+
+    @contextmanager
+    def attempt(self, step: int) -> Iterator[None]:
+        """One explanation step: counted; if it raises, the whole step is the failure (never raised further)."""
+        self.steps.add(step)
+        with self.isolated("explanation", step):
+            yield
+
+    @contextmanager
+    def isolated(self, part: str, step: int) -> Iterator[None]:
+        """One ``part`` of a step: what it raises is recorded, and the rest of the step goes on."""
+        try:
+            yield
+        except Exception as err:  # noqa: BLE001 - a failing part of an explanation step never stops training
+            self.record(part, step, str(err) if isinstance(err, RankFailed) else f"{type(err).__name__}: {err}")
+
+    def record(self, part: str, step: int, reason: str, message: str | None = None) -> None:
+        """A failure of ``part`` at ``step``; a kind not seen before in this run is warned (``message``, or the
+        part, the step and the reason)."""
+        kind = self.kinds.get((part, reason))
+        if kind is None:
+            kind = self.kinds[(part, reason)] = _Kind(part, reason)
+            rank_zero_warn(message or f"GAECallback: {_noun(part)} at step {step} failed and {_WHAT_IS_LOST[part]} "
+                                      f"({reason}); further failures of this kind are counted in the summary")
+        if step not in kind.steps:
+            kind.steps.append(step)
+
+    def lines(self) -> list[str]:
+        """The summary's lines: per part, how many steps failed and why, e.g. ``explanations failed at 3 of 10
+        steps: ValueError: ... (first at step 4)``; none when nothing failed."""
+        found = []
+        for part in _WHAT_IS_LOST:
+            kinds = [k for k in self.kinds.values() if k.part == part]
+            if not kinds:
+                continue
+            failed = len({s for k in kinds for s in k.steps})
+            found.append(f"{_noun(part, plural=True)} failed at {failed} of {len(self.steps)} explanation steps:")
+            found += [f"  {k.reason} ({len(k.steps)} {'step' if len(k.steps) == 1 else 'steps'}, first at step "
+                      f"{k.steps[0]})" for k in kinds]
+        return found
+
+    def summary(self) -> str:
+        """:meth:`lines` as a block to add below the summary (empty when nothing failed)."""
+        lines = self.lines()
+        return "\n" + "\n".join(lines) if lines else ""
+
+
+def _noun(part: str, plural: bool = False) -> str:
+    if part == "pictures":
+        return "pictures"
+    return part + ("s" if plural and part == "explanation" else "")

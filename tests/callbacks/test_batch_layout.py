@@ -1,0 +1,201 @@
+"""lightning_gae.callbacks._batch_layout and the modality inferred at fit start: the batch formats users have (Hugging
+Face mappings of images, text and features, tuples, a forward that takes the batch) work without arguments; what the
+forward's signature cannot tell stops the run at its start with a reader that works when passed (the tests pass it)."""
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+import lightning_gae as lg
+from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
+from tests.helpers.hf_modules import Batches, HFModule, TextByName, ids_and_mask, images, tiny_bert, tiny_vit
+from tests.helpers.private import _fit_to_forward
+from tests.helpers.trainer import heatmap_tag, no_skipped_explanation
+
+pytest.importorskip("transformers")
+
+SCORED = ("positive_perturbation_auc/gae", "negative_perturbation_auc/gae")
+
+
+class ImagesByName(HFModule):
+    def forward(self, pixel_values: Tensor) -> Tensor:
+        return self.model(pixel_values=pixel_values).logits
+
+
+class TakesTheBatch(HFModule):
+    def forward(self, batch: dict) -> Tensor:
+        return self.model(pixel_values=batch["pixel_values"]).logits
+
+
+class ImagesAsX(HFModule):
+    """``forward(x)`` with mapping batches: x may be the images or the batch; the signature cannot tell."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(pixel_values=x).logits
+
+
+class MappingAsX(HFModule):
+    def forward(self, x) -> Tensor:
+        return self.model(pixel_values=x["pixel_values"]).logits
+
+
+def _fit(tmp_path, make_trainer, module, make, **callback):
+    callback = GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(samples=4), **callback)
+    trainer = make_trainer(tmp_path, [callback], max_epochs=1)
+    loader = DataLoader(Batches(make), batch_size=4)
+    trainer.fit(module, loader, loader)
+    return trainer, callback
+
+
+def _assert_explained(trainer, callback, read_events):
+    acc = read_events(trainer.logger.log_dir)
+    for sample in callback.sample_indices:
+        assert acc.image_steps(heatmap_tag(sample)) == [1]
+    assert set(SCORED) <= set(acc.Tags()["scalars"])
+    assert "faithfulness (4 validation samples" in callback.summary
+
+
+def _image_batch(i):
+    return {"pixel_values": images(i), "labels": torch.tensor(i % 3)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", [ImagesByName, TakesTheBatch], ids=["forward(pixel_values)", "forward(batch)"])
+def test_hugging_face_image_batches_are_explained_without_arguments(tmp_path, make_trainer, read_events, module):
+    # {"pixel_values", "labels"} used to infer ImageTokens, then stop the run with "'dict' object has no attribute
+    # 'shape'"; a forward(self, batch) was refused with advice that could not work.
+    with no_skipped_explanation():
+        trainer, callback = _fit(tmp_path, make_trainer, module(tiny_vit()), _image_batch)
+    _assert_explained(trainer, callback, read_events)
+
+
+@pytest.mark.slow
+def test_hugging_face_text_batches_infer_text_tokens_and_are_scored(tmp_path, make_trainer, read_events):
+    def make(i):
+        ids, mask = ids_and_mask(i)
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor(i % 2)}
+
+    with no_skipped_explanation(), pytest.warns(UserWarning, match=r"the inputs are token ids, so modality=TextTokens"
+                                                                   r".*removal='attention'.*TextTokens\(tokenizer\)"):
+        trainer, callback = _fit(tmp_path, make_trainer, TextByName(tiny_bert()), make)
+    _assert_explained(trainer, callback, read_events)
+
+
+class FeatureTransformer(LightningModule):
+    """One token per feature after a CLS token, on ``{"features": [B, 6], "labels"}`` batches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.cls = nn.Linear(1, 16), nn.Parameter(torch.zeros(1, 1, 16))
+        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, batch_first=True), 1,
+                                             enable_nested_tensor=False)
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, features: Tensor) -> Tensor:
+        tokens = self.embed(features[..., None])
+        return self.head(self.encoder(torch.cat([self.cls.expand(len(tokens), -1, -1), tokens], 1))[:, 0])
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch["features"]), batch["labels"])
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.slow
+def test_feature_batches_infer_tabular_tokens_and_are_scored(tmp_path, make_trainer, read_events):
+    def make(i):
+        return {"features": torch.randn(6, generator=torch.Generator().manual_seed(i)), "labels": torch.tensor(i % 2),
+                "index": torch.tensor(i)}  # a key the forward does not take: left out
+
+    with no_skipped_explanation(), pytest.warns(UserWarning, match=r"6 features, one token each.*TabularTokens\("
+                                                                   r"feature_names=\[\.\.\.\], means=\[\.\.\.\]\)"):
+        trainer, callback = _fit(tmp_path, make_trainer, FeatureTransformer(), make)
+    _assert_explained(trainer, callback, read_events)
+
+
+def _followed(message: str) -> list[BatchOptions]:
+    """Every ``batches=BatchOptions(...)`` the message offers, built as a user would paste it."""
+    offered = []
+    for found in re.finditer(r"batches=(BatchOptions\()", message):
+        start, depth = found.start(1), 0
+        for end in range(found.end(1) - 1, len(message)):
+            depth += {"(": 1, ")": -1}.get(message[end], 0)
+            if depth == 0:
+                break
+        offered.append(eval(message[start : end + 1]))
+    return offered
+
+
+@pytest.mark.slow
+def test_a_forward_whose_signature_cannot_tell_is_refused_with_readers_that_work_when_passed(tmp_path, make_trainer,
+                                                                                           read_events):
+    # forward(x) with mapping batches: x may be the images or the batch itself.
+    offered = {}
+    for module in (ImagesAsX, MappingAsX):
+        with pytest.raises(ValueError, match=r"ImagesAsX|MappingAsX") as refused:
+            _fit(tmp_path / "refused", make_trainer, module(tiny_vit()), _image_batch)
+        message = str(refused.value)
+        assert "forward(x) takes none of them by name" in message and "batches=BatchOptions(inputs=" in message
+        offered[module] = _followed(message)
+        assert len(offered[module]) == 2, message
+    # The first reader is right for forward(images), the second for forward(batch): each, passed, explains the run.
+    for module, options in ((ImagesAsX, offered[ImagesAsX][0]), (MappingAsX, offered[MappingAsX][1])):
+        with no_skipped_explanation():
+            trainer, callback = _fit(tmp_path / module.__name__, make_trainer, module(tiny_vit()), _image_batch,
+                                     batches=options)
+        _assert_explained(trainer, callback, read_events)
+
+
+class TwoInputs(LightningModule):
+    """``forward(x, mask)`` on ``(x, mask, y)`` tuples: the default reader passes ``x`` alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = tiny_bert()
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        return self.model(input_ids=x, attention_mask=mask).logits
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self(batch[0], batch[1]), batch[2])
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.slow
+def test_a_tuple_batch_whose_forward_takes_more_than_its_first_item_is_refused_with_a_reader_that_works(
+        tmp_path, make_trainer, read_events):
+    def make(i):
+        return (*ids_and_mask(i), torch.tensor(i % 2))
+
+    text = lg.TextTokens(pad_id=0)
+    with pytest.raises(ValueError, match=r"forward takes x, mask: pass batches=BatchOptions\(inputs=") as refused:
+        _fit(tmp_path / "refused", make_trainer, TwoInputs(), make, modality=text)
+    (options,) = _followed(str(refused.value))
+    with no_skipped_explanation():
+        trainer, callback = _fit(tmp_path / "followed", make_trainer, TwoInputs(), make, modality=text, batches=options)
+    _assert_explained(trainer, callback, read_events)
+
+
+def test_the_forward_signature_decides_how_a_mapping_is_passed():
+    fit_to_forward = _fit_to_forward
+    batch = {"pixel_values": torch.zeros(2, 3, 4, 4), "index": torch.arange(2)}
+    assert fit_to_forward(ImagesByName(nn.Identity()), batch).keys() == {"pixel_values"}
+    assert fit_to_forward(TakesTheBatch(nn.Identity()), batch) == (batch,)
+    assert fit_to_forward(HFModule(nn.Identity()), batch) is batch  # LightningModule.forward(*args, **kwargs)
+    assert fit_to_forward(ImagesByName(nn.Identity()), batch["pixel_values"]) is batch["pixel_values"]
+    with pytest.raises(ValueError, match=r"ImagesAsX.forward\(x\)"):
+        fit_to_forward(ImagesAsX(nn.Identity()), batch)
