@@ -40,8 +40,9 @@ DOMINATED_SHARE = 0.5
 
 CAUSES = {
     "identity": "its layers' terms (GAE's Ā) vanish beside the identity: the model is saturated (a confident, "
-                "well-fitted model has tiny gradients of the explained score), the relevance outside the read-out "
-                "token is round-off and its ranking means nothing (docs/guides/callback.md#unfaithful-explanations)",
+                "well-fitted model has tiny gradients of the explained score), so the relevance outside the read-out "
+                "token is at the level of round-off, the maps are black, and its ranking cannot be trusted even where "
+                "a score still looks good (docs/guides/callback.md#unfaithful-explanations)",
     "random": "the method does not track what the model uses: removing or keeping the tokens it ranks first changes "
               "the prediction no more than random relevance does (docs/guides/callback.md#unfaithful-explanations)",
 }
