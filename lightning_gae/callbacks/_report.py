@@ -1,7 +1,8 @@
 """What GAECallback prints when a run ends: the run's metrics, each method's faithfulness, where the logs are.
 
 Plain text, the same on every terminal and in a log file: the faithfulness rows are the Text tab's
-``gae_faithfulness`` table (:func:`lightning_gae.tensorboard.summary.faithfulness_rows`), from the same scalars.
+``gae_faithfulness`` table (:func:`lightning_gae.tensorboard.summary.faithfulness_rows`), from the same scalars, each
+value with its rank (:func:`lightning_gae.tensorboard.summary.rank_labels`: tied where the errors do not tell apart).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.loggers.logger import DummyLogger
 
 from lightning_gae.metrics import PERTURBATION_METRICS
-from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, faithfulness_rows
+from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, faithfulness_rows, rank_labels
 
 __all__ = ["event_logs", "fit_report", "only_dummy_loggers", "text_table", "whole_subset_hint", "why_no_logs",
            "why_not_scored", "writers"]
@@ -135,8 +136,12 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
         lines.append(f"faithfulness: not scored ({not_scored})")
     else:
         names, rows = found
+        ranks = rank_labels(scores)
+        rows = [[method, *(f"{cell} {ranks[name][method]}" if cell else cell for name, cell in zip(names, cells))]
+                for method, *cells in rows]
         floor = "; random is the floor" if any(row[0] == "random" for row in rows) else ""
-        lines += [f"faithfulness ({scored_on}; value ± standard error{floor}):",
+        lines += [f"faithfulness ({scored_on}; value ± standard error and rank, #k= where the errors do not tell "
+                  f"methods apart{floor}):",
                   *text_table(["method", *(name + _direction(name) for name in names)], rows), *after_scores]
     if logs:
         for log_dir, _ in logs:

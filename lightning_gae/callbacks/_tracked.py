@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
+from torch import Tensor
 
 from lightning_gae.callbacks._batch_layout import fit_to_forward
 from lightning_gae.callbacks._schedule import interim_part
@@ -29,7 +30,7 @@ from lightning_gae.callbacks.samples import (
     read_samples,
 )
 
-__all__ = ["collect", "explains_answers", "pick_loader", "validation_loaders"]
+__all__ = ["collect", "explains_answers", "pick_loader", "tracked_target", "validation_loaders"]
 
 
 def validation_loaders(trainer: Trainer) -> Any:
@@ -141,3 +142,17 @@ def collect(trainer: Trainer, run: RunState, num_samples: int, batches: BatchOpt
     if target == "label" and run.labels is None:
         raise ValueError("GAECallback(target='label'): the batches carry no labels; pass "
                          "batches=BatchOptions(labels=...) or use target='pred'")
+
+
+def tracked_target(target: Any, labels: Tensor | None, device: torch.device, query: Any) -> Any:
+    """What ``explain`` is told to explain for the tracked samples (``labels``: theirs); labels of sequence outputs
+    ``[B, T]`` are read at the query position."""
+    if callable(target):
+        return target
+    if target == "pred":
+        return None
+    labels = labels.to(device)
+    if labels.dim() == 2 and not isinstance(query, str):
+        position = torch.as_tensor(query, device=labels.device).expand(labels.shape[0])
+        return labels.gather(1, position[:, None])[:, 0]
+    return labels

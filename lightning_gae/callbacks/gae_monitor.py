@@ -23,6 +23,7 @@ from typing_extensions import override
 from lightning_gae._structures import display_input, map_tensors
 from lightning_gae.attribution import attribute
 from lightning_gae.callbacks._distributed import Lockstep, RankFailed, check_strategy, from_rank_zero, gather_scores
+from lightning_gae.callbacks._health import Health
 from lightning_gae.callbacks._preflight import check_explanations
 from lightning_gae.callbacks._regions import RegionAlert, new_alerts, region_masks, region_scalars
 from lightning_gae.callbacks._report import (
@@ -45,7 +46,7 @@ from lightning_gae.callbacks._scoring import (
 )
 from lightning_gae.callbacks._state import SHARED, RunState
 from lightning_gae.callbacks._token_sets import decoder_rows, set_views
-from lightning_gae.callbacks._tracked import collect
+from lightning_gae.callbacks._tracked import collect, tracked_target
 from lightning_gae.callbacks._arguments import check_arguments
 from lightning_gae.callbacks.samples import (
     class_names,
@@ -205,6 +206,8 @@ class GAECallback(Callback):
         # Declared regions: the first step's shares (what a rise is measured from) and the alerts raised this run.
         self._first_regions: dict[str, float] | None = None
         self._alerts: list[RegionAlert] = []
+        # Explanations that stopped being faithful: the flags raised this fit (:mod:`._health`).
+        self._health = Health()
 
     @property
     @override
@@ -221,7 +224,7 @@ class GAECallback(Callback):
             self._views = self._new_views()
         if stage == "fit":
             self.summary = None
-            self._first_regions, self._alerts = None, []
+            self._first_regions, self._alerts, self._health = None, [], Health()
         if not trainer.loggers:
             rank_zero_warn(
                 "GAECallback: the Trainer has no logger, so nothing will be shown. Add one, e.g. "
@@ -381,6 +384,7 @@ class GAECallback(Callback):
                     for logger in trainer.loggers:
                         logger.log_metrics(scalars, step=step)
                     self._views.write_scores(writers(trainer), step, scalars, self._curves)
+                    self._health.check(trainer, step, scalars)
                 self._remember(scalars, f"{len(part)} validation samples, the final weights at step {step}")
             except Exception as err:  # noqa: BLE001 - nor may scoring take the end of training down
                 reason = str(err) if isinstance(err, RankFailed) else f"{type(err).__name__}: {err}"
@@ -417,7 +421,8 @@ class GAECallback(Callback):
         hint = whole_subset_hint(trainer, subset, scores, logs) if stage == "fit" else []
         has_truth = self._run.truth is not None or bool(self._run.keyed)
         alerts = [alert.text(indent="  ") for alert in self._alerts]
-        hint = [*hint, *(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else [])]
+        hint = [*hint, *(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else []),
+                *self._health.summary_lines()]
         self.summary = fit_report(metrics, scores, scored_on,
                                   why_not_scored(trainer, self._not_scored, self.faithfulness.metrics, has_truth),
                                   logs, why_no_logs(trainer), hint, stage) + self._run.failures.summary()
@@ -431,7 +436,7 @@ class GAECallback(Callback):
         ``labels``: those of ``inputs`` when they are not the tracked samples (the faithfulness subset).
         """
         if labels is None or callable(self.target):
-            target = self._target_at(pl_module, self.query)
+            target = tracked_target(self.target, self._run.labels, pl_module.device, self.query)
         else:
             target = None if self.target == "pred" else labels.to(pl_module.device)
         # One recorded forward for every method (GAE alone keeps its memory-lean path).
@@ -447,18 +452,6 @@ class GAECallback(Callback):
                              seed=self.batches.seed)
                 for m in self.captum_baselines}
         return explanations, maps
-
-    def _target_at(self, pl_module: LightningModule, query: Any) -> Any:
-        """What ``explain`` is told to explain; labels of sequence outputs ``[B, T]`` are read at the query position."""
-        if callable(self.target):
-            return self.target
-        if self.target == "pred":
-            return None
-        labels = self._run.labels.to(pl_module.device)
-        if labels.dim() == 2 and not isinstance(query, str):
-            position = torch.as_tensor(query, device=labels.device).expand(labels.shape[0])
-            return labels.gather(1, position[:, None])[:, 0]
-        return labels
 
     def _explain_step(self, trainer: Trainer, pl_module: LightningModule, step: int, subset: Any = None) -> None:
         run = self._run
@@ -516,6 +509,7 @@ class GAECallback(Callback):
             if trainer.is_global_zero:
                 self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
         self._remember(scalars, scored_on)
+        self._health.check(trainer, step, scalars)
         if shares is not None and trainer.is_global_zero:
             self._alert(trainer, pl_module, step, inputs, scalars, shares)
         self._previous = {m: e.tokens.detach().cpu() for m, e in explanations.items()}
@@ -563,9 +557,9 @@ class GAECallback(Callback):
         # A causal LM's answer rows are scored through the logits at their readout, and their ground truth by recall too.
         run = self._run
         module, extra = (pl_module, ()) if run.readout is None else (run.readout, (RECALL,))
-        scalars, self._curves = faithfulness(batches, self.faithfulness.metrics, self.target == "pred", run.modality,
-                                             module, run.metric_objects, self.faithfulness.max_batch, extra, share,
-                                             groups)
+        scalars, self._curves = faithfulness(self._health.watch(batches), self.faithfulness.metrics,
+                                             self.target == "pred", run.modality, module, run.metric_objects,
+                                             self.faithfulness.max_batch, extra, share, groups)
         return scalars
 
     def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation],

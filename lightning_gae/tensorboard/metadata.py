@@ -20,7 +20,10 @@ plugin reads the meaning from the metadata, never from the tag's spelling. Kinds
   towers): the same as ``input`` and ``relevance`` for every token set, named by ``set``. A
   ``set_relevance`` of ``space="rows"`` is ``[T, N]``: one relevance row per position ``t`` of the
   query set (a decoder), each explained with ``query=t``. For such models ``input`` and
-  ``relevance`` hold the query set alone, so a reader that knows only those kinds shows that set.
+  ``relevance`` hold the query set alone, so a reader that knows only those kinds shows that set;
+* ``flag``: per step where it was raised, method and ``cause`` (``"identity"``: its relevance outside the read-out
+  token is negligible beside the identity; ``"random"``: not better than random beyond the standard error), a
+  string ``[1]``: the flag as markdown (what was measured, the run's most faithful method, the likely cause).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ TAG_PREFIX = "gae_dashboard"
 
 VERSION = 1
 
-KINDS = ("input", "prediction", "relevance", "curve", "score", "set_input", "set_relevance", "row_labels")
+KINDS = ("input", "prediction", "relevance", "curve", "score", "set_input", "set_relevance", "row_labels", "flag")
 
 
 def encode(kind: str, **fields: Any) -> bytes:

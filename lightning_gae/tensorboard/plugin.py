@@ -11,7 +11,8 @@ Routes (``run`` and ``step`` are query parameters):
 * ``/run?run=``: its steps, methods, metrics, the steps that have the metrics' curves, the tracked
   samples (input, modality layout, label; every token set's input for a model with several), each
   method's largest relevance magnitude over all steps, and the summary: per faithfulness metric, the
-  methods ranked (value ± standard error) at every step where the metric was scored;
+  methods ranked (value ± standard error; methods the errors do not tell apart share a rank) at every step
+  where the metric was scored, and the explanations flagged as not faithful (``flags``);
 * ``/step?run=&step=``: at that step, every sample's prediction and raw relevance per method (and per
   token set, a decoder's target x source rows), why a map is all zero where it is, and every metric's
   curve per method;
@@ -34,6 +35,7 @@ from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
+from lightning_gae.metrics.functional.health import tied_groups
 from lightning_gae.tensorboard import metadata
 
 __all__ = ["GAEDashboardLoader", "GAEDashboardPlugin"]
@@ -182,7 +184,8 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
         predictions = self._of_kind(described, "prediction")
         curves = self._of_kind(described, "curve")
         scores = self._of_kind(described, "score")
-        data = self._read(request, run, [*inputs, *set_inputs, *relevance, *predictions, *curves, *scores])
+        flags = self._of_kind(described, "flag")
+        data = self._read(request, run, [*inputs, *set_inputs, *relevance, *predictions, *curves, *scores, *flags])
         steps = sorted({d.step for tag in predictions for d in data.get(tag, [])})
         # The faithfulness subset may be scored at a few steps only (by default once, when fit ends).
         curve_steps = sorted({d.step for tag in curves for d in data.get(tag, [])})
@@ -208,14 +211,16 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
         methods = [m for _, m in sorted({(d.get("order", 0), d["method"]) for d in relevance.values()})]
         metrics = sorted({d["metric"] for d in curves.values()})
         payload = {"run": run, "steps": steps, "methods": methods, "metrics": metrics, "curve_steps": curve_steps,
-                   "samples": samples, "ranges": ranges, "summary": self._summary(scores, data, methods)}
+                   "samples": samples, "ranges": ranges, "summary": self._summary(scores, data, methods),
+                   "flags": self._flags(flags, data)}
         return http_util.Respond(request, payload, "application/json")
 
     @staticmethod
     def _summary(scores: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]],
                  methods: list[str]) -> list[dict[str, Any]]:
         """Per metric: its direction, the steps it was scored at, and per method its value, standard error, sample
-        count (None when not logged) and rank at each of them; ``ranking`` is the methods best first at the last of those steps."""
+        count (None when not logged), rank and whether it ties (``tied``: the standard errors do not tell it from
+        another method of its rank) at each of them; ``ranking`` is the methods best first at the last of those steps."""
         by_metric: dict[str, dict[str, Any]] = {}
         for tag, d in scores.items():
             entry = by_metric.setdefault(d["metric"], {"higher_is_better": bool(d.get("higher_is_better", True)),
@@ -235,21 +240,40 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
             if not steps:
                 continue
             present = _ranked({m: 0.0 for s in steps for m in entry["points"][s]}, True, order)
-            table: dict[str, dict[str, list[Any]]] = {m: {"values": [], "stderr": [], "counts": [], "ranks": []}
+            table: dict[str, dict[str, list[Any]]] = {m: {"values": [], "stderr": [], "counts": [], "ranks": [],
+                                                                  "tied": []}
                                                       for m in present}
             ranking: list[str] = []
             for step in steps:
                 at = entry["points"][step]
                 ranking = _ranked({m: v for m, (v, _, _) in at.items()}, entry["higher_is_better"], order)
+                # Methods the standard errors do not tell apart share a rank (a missing error ties).
+                groups = tied_groups({m: at[m][0] for m in ranking},
+                                     {m: math.nan if at[m][1] is None else at[m][1] for m in ranking},
+                                     entry["higher_is_better"])
+                rank = {m: (k, len(group) > 1) for k, group in enumerate(groups, 1) for m in group}
+                ranking = [m for group in groups for m in group]
                 for method in present:
                     value, error, count = at.get(method, (None, None, None))
                     table[method]["values"].append(value)
                     table[method]["stderr"].append(error)
                     table[method]["counts"].append(count)
-                    table[method]["ranks"].append(ranking.index(method) + 1 if method in at else None)
+                    table[method]["ranks"].append(rank[method][0] if method in at else None)
+                    table[method]["tied"].append(rank[method][1] if method in at else None)
             out.append({"metric": metric, "higher_is_better": entry["higher_is_better"], "steps": steps,
                         "ranking": ranking, "methods": table})
         return out
+
+    @staticmethod
+    def _flags(flags: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]]) -> list[dict[str, Any]]:
+        """The explanations flagged as not faithful: step, method, cause and the flag's markdown, by step."""
+        out = []
+        for tag, d in flags.items():
+            for datum in data.get(tag, []):
+                text = datum.numpy.reshape(-1)[0]
+                out.append({"step": datum.step, "method": d["method"], "cause": d["cause"],
+                            "text": text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)})
+        return sorted(out, key=lambda f: (f["step"], f["method"], f["cause"]))
 
     @wrappers.Request.application
     def _serve_step(self, request: wrappers.Request) -> wrappers.Response:

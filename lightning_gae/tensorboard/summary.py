@@ -38,6 +38,7 @@ from torch import Tensor
 from lightning_gae._structures import map_tensors
 from lightning_gae.engine.explain import Explanation
 from lightning_gae.metrics import PERTURBATION_METRICS
+from lightning_gae.metrics.functional.health import tied_groups
 from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.tensorboard import metadata
 from lightning_gae.tensorboard.method_runs import (
@@ -52,7 +53,8 @@ from lightning_gae.tensorboard.method_runs import (
 from lightning_gae.display.views import Scale, SetInput, StepViews, bounded, markdown_cell
 
 __all__ = ["FAITHFULNESS_SAMPLES", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout",
-           "faithfulness_rows", "faithfulness_table", "sample_tag", "scalar_tag"]
+           "faithfulness_rows", "faithfulness_table", "higher_is_better", "rank_labels", "sample_tag", "scalar_tag",
+           "write_health"]
 
 Curves = Mapping[str, Mapping[str, tuple[Sequence[float], Tensor]]]
 
@@ -135,6 +137,42 @@ def higher_is_better(metric: str) -> bool:
     score the callback logs (segmentation, rationale agreement, alignment accuracy) is better higher."""
     found = PERTURBATION_METRICS.get(metric)
     return True if found is None else bool(found.higher_is_better)
+
+
+def rank_labels(scalars: Mapping[str, float]) -> dict[str, dict[str, str]]:
+    """Metric -> method -> its rank among the step's methods (``random`` included): ``"#k"``, or ``"#k="`` for
+    methods that the standard errors do not tell apart, which share their rank
+    (:func:`~lightning_gae.metrics.functional.health.tied_groups`; a method without a standard error ties).
+
+    >>> rank_labels({"positive_perturbation_auc/gae": 30.0, "positive_perturbation_auc/gae/stderr": 1.0,
+    ...              "positive_perturbation_auc/rollout": 31.0, "positive_perturbation_auc/rollout/stderr": 1.0,
+    ...              "positive_perturbation_auc/random": 45.0, "positive_perturbation_auc/random/stderr": 1.0})
+    {'positive_perturbation_auc': {'gae': '#1=', 'rollout': '#1=', 'random': '#2'}}
+    """
+    values: dict[str, dict[str, float]] = {}
+    for tag, value in scalars.items():
+        parts = tag.split("/")
+        if len(parts) == 2 and is_faithfulness(parts[0]):
+            values.setdefault(parts[0], {})[parts[1]] = value
+    out: dict[str, dict[str, str]] = {}
+    for metric, by_method in values.items():
+        errors = {m: scalars.get(f"{metric}/{m}/stderr", float("nan")) for m in by_method}
+        groups = tied_groups(by_method, errors, higher_is_better(metric))
+        out[metric] = {m: f"#{k}" + ("=" if len(group) > 1 else "") for k, group in enumerate(groups, 1) for m in group}
+    return out
+
+
+def write_health(writers: Sequence[Any], step: int, flags: Sequence[tuple[str, str, str]]) -> None:
+    """A step's flags (``(method, cause, markdown)``: an explanation that is not faithful) as one Text tab entry
+    (``gae_health``) and, for the GAE tab, one ``flag`` tensor per method and cause."""
+    if not flags:
+        return
+    values = [_tensor_summary(f"{metadata.TAG_PREFIX}/flag/{method}/{cause}", np.array([text.encode("utf-8")], dtype=object),
+                              metadata.encode("flag", method=method, cause=cause)) for method, cause, text in flags]
+    for writer in writers:
+        writer.add_text("gae_health", "\n\n".join(text for _, _, text in flags), step)
+        writer._get_file_writer().add_summary(Summary(value=values), step)
+        writer.flush()
 
 
 def _score_values(scalars: Mapping[str, float] | None) -> list[Summary.Value]:

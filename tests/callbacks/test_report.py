@@ -9,6 +9,7 @@ import pytest
 from lightning.pytorch import seed_everything
 
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
+from lightning_gae.tensorboard.summary import rank_labels
 from recipes.digits import DigitsDataModule
 from tests.helpers.models import small_vit
 from tests.helpers.report import HEADER, assert_printed_as_logged, section, value_and_error
@@ -43,6 +44,8 @@ def test_fit_prints_the_metrics_and_faithfulness_it_logged_and_where(tmp_path, m
             value, error = value_and_error(cell)
             assert_printed_as_logged(str(value), logged[f"{metric}/{method}"], 4)
             assert_printed_as_logged(str(error), logged[f"{metric}/{method}/stderr"], 2)
+            # Its rank, shared ("#k=") with the methods the standard errors do not tell it from.
+            assert cell.endswith(" " + rank_labels(logged)[metric][method])
 
 
 @pytest.mark.slow

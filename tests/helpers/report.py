@@ -22,7 +22,8 @@ def section(text: str, start: str) -> list[list[str]]:
 
 
 def value_and_error(cell: str) -> tuple[float, float | None]:
-    value, _, error = cell.partition(" ± ")
+    """A faithfulness cell's value and standard error, its rank (``#k``, ``#k=``) left out."""
+    value, _, error = re.sub(r"\s+#\d+=?$", "", cell).partition(" ± ")
     return float(value), float(error) if error else None
 
 

@@ -21,6 +21,7 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from lightning_gae import ImageTokens, explain, display
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from lightning_gae.metrics import PerturbationAUC
+from lightning_gae.metrics.functional.health import tied_groups
 from lightning_gae.tensorboard import TensorBoardViews, custom_scalars_layout, scalar_tag
 from recipes.digits import DigitsDataModule
 from recipes.tensorboard_screenshots import DASHBOARD, DEEP, Chromium, find_chromium
@@ -141,7 +142,13 @@ def test_the_summary_ranks_the_methods_on_the_scalars_the_callback_logged(run, s
         for j, step in enumerate(entry["steps"]):
             at = {m: v["values"][j] for m, v in entry["methods"].items()}
             best_first = sorted(at, key=at.get, reverse=entry["higher_is_better"])
-            assert [m for m in best_first] == sorted(at, key=lambda m: entry["methods"][m]["ranks"][j])
+            ranks = [entry["methods"][m]["ranks"][j] for m in best_first]
+            assert ranks == sorted(ranks) and ranks[0] == 1
+            # Methods the standard errors do not tell apart share a rank and say so.
+            groups = tied_groups(at, {m: v["stderr"][j] for m, v in entry["methods"].items()}, entry["higher_is_better"])
+            for k, group in enumerate(groups, 1):
+                assert all(entry["methods"][m]["ranks"][j] == k for m in group)
+                assert all(entry["methods"][m]["tied"][j] == (len(group) > 1) for m in group)
         last = {m: v["values"][-1] for m, v in entry["methods"].items()}
         assert entry["ranking"] == sorted(last, key=last.get, reverse=entry["higher_is_better"])
 
@@ -183,15 +190,24 @@ def test_chromium_shows_the_summary_first_and_one_colour_scale_read_off_the_bar(
             return [after(summary, curves), after(curves, samples), summary.getBoundingClientRect().top];
         }})()""")
         assert order[:2] == [True, True] and order[2] < 900
+        # The flags (here: methods not shown better than random on 3 samples) are listed above the summary.
+        shown = page.evaluate(f"""[...{DASHBOARD}.querySelectorAll('#gae-flags > li')].map((li) => [li.dataset.method,
+            li.dataset.cause, li.querySelector('b').textContent])""")
+        assert shown == [[f["method"], f["cause"], f["text"].split("\n")[0].strip("*")] for f in info["flags"]]
         for entry in info["summary"]:
             rows = page.evaluate(f"""[...{DASHBOARD}.querySelectorAll('table.gae-ranking[data-metric="{entry['metric']}"] tr[data-method]')]
                 .map((tr) => [...tr.children].map((td) => td.textContent))""")
-            assert [r[1] for r in rows] == entry["ranking"]
-            assert [r[0] for r in rows] == [str(i + 1) for i in range(len(rows))]
+            # A method flagged as not faithful carries a mark beside its name.
+            flagged = {f["method"] for f in info["flags"]}
+            assert [r[1].removesuffix(" ⚠") for r in rows] == entry["ranking"]
+            assert [r[1].endswith(" ⚠") for r in rows] == [m in flagged for m in entry["ranking"]]
+            tied = lambda m, j: "=" if entry["methods"][m]["tied"][j] else ""  # noqa: E731
+            assert [r[0] for r in rows] == [f"{entry['methods'][m]['ranks'][-1]}{tied(m, -1)}" for m in entry["ranking"]]
             best = entry["methods"][entry["ranking"][0]]
             value, error = (float(v) for v in rows[0][2].split(" ± "))
             assert value == pytest.approx(best["values"][-1], rel=5e-3) and error == pytest.approx(best["stderr"][-1], rel=5e-3)
-            assert [r[3:] for r in rows] == [[f"#{k}" for k in entry["methods"][m]["ranks"]] for m in entry["ranking"]]
+            assert [r[3:] for r in rows] == [[f"#{k}{tied(m, j)}" for j, k in enumerate(entry["methods"][m]["ranks"])]
+                                             for m in entry["ranking"]]
 
         # One colour scale per sample, shared by the methods: its top is the largest patch value of either map.
         first = str(info["samples"][0]["sample"])
@@ -396,7 +412,9 @@ def test_the_dashboard_tensors_name_the_plugin(run, read_plugin_events):
     ours = [t for t in acc.Tags()["tensors"] if t.startswith("gae_dashboard/")]
     assert ours and all(acc.SummaryMetadata(t).plugin_data.plugin_name == "gae" for t in ours)
     described = [json.loads(acc.SummaryMetadata(t).plugin_data.content) for t in ours]
-    assert {d["kind"] for d in described} == {"input", "prediction", "relevance", "curve", "score"}
+    # A flag too where a method was not shown better than random on the 3 samples scored.
+    assert {"input", "prediction", "relevance", "curve", "score"} <= {d["kind"] for d in described} <= {
+        "input", "prediction", "relevance", "curve", "score", "flag"}
 
 
 def test_token_relevance_that_does_not_fit_the_patch_grid_is_an_error():

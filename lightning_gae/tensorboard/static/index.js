@@ -94,6 +94,9 @@ const STYLE = `
   table.gae-ranking td.gae-method, table.gae-ranking th.gae-method { text-align: left; }
   table.gae-ranking tr.gae-random td { color: #757575; font-style: italic; }
   table.gae-ranking td.gae-rank-moved { color: #1565c0; }
+  .gae-section.gae-flagged { color: #b71c1c; }
+  ul.gae-flags { color: #b71c1c; margin: 4px 0 8px; padding-left: 20px; }
+  ul.gae-flags ul { color: #424242; }
   .gae-empty { display: flex; align-items: center; justify-content: center; text-align: center; background: #f5f5f5;
                color: #616161; border: 1px dashed #bdbdbd; font-size: 12px; padding: 8px; box-sizing: border-box; }
   .gae-empty-text { color: #616161; font-style: italic; font-size: 12px; }
@@ -500,7 +503,8 @@ function plusMinus(value, error) {
 }
 
 // One table per metric: the methods best first at the last step it was scored, value ± standard error,
-// then the method's rank at every step where the metric was scored (a rank that changed is blue).
+// then the method's rank at every step where the metric was scored (a rank that changed is blue). Methods
+// the standard errors do not tell apart share a rank, marked "=" (e.g. "1=" twice).
 function rankingTable(entry) {
   const last = entry.steps.length - 1;
   const arrow = entry.higher_is_better ? "↑ higher is better" : "↓ lower is better";
@@ -509,15 +513,19 @@ function rankingTable(entry) {
   const head = el("tr", {}, el("th", {text: "rank"}), el("th", {class: "gae-method", text: "method"}),
                   el("th", {text: `at step ${entry.steps[last]} (± s.e.)`}),
                   ...(history ? entry.steps.map((s) => el("th", {text: `step ${s}`})) : []));
-  const rows = entry.ranking.map((method, i) => {
+  const flagged = new Set((state.info.flags || []).map((f) => f.method));
+  const rows = entry.ranking.map((method) => {
     const m = entry.methods[method];
+    const tied = (j) => (m.tied || [])[j] ? "=" : "";
+    const name = el("td", {class: "gae-method", text: flagged.has(method) ? `${method} ⚠` : method});
+    if (flagged.has(method)) name.title = "flagged as not faithful: see the warnings above";
     const tr = el("tr", {"data-method": method, class: method === "random" ? "gae-random" : ""},
-                  el("td", {text: String(i + 1)}), el("td", {class: "gae-method", text: method}),
+                  el("td", {text: `${m.ranks[last]}${tied(last)}`}), name,
                   el("td", {text: plusMinus(m.values[last], m.stderr[last])}));
     if (history) {
       m.ranks.forEach((rank, j) => {
         const moved = j > 0 && rank !== null && m.ranks[j - 1] !== null && rank !== m.ranks[j - 1];
-        const td = el("td", {text: rank === null ? "–" : `#${rank}`, class: moved ? "gae-rank-moved" : ""});
+        const td = el("td", {text: rank === null ? "–" : `#${rank}${tied(j)}`, class: moved ? "gae-rank-moved" : ""});
         td.addEventListener("mousemove", (event) => showTip(event,
           `${method} · ${entry.metric} at step ${entry.steps[j]}: ${plusMinus(m.values[j], m.stderr[j])}`));
         td.addEventListener("mouseleave", hideTip);
@@ -529,13 +537,27 @@ function rankingTable(entry) {
   return el("table", {class: "gae-ranking", "data-metric": entry.metric}, caption, head, ...rows);
 }
 
+// The explanations flagged as not faithful (GAECallback's warnings), first: they change how the rest reads.
+function flagSection(info) {
+  const flags = info.flags || [];
+  if (!flags.length) return [];
+  const items = flags.map((f) => {
+    const [head, ...details] = f.text.split("\n").filter((line) => line.trim());
+    return el("li", {"data-method": f.method, "data-cause": f.cause}, el("b", {text: head.replace(/\*\*/g, "")}),
+              el("ul", {}, ...details.map((line) => el("li", {text: line.replace(/^- /, "")}))));
+  });
+  return [el("div", {class: "gae-section gae-flagged", text: "Warnings: explanations that are not faithful"}),
+          el("ul", {class: "gae-flags", id: "gae-flags"}, ...items)];
+}
+
 function summarySection(info) {
   const summary = info.summary || [];
-  if (!summary.length) return [];
+  if (!summary.length) return flagSection(info);
   const steps = [...new Set(summary.flatMap((e) => e.steps))].sort((a, b) => a - b);
   const when = steps.length > 1 ? `scored at ${steps.length} steps (${steps.join(", ")})`
     : `scored once, at step ${steps[0]} (GAECallback's metric_every_n_explanations sets when it is scored)`;
-  const sections = [el("div", {class: "gae-section", text: `Summary: the methods ranked on each metric, ${when}`}),
+  const sections = [...flagSection(info),
+                    el("div", {class: "gae-section", text: `Summary: the methods ranked on each metric, ${when}`}),
                     el("div", {class: "gae-summary", id: "gae-summary"}, ...summary.map(rankingTable))];
   if (steps.length > 1) {
     sections.push(el("div", {class: "gae-section", text: "Each metric over training (every step it was scored, ± its " +

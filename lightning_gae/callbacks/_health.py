@@ -1,0 +1,197 @@
+"""GAECallback's check that an explanation still says something: a method is flagged when its faithfulness is scored
+and either its relevance outside the read-out token is negligible beside the identity, or it is not better than the
+random floor beyond the standard errors (:mod:`lightning_gae.metrics.functional.health`).
+
+A flag warns once per method and cause, naming the step, the numbers, the run's most faithful method and the likely
+cause; each step's flags go to the Text tab (``gae_health``) and the GAE tab, and the summary lists them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+
+from lightning_gae.callbacks._report import writers
+from lightning_gae.callbacks._scoring import ScoredBatch
+from lightning_gae.metrics import PERTURBATION_METRICS
+from lightning_gae.metrics.functional.health import (
+    IDENTITY_TOLERANCE,
+    beside_identity,
+    differs_beyond_stderr,
+    not_better_than_random,
+    tied_groups,
+)
+from lightning_gae.tensorboard.summary import higher_is_better, write_health
+
+__all__ = ["CAUSES", "DOMINATED_SHARE", "IDENTITY_METHODS", "Health", "HealthFlag", "health_flags"]
+
+IDENTITY_METHODS = ("gae", "transformer_attribution")
+"""The methods whose relevance row starts from the identity (the read-out token's own 1), so that relevance
+outside that token is measured in units of it."""
+
+DOMINATED_SHARE = 0.5
+"""A method is identity-dominated when at least this share of the scored samples' rows is."""
+
+CAUSES = {
+    "identity": "its layers' terms (GAE's Ā) vanish beside the identity: the model is saturated (a confident, "
+                "well-fitted model has tiny gradients of the explained score), so the relevance outside the read-out "
+                "token is at the level of round-off, the maps are black, and its ranking cannot be trusted even where "
+                "a score still looks good (docs/guides/callback.md#unfaithful-explanations)",
+    "random": "the method does not track what the model uses: removing or keeping the tokens it ranks first changes "
+              "the prediction no more than random relevance does (docs/guides/callback.md#unfaithful-explanations)",
+}
+"""Each cause's likely reason, as the flag states it."""
+
+
+@dataclass
+class HealthFlag:
+    """A method whose explanation stopped being faithful at a step: what was measured and what it means."""
+
+    step: int
+    method: str
+    cause: str
+    finding: str
+    faithfulness: str
+    best: str
+
+    def text(self, indent: str = "") -> str:
+        """A headline with the step, the method and the finding, then one indented line per detail."""
+        head = f"step {self.step}: {self.method}'s explanation is not faithful: {self.finding}"
+        details = [self.faithfulness, self.best, f"likely cause: {CAUSES[self.cause]}"]
+        return "\n".join([indent + head, *(f"{indent}    {line}" for line in details)])
+
+    def markdown(self) -> str:
+        """The same for TensorBoard's Text tab and the GAE tab: the headline, then the details as a list."""
+        head, *details = self.text().split("\n")
+        return "\n".join([f"**{head}**", "", *(f"- {line.strip()}" for line in details)])
+
+
+def _scores(scalars: Mapping[str, float]) -> dict[str, dict[str, tuple[float, float]]]:
+    """Perturbation metric -> method -> ``(value, standard error)`` (NaN where none), in
+    :data:`~lightning_gae.metrics.PERTURBATION_METRICS`' order."""
+    found: dict[str, dict[str, tuple[float, float]]] = {}
+    for tag, value in scalars.items():
+        parts = tag.split("/")
+        if len(parts) == 2 and parts[0] in PERTURBATION_METRICS:
+            found.setdefault(parts[0], {})[parts[1]] = (value, scalars.get(f"{tag}/stderr", float("nan")))
+    return {metric: found[metric] for metric in PERTURBATION_METRICS if metric in found}
+
+
+def _beside_random(metric: str, method: str, by_method: Mapping[str, tuple[float, float]]) -> str:
+    value, error = by_method[method]
+    random = by_method.get("random")
+    floor = "" if random is None else f" vs random {random[0]:.4g} ± {random[1]:.2g}"
+    return f"{metric} {value:.4g} ± {error:.2g}{floor}"
+
+
+def _below_floor(metric: str, method: str, by_method: Mapping[str, tuple[float, float]]) -> bool:
+    """Not better than random beyond the errors; False where either has no standard error (nothing to tell by)."""
+    if "random" not in by_method or method not in by_method:
+        return False
+    (value, error), (floor, floor_error) = by_method[method], by_method["random"]
+    if not all(math.isfinite(x) for x in (value, error, floor, floor_error)):
+        return False
+    return not_better_than_random(value, error, floor, floor_error, higher_is_better(metric))
+
+
+def _worse(metric: str, scored: tuple[float, float], floor: tuple[float, float]) -> bool:
+    """On the bad side of random beyond the errors."""
+    bad_side = scored[0] < floor[0] if higher_is_better(metric) else scored[0] > floor[0]
+    return bad_side and differs_beyond_stderr(*scored, *floor)
+
+
+def _most_faithful(scores: Mapping[str, Mapping[str, tuple[float, float]]], flagged: set[str]) -> str:
+    """The run's most faithful method on its first perturbation metric: the best group the errors do not tell apart,
+    among the methods not flagged and above the floor."""
+    if not scores:
+        return "most faithful method of this run: none scored"
+    metric, by_method = next(iter(scores.items()))
+    healthy = {m: v for m, v in by_method.items() if m != "random" and m not in flagged}
+    if not healthy:
+        return f"most faithful method of this run: none; no method beats random on {metric} beyond the standard error"
+    groups = tied_groups({m: v for m, (v, _) in healthy.items()}, {m: e for m, (_, e) in healthy.items()},
+                         higher_is_better(metric))
+    best = ", ".join(f"{m} {by_method[m][0]:.4g} ± {by_method[m][1]:.2g}" for m in groups[0])
+    tied = " (tied within the standard errors)" if len(groups[0]) > 1 else ""
+    return f"most faithful method of this run, on {metric}: {best}{tied}; read its explanations instead"
+
+
+def health_flags(step: int, scalars: Mapping[str, float], dominated: Mapping[str, Tensor],
+                 raised: set[tuple[str, str]] = frozenset()) -> list[HealthFlag]:
+    """The flags a scored step raises, those in ``raised`` (``(method, cause)``) left out.
+
+    Args:
+        step: the step the scalars were logged at.
+        scalars: the step's scalars, ``<metric>/<method>`` and ``<metric>/<method>/stderr`` with ``random`` the floor.
+        dominated: method -> :func:`~lightning_gae.metrics.functional.health.beside_identity` of every scored sample's
+            row (:data:`IDENTITY_METHODS` only).
+        raised: the flags raised before, which are not raised again.
+    """
+    scores = _scores(scalars)
+    found: dict[tuple[str, str], tuple[str, str]] = {}
+    for method, largest in dominated.items():
+        largest = largest[torch.isfinite(largest)]
+        share = float((largest < IDENTITY_TOLERANCE).float().mean()) if len(largest) else 0.0
+        if share >= DOMINATED_SHARE:
+            numbers = "; ".join(_beside_random(m, method, v) for m, v in scores.items() if method in v)
+            found[(method, "identity")] = (
+                f"its largest relevance beside the identity is {float(largest.median()):.2g} (median of "
+                f"{len(largest)} samples; below {IDENTITY_TOLERANCE:g} in {share:.0%} of them)",
+                f"its faithfulness: {numbers or 'not scored'}")
+    methods = dict.fromkeys(m for by_method in scores.values() for m in by_method if m != "random")
+    for method in methods:
+        below = [metric for metric, by_method in scores.items() if _below_floor(metric, method, by_method)]
+        if below:
+            worse = [m for m in below if _worse(m, scores[m][method], scores[m]["random"])]
+            finding = (f"it is worse than random relevance beyond the standard error on {', '.join(worse)}" if worse else
+                       f"it is not better than random relevance beyond the standard error on {', '.join(below)} "
+                       f"(more samples may tell them apart: FaithfulnessOptions(samples=...))")
+            found[(method, "random")] = (
+                finding, "its faithfulness: " + "; ".join(_beside_random(m, method, scores[m]) for m in below))
+    best = _most_faithful(scores, {method for method, _ in found})
+    return [HealthFlag(step, method, cause, finding, numbers, best)
+            for (method, cause), (finding, numbers) in found.items() if (method, cause) not in raised]
+
+
+class Health:
+    """What a fit found out so far: the flags raised, and the rows of the batches being scored."""
+
+    def __init__(self) -> None:
+        self.flags: list[HealthFlag] = []
+        self._rows: dict[str, list[Tensor]] = {}
+
+    def watch(self, batches: Iterable[ScoredBatch]) -> Iterator[ScoredBatch]:
+        """``batches`` unchanged, each identity-starting method's rows measured on the way
+        (:func:`~lightning_gae.metrics.functional.health.beside_identity`)."""
+        self._rows = {}
+        for batch in batches:
+            for method, tokens in batch[1].items():
+                if method in IDENTITY_METHODS and tokens.dim() == 2:
+                    self._rows.setdefault(method, []).append(beside_identity(tokens).cpu())
+            yield batch
+
+    def check(self, trainer: Trainer, step: int, scalars: Mapping[str, float]) -> None:
+        """On rank zero, after a step's faithfulness was scored: warn once per method and cause, and write the step's
+        new flags to the Text tab (``gae_health``) and the GAE tab."""
+        rows, self._rows = {m: torch.cat(r) for m, r in self._rows.items() if r}, {}
+        if not trainer.is_global_zero or not _scores(scalars):
+            return
+        found = health_flags(step, scalars, rows, {(f.method, f.cause) for f in self.flags})
+        for flag in found:
+            self.flags.append(flag)
+            rank_zero_warn(f"GAECallback: {flag.text()}")
+        if found:
+            write_health(writers(trainer), step, [(f.method, f.cause, f.markdown()) for f in found])
+
+    def summary_lines(self) -> list[str]:
+        """The summary's section: every flag of the fit."""
+        if not self.flags:
+            return []
+        return ["flags (explanations that are not faithful; read the most faithful method's instead):",
+                *(flag.text(indent="  ") for flag in self.flags)]

@@ -1,0 +1,188 @@
+"""An explanation that has stopped being faithful says so: GAECallback flags a method whose relevance outside the
+read-out token vanishes beside the identity (a saturated BERT) or that does not beat random relevance beyond the
+standard error, and the rank tables tie the methods that the standard errors do not tell apart."""
+
+import itertools
+import json
+import math
+import warnings
+
+import pytest
+import torch
+from lightning.pytorch import seed_everything
+
+from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
+from lightning_gae.callbacks._health import health_flags
+from lightning_gae.metrics.functional.health import differs_beyond_stderr
+from lightning_gae.tensorboard.summary import rank_labels
+from recipes.common import TensorDictDataset
+from recipes.text_rationales import BertReviewClassifier, ReviewsDataModule, ReviewTokens, make_reviews
+
+POSITIVE = "positive_perturbation_auc"  # lower is better
+NEGATIVE = "negative_perturbation_auc"  # higher is better
+
+
+def _scalars(metric: str, values: dict[str, float], errors: dict[str, float]) -> dict[str, float]:
+    out = {f"{metric}/{m}": v for m, v in values.items()}
+    out.update({f"{metric}/{m}/stderr": e for m, e in errors.items()})
+    return out
+
+
+def _brute_force_labels(values: dict[str, float], errors: dict[str, float], higher: bool) -> dict[str, str]:
+    """Every way to cut the best-first order into consecutive groups, kept when each member is tied with its group's
+    first and each group's first is told apart from the previous group's first: exactly one cut is; its labels."""
+    known = [m for m in values if not math.isnan(values[m])]
+    order = sorted(known, key=lambda m: -values[m] if higher else values[m])  # stable: equal values keep their order
+    tied = lambda a, b: not differs_beyond_stderr(values[a], errors[a], values[b], errors[b])  # noqa: E731
+    found = []
+    for cuts in itertools.product([False, True], repeat=max(0, len(order) - 1)):
+        groups = [[order[0]]] if order else []
+        for method, cut in zip(order[1:], cuts):
+            groups.append([method]) if cut else groups[-1].append(method)
+        if (all(tied(g[0], m) for g in groups for m in g)
+                and all(not tied(a[0], b[0]) for a, b in zip(groups, groups[1:]))):
+            found.append(groups)
+    assert len(found) == 1
+    groups = found[0] + [[m] for m in values if math.isnan(values[m])]
+    return {m: f"#{k}" + ("=" if len(g) > 1 else "") for k, g in enumerate(groups, 1) for m in g}
+
+
+@pytest.mark.parametrize("metric", [POSITIVE, NEGATIVE])
+@pytest.mark.parametrize("values,errors,expected_low_is_best", [
+    # Far apart: a plain ranking.
+    ({"gae": 30.0, "rollout": 40.0, "random": 50.0}, {"gae": 1.0, "rollout": 1.0, "random": 1.0},
+     {"gae": "#1", "rollout": "#2", "random": "#3"}),
+    # Within the errors of each other: one rank, marked.
+    ({"gae": 30.0, "rollout": 31.0, "random": 32.0}, {"gae": 2.0, "rollout": 2.0, "random": 2.0},
+     {"gae": "#1=", "rollout": "#1=", "random": "#1="}),
+    # A chain: gae ~ rollout, rollout ~ raw, gae told apart from raw; groups anchor at their best method.
+    ({"gae": 30.0, "rollout": 32.0, "raw_attention": 34.0}, {"gae": 1.0, "rollout": 1.0, "raw_attention": 1.0},
+     {"gae": "#1=", "rollout": "#1=", "raw_attention": "#2"}),
+    # The same values (curves that coincide), errors of 0: tied, in the callback's order.
+    ({"rollout": 48.44, "gae": 48.44, "random": 66.88}, {"rollout": 0.0, "gae": 0.0, "random": 4.0},
+     {"rollout": "#1=", "gae": "#1=", "random": "#2"}),
+    # Every value and error the same.
+    ({"gae": 5.0, "rollout": 5.0, "attnlrp": 5.0, "random": 5.0}, {m: 1.0 for m in ("gae", "rollout", "attnlrp", "random")},
+     {"gae": "#1=", "rollout": "#1=", "attnlrp": "#1=", "random": "#1="}),
+    # One sample has no standard error: nothing tells it apart.
+    ({"gae": 10.0, "rollout": 90.0}, {"gae": float("nan"), "rollout": 1.0}, {"gae": "#1=", "rollout": "#1="}),
+    # A method without a value ranks last, alone.
+    ({"gae": float("nan"), "rollout": 20.0, "random": 60.0}, {"gae": 1.0, "rollout": 1.0, "random": 1.0},
+     {"rollout": "#1", "random": "#2", "gae": "#3"}),
+])
+def test_ties_are_marked_as_a_brute_force_over_every_grouping_finds(metric, values, errors, expected_low_is_best):
+    labels = rank_labels(_scalars(metric, values, errors))[metric]
+    assert labels == _brute_force_labels(values, errors, higher=metric == NEGATIVE)
+    if metric == POSITIVE:
+        assert labels == expected_low_is_best
+
+
+def test_ties_match_the_brute_force_on_random_small_tables():
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        n = 2 + trial % 4
+        # Few distinct values, so that equal values and equal errors come up often.
+        values = {f"m{i}": float(torch.randint(0, 6, (1,), generator=generator)) for i in range(n)}
+        errors = {f"m{i}": float(torch.randint(0, 3, (1,), generator=generator)) * 0.5 for i in range(n)}
+        for metric in (POSITIVE, NEGATIVE):
+            assert rank_labels(_scalars(metric, values, errors))[metric] == _brute_force_labels(
+                values, errors, higher=metric == NEGATIVE)
+
+
+def test_a_flag_follows_the_metrics_direction_and_names_the_most_faithful_method():
+    # Positive perturbation AUC: lower is better. gae is above random's (worse), rollout well below (better).
+    scalars = _scalars(POSITIVE, {"gae": 90.0, "rollout": 40.0, "random": 73.0}, {"gae": 0.5, "rollout": 2.0, "random": 2.0})
+    flags = health_flags(7, scalars, {})
+    assert [(f.method, f.cause) for f in flags] == [("gae", "random")]
+    assert "worse than random relevance beyond the standard error" in flags[0].finding
+    assert "positive_perturbation_auc 90 ± 0.5 vs random 73 ± 2" in flags[0].faithfulness
+    assert "rollout 40 ± 2" in flags[0].best
+    # The same numbers on a metric where higher is better: rollout is the one below the floor.
+    flags = health_flags(7, _scalars(NEGATIVE, {"gae": 90.0, "rollout": 40.0, "random": 73.0},
+                                     {"gae": 0.5, "rollout": 2.0, "random": 2.0}), {})
+    assert [(f.method, f.cause) for f in flags] == [("rollout", "random")] and "gae 90 ± 0.5" in flags[0].best
+    # Within the errors of random: not shown better, said so; no standard error at all: nothing to tell by.
+    close = _scalars(POSITIVE, {"gae": 70.0, "random": 73.0}, {"gae": 2.0, "random": 2.0})
+    assert "more samples may tell them apart" in health_flags(7, close, {})[0].finding
+    assert health_flags(7, {f"{POSITIVE}/gae": 90.0, f"{POSITIVE}/random": 73.0}, {}) == []
+
+
+def test_a_flag_beside_the_identity_needs_most_rows_negligible_and_is_raised_once():
+    scalars = _scalars(POSITIVE, {"gae": 40.0, "rollout": 41.0, "random": 73.0}, {"gae": 2.0, "rollout": 2.0, "random": 2.0})
+    half = torch.tensor([0.0, 0.0, 3e-7, 0.2])          # three of four rows below 1e-5 of the identity
+    flags = health_flags(3, scalars, {"gae": half})
+    assert [(f.method, f.cause) for f in flags] == [("gae", "identity")]
+    assert "below 1e-05 in 75% of them" in flags[0].finding and "rollout 41 ± 2" in flags[0].best
+    assert "vanish beside the identity" in flags[0].text()
+    assert health_flags(3, scalars, {"gae": torch.tensor([0.0, 0.01, 0.2, 0.3])}) == []   # an untrained model's scale
+    assert health_flags(3, scalars, {"gae": half}, raised={("gae", "identity")}) == []
+
+
+def _reviews(max_length: int = 16):
+    """The recipe's reviews with one sentiment word each, so that removing the word a method ranks first flips the
+    prediction and the positive perturbation AUC tells a faithful method from random relevance."""
+
+    class OneWordReviews(ReviewsDataModule):
+        def setup(self, stage=None):
+            if self.train_set is None:
+                h = self.hparams
+                self.train_set, self.val_set = (TensorDictDataset(make_reviews(
+                    n, h.max_length, max_planted=1, generator=torch.Generator().manual_seed(h.seed + k)))
+                    for k, n in ((0, h.num_train), (1, h.num_val)))
+
+    return OneWordReviews(num_train=2000, num_val=128, max_length=max_length, batch_size=64, seed=0)
+
+
+def _fit(tmp_path, make_trainer, name: str, hidden: int, lr: float, epochs: int, every_n_epochs: int):
+    seed_everything(0)
+    model = BertReviewClassifier(max_length=16, hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2,
+                                 intermediate_size=2 * hidden, dropout=0.0, lr=lr)
+    callback = GAECallback(num_samples=2, every_n_epochs=every_n_epochs, methods=("gae", "rollout"),
+                           modality=ReviewTokens(), faithfulness=FaithfulnessOptions(
+                               metrics=(POSITIVE,), samples=64, interim_samples=0, every_n_explanations=1))
+    trainer = make_trainer(tmp_path, [callback], name=name, max_epochs=epochs, limit_train_batches=None,
+                           limit_val_batches=None)
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        trainer.fit(model, datamodule=_reviews())
+    said = [str(w.message) for w in records if "explanation is not faithful" in str(w.message)]
+    return callback, trainer, said
+
+
+@pytest.mark.slow
+def test_a_saturated_bert_flags_gae_and_names_a_more_faithful_method(tmp_path, make_trainer, read_events,
+                                                                     read_plugin_events):
+    # Hugging Face BERT from a tiny config, trained hard on one-word reviews: its validation loss falls to ~1e-4 within
+    # two epochs, and GAE's relevance beside the identity to ~1e-7..1e-6 (exactly 0 for about half the sentences).
+    callback, trainer, said = _fit(tmp_path, make_trainer, "saturated", hidden=32, lr=1e-2, epochs=6, every_n_epochs=3)
+    assert float(trainer.callback_metrics["val_loss"]) < 1e-3
+    flags = [f for f in callback._health.flags if f.cause == "identity"]
+    assert [f.method for f in flags] == ["gae"]
+    flag = flags[0]
+    assert "rollout" in flag.best and "gae" not in flag.best.split(":", 1)[1]
+    assert f"{POSITIVE} " in flag.faithfulness and "vs random" in flag.faithfulness
+    # Once in the terminal per method and cause, with the step, the numbers, the best method and the cause.
+    ours = [m for m in said if "largest relevance beside the identity" in m]
+    assert len(ours) == 1 and f"step {flag.step}: gae's" in ours[0] and "rollout" in ours[0]
+    assert "vanish beside the identity" in ours[0] and "± " in ours[0]
+    # In the summary printed when fit ends.
+    assert "flags (explanations that are not faithful" in callback.summary
+    assert f"step {flag.step}: gae's explanation is not faithful" in callback.summary
+    # In the Text tab, one entry per step, and as a tensor for the GAE tab.
+    events = read_events(trainer.logger.log_dir)
+    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("gae_health/text_summary")}
+    assert "gae's explanation is not faithful" in texts[flag.step] and "rollout" in texts[flag.step]
+    acc = read_plugin_events(trainer.logger.log_dir)
+    tag = "gae_dashboard/flag/gae/identity"
+    assert json.loads(acc.SummaryMetadata(tag).plugin_data.content)["kind"] == "flag"
+    assert [e.step for e in acc.Tensors(tag)] == [flag.step]
+
+
+@pytest.mark.slow
+def test_a_bert_that_every_method_explains_above_the_floor_raises_no_flag(tmp_path, make_trainer, read_events):
+    # The same model, trained gently for one epoch: GAE's relevance beside the identity is ~3e-3, and GAE and rollout
+    # both beat random relevance on the positive perturbation AUC beyond the standard errors.
+    callback, trainer, said = _fit(tmp_path, make_trainer, "healthy", hidden=64, lr=3e-3, epochs=1, every_n_epochs=1)
+    assert said == [] and callback._health.flags == []
+    assert "flags (" not in callback.summary and f"{POSITIVE}" in callback.summary
+    assert "gae_health/text_summary" not in read_events(trainer.logger.log_dir).Tags()["tensors"]
