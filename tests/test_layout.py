@@ -220,8 +220,9 @@ def test_every_class_path_of_the_configs_imports():
 # (or _<name>.py), or one of these concerns of the folder, each exercising several of its modules.
 _TEST_CONCERNS = {
     "callbacks": {"answers", "failures", "faithfulness_curves", "isolation", "logging", "models", "multiprocess"},
+    "lrp": {"transformer_attribution_autocast"},
     "engine": {"attention_flow", "attn_gradcam_vit", "capture_models", "lora", "tiled_reference"},
-    "metrics": {"abpc", "dtypes", "harness", "torchmetrics"},
+    "metrics": {"abpc", "dtypes", "harness", "torchmetrics", "unscorable"},
     "tensorboard": {"token_sets_tab"},
     # tests/recipes/ tests the repository's recipes/, not the package.
     "recipes": {"known_answers", "recipes", "several_token_sets"},
