@@ -247,12 +247,11 @@ def compare(
         ...     def forward(self, x):
         ...         return self.head(self.encoder(self.patch(x).flatten(2).transpose(1, 2))[:, 0])
         >>> _ = torch.manual_seed(0)
-        >>> result = compare(ViT().eval(), torch.rand(4, 1, 8, 8), methods=("gae", "rollout", "random", "saliency"))
+        >>> result = compare(ViT().eval(), torch.rand(4, 1, 8, 8), methods=("gae", "random", "saliency"))
         >>> print(result.to_markdown())
         | method | positive_perturbation_auc ↓ | negative_perturbation_auc ↑ | ms / sample |
         | --- | ---: | ---: | ---: |
         | gae | ... |
-        | rollout | ... |
         | random | ... |
         | saliency | ... |
         >>> result.num_samples, sorted(result.methods["gae"])
