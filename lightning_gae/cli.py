@@ -190,11 +190,12 @@ def compare_main(argv: Sequence[str]) -> None:
         SystemExit: bad arguments (argparse's message).
         ValueError: a modality that cannot be inferred, or anything ``compare`` rejects.
 
-    Example::
+    Example:
+        .. code-block:: bash
 
-        lightning-gae compare --config configs/vit_digits.yaml \\
-            --ckpt_path runs/vit_digits/version_0/checkpoints/last.ckpt --output runs/compare
-        # -> runs/compare/comparison.md, comparison.json, comparison.png
+            lightning-gae compare --config configs/vit_digits.yaml \\
+                --ckpt_path runs/vit_digits/version_0/checkpoints/last.ckpt --output runs/compare
+            # -> runs/compare/comparison.md, comparison.json, comparison.png
     """
     parser = _compare_parser()
     args = parser.parse_args(list(argv))

@@ -231,16 +231,31 @@ def compare(
             modality that cannot be inferred (the message names ``modality=``), ``batch_size < 1``,
             or anything :func:`attribute` rejects.
 
-    Example::
+    Example:
+        A small ViT-style classifier (8 x 8 images in 2 x 2 patches, read at token 0) with random weights, scored
+        on its predictions (with the labels, ``protocol="target"`` and ``"predicted"`` give the paper's two columns):
 
-        from lightning_gae.compare import compare
-
-        result = compare(vit, images, methods=("gae", "rollout", "random", "integrated_gradients"))
-        print(result.to_markdown())
-        result.methods["gae"]["positive_perturbation_auc"]     # lower is better
-        # The paper's two columns, scored against the labels:
-        predicted = compare(vit, images, labels, protocol="predicted")
-        target = compare(vit, images, labels, protocol="target")
+        >>> import torch
+        >>> from torch import nn
+        >>> from lightning_gae.compare import compare
+        >>> class ViT(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.patch, self.head = nn.Conv2d(1, 16, 2, stride=2), nn.Linear(16, 3)
+        ...         layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
+        ...         self.encoder = nn.TransformerEncoder(layer, num_layers=2)
+        ...     def forward(self, x):
+        ...         return self.head(self.encoder(self.patch(x).flatten(2).transpose(1, 2))[:, 0])
+        >>> _ = torch.manual_seed(0)
+        >>> result = compare(ViT().eval(), torch.rand(4, 1, 8, 8), methods=("gae", "random", "saliency"))
+        >>> print(result.to_markdown())
+        | method | positive_perturbation_auc ↓ | negative_perturbation_auc ↑ | ms / sample |
+        | --- | ---: | ---: | ---: |
+        | gae | ... |
+        | random | ... |
+        | saliency | ... |
+        >>> result.num_samples, sorted(result.methods["gae"])
+        (4, ['negative_perturbation_auc', 'positive_perturbation_auc', 'seconds_per_sample'])
     """
     unknown = [m for m in methods if m not in ATTRIBUTION_METHODS]
     if unknown or not methods:
@@ -472,9 +487,23 @@ def comparison_grid(
     Raises:
         ValueError: as :func:`attribute`, or a modality that cannot be inferred.
 
-    Example::
+    Example:
+        The classifier of :func:`compare`'s example; ``matplotlib.pyplot.imsave("grid.png", picture)`` saves it:
 
-        matplotlib.image.imsave("grid.png", comparison_grid(vit, images[:4], methods=("gae", "saliency")))
+        >>> import torch
+        >>> from torch import nn
+        >>> from lightning_gae.compare import comparison_grid
+        >>> class ViT(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.patch, self.head = nn.Conv2d(1, 16, 2, stride=2), nn.Linear(16, 3)
+        ...         layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
+        ...         self.encoder = nn.TransformerEncoder(layer, num_layers=2)
+        ...     def forward(self, x):
+        ...         return self.head(self.encoder(self.patch(x).flatten(2).transpose(1, 2))[:, 0])
+        >>> picture = comparison_grid(ViT().eval(), torch.rand(2, 1, 8, 8), methods=("gae", "saliency"))
+        >>> picture.ndim, picture.shape[2], picture.dtype
+        (3, 3, dtype('uint8'))
     """
     display, _ = batch_tensor(inputs)
     if modality is None:

@@ -388,20 +388,27 @@ class GenericAttention(AttentionAttribution):
         ValueError: ``model`` given together with an ``nn.Module`` ``forward_func``; an unknown
             ``interpolate_mode``.
 
-    Example::
+    Example:
+        A small ViT-style classifier (8 x 8 images in 2 x 2 patches, read at token 0; ``ImageTokens`` is inferred),
+        alone and inside Captum's ``NoiseTunnel``:
 
-        from captum.attr import NoiseTunnel
-        from lightning_gae.attribution import GenericAttention
-
-        gae = GenericAttention(vit)                              # ImageTokens inferred
-        heatmaps = gae.attribute(images, target=labels)          # [B, C, H, W], like the images
-        smooth = NoiseTunnel(gae).attribute(images, nt_samples=8, stdevs=0.1, target=labels)
-
-        bert_gae = GenericAttention(
-            lambda embeds, mask: bert(inputs_embeds=embeds, attention_mask=mask).logits, model=bert
-        )
-        embeds = bert.get_input_embeddings()(input_ids)
-        per_token = bert_gae.attribute(embeds, additional_forward_args=(attention_mask,))  # [B, T, D]
+        >>> import torch
+        >>> from torch import nn
+        >>> from captum.attr import NoiseTunnel
+        >>> from lightning_gae.attribution import GenericAttention
+        >>> class ViT(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.patch, self.head = nn.Conv2d(1, 16, 2, stride=2), nn.Linear(16, 3)
+        ...         layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
+        ...         self.encoder = nn.TransformerEncoder(layer, num_layers=2)
+        ...     def forward(self, x):
+        ...         return self.head(self.encoder(self.patch(x).flatten(2).transpose(1, 2))[:, 0])
+        >>> gae, images = GenericAttention(ViT().eval()), torch.rand(2, 1, 8, 8)
+        >>> gae.attribute(images, target=1).shape                     # like the images, a patch's value on its pixels
+        torch.Size([2, 1, 8, 8])
+        >>> NoiseTunnel(gae).attribute(images, nt_samples=4, stdevs=0.1, target=1).shape
+        torch.Size([2, 1, 8, 8])
     """
 
     method = "gae"

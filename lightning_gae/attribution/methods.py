@@ -69,14 +69,27 @@ def attribute(
             layer is not found (the message names ``embedding_layer=``).
         TypeError: inputs that are neither a tensor nor a mapping.
 
-    Example::
+    Example:
+        Token relevance and Captum's input-shaped maps of a small ViT-style classifier (8 x 8 images in 2 x 2
+        patches, read at token 0); token ids are attributed at their embedding (``embedding_layer=``):
 
-        from lightning_gae.attribution import attribute
-
-        gae = attribute("gae", vit, images)                       # [B, N] token relevance
-        ig = attribute("integrated_gradients", vit, images)       # [B, C, H, W]
-        ig_text = attribute("integrated_gradients", bert, tokenizer(texts, padding=True, return_tensors="pt"))  # [B, T]
-        shap = attribute("gradient_shap", token_model, ids, embedding_layer="embed.tokens", seed=1)
+        >>> import torch
+        >>> from torch import nn
+        >>> from lightning_gae.attribution import attribute
+        >>> class ViT(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.patch, self.head = nn.Conv2d(1, 16, 2, stride=2), nn.Linear(16, 3)
+        ...         layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
+        ...         self.encoder = nn.TransformerEncoder(layer, num_layers=2)
+        ...     def forward(self, x):
+        ...         return self.head(self.encoder(self.patch(x).flatten(2).transpose(1, 2))[:, 0])
+        >>> vit, images = ViT().eval(), torch.rand(2, 1, 8, 8)
+        >>> attribute("gae", vit, images).shape, attribute("integrated_gradients", vit, images, n_steps=8).shape
+        (torch.Size([2, 16]), torch.Size([2, 1, 8, 8]))
+        >>> text = nn.Sequential(nn.Embedding(10, 16), nn.Flatten(), nn.Linear(5 * 16, 3))
+        >>> attribute("saliency", text, torch.randint(10, (2, 5)), embedding_layer="0").shape
+        torch.Size([2, 5])
     """
     if method not in ATTRIBUTION_METHODS:
         raise ValueError(f"method={method!r}; choose one of {list(ATTRIBUTION_METHODS)}")

@@ -136,16 +136,14 @@ class GAECallback(Callback):
             parallelism), no validation dataloader, samples outside the validation set, ``target="label"`` without
             labels, a model that cannot be explained on the samples, or a modality that does not fit its tokens.
 
-    Example::
+    Example (then ``Trainer(logger=TensorBoardLogger("runs"), callbacks=[callback]).fit(model, data)`` and
+    ``tensorboard --logdir runs``; :doc:`/getting-started` trains a model with it):
 
-        from lightning.pytorch import Trainer
-        from lightning.pytorch.loggers import TensorBoardLogger
-        from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
-
-        callback = GAECallback(num_samples=8, methods=("gae", "rollout"),
-                               faithfulness=FaithfulnessOptions(samples=128))
-        trainer = Trainer(logger=TensorBoardLogger("runs"), callbacks=[callback])
-        trainer.fit(model, datamodule)      # then: tensorboard --logdir runs
+    >>> from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
+    >>> callback = GAECallback(num_samples=8, methods=("gae", "rollout"), faithfulness=FaithfulnessOptions(samples=128))
+    >>> callback.faithfulness       # the other groups: callback.batches, .engine, .display, .regions
+    FaithfulnessOptions(metrics=('positive_perturbation_auc', 'negative_perturbation_auc'), random_baseline=True,
+                        samples=128, interim_samples=32, every_n_explanations=2, max_batch=256)
     """
 
     def __init__(

@@ -296,11 +296,16 @@ class AttentionRecorder:
             the ``with`` block, a named module returned no tensor and no attention was recorded
             inside it.
 
-    Example::
-
-        with AttentionRecorder(model) as rec:
-            logits = model(x)
-        [r.path for r in rec.records]   # ['blocks.0.attn', 'blocks.1.attn', ...]
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from lightning_gae.engine.capture import AttentionRecorder
+        >>> layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
+        >>> encoder = nn.TransformerEncoder(layer, num_layers=2).eval()
+        >>> with AttentionRecorder(encoder) as rec:
+        ...     out = encoder(torch.randn(2, 5, 16))
+        >>> [r.path for r in rec.records], rec.records[0].as_heads().shape     # [B, heads, N, N]
+        (['layers.0.self_attn', 'layers.1.self_attn'], torch.Size([2, 2, 5, 5]))
     """
 
     def __init__(self, model: nn.Module, attention_modules: Sequence[str] | str | None = None, lean: bool = False) -> None:

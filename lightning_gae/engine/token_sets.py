@@ -51,15 +51,23 @@ class Streams:
         queries: set name -> the token to read that set at, for sets no cross-attention joins to
             the query set (towers): an index, ``"last"``, ``"mean"``, or per-sample indices.
 
-    Example::
+    Example:
+        The sets of an ``nn.Transformer`` (which a preset also knows), declared as one's own model would need:
 
-        streams = Streams(
-            self_attention={"encoder": ["encoder.*"], "decoder": ["decoder.*.self_attn"]},
-            cross_attention={"decoder.*.cross_attn": ("decoder", "encoder")},
-            query_set="decoder",
-        )
-        exp = explain(model, (src, tgt), query=5, streams=streams)
-        exp.relevance["encoder"]      # [B, N_src]: source relevance for target position 5
+        >>> import torch
+        >>> from torch import nn
+        >>> from lightning_gae import Streams, explain
+        >>> model = nn.Transformer(16, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32,
+        ...                        batch_first=True).eval()
+        >>> streams = Streams(
+        ...     self_attention={"encoder": ["encoder.*"], "decoder": ["decoder.*.self_attn"]},
+        ...     cross_attention={"decoder.*.multihead_attn": ("decoder", "encoder")},
+        ...     query_set="decoder",
+        ... )
+        >>> src, tgt = torch.randn(2, 6, 16), torch.randn(2, 4, 16)
+        >>> exp = explain(model, (src, tgt), query=3, streams=streams)
+        >>> exp.relevance["encoder"].shape, exp.tokens.shape     # source relevance for target position 3
+        (torch.Size([2, 6]), torch.Size([2, 4]))
     """
 
     self_attention: Mapping[str, Sequence[str]] = field(default_factory=dict)

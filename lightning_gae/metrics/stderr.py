@@ -97,12 +97,23 @@ class Score(NamedTuple):
 class SampleScores:
     """Per-sample states of metrics x methods, gathered batch by batch, then each value with its standard error.
 
-    Example::
+    Example:
+        Class 1 while the features sum above 0.9, each sample's features as their own relevance (the second sample
+        keeps class 1 after its first removal, so the AUCs differ):
 
-        scores = SampleScores()
-        for inputs, attributions, target in batches:
-            scores.add_perturbation("positive_perturbation_auc", "gae", metric, inputs, attributions, target)
-        values, errors = scores.results()[("positive_perturbation_auc", "gae")]
+        >>> import torch
+        >>> from lightning_gae import TabularTokens
+        >>> from lightning_gae.metrics import PerturbationAUC
+        >>> from lightning_gae.metrics.stderr import SampleScores
+        >>> model = lambda x: torch.stack([torch.full((len(x),), 0.9), x.sum(dim=1)], dim=1)
+        >>> modality = TabularTokens(["a", "b", "c"], prefix_tokens=0, means=[0.0, 0.0, 0.0])
+        >>> metric = PerturbationAUC(model, modality, order="positive", fractions=(0, 1 / 3, 2 / 3))
+        >>> scores = SampleScores()
+        >>> x = torch.tensor([[1.0, 0.5, 0.25], [0.5, 0.5, 0.5]])   # one batch; the next ones are added alike
+        >>> scores.add_perturbation("positive_perturbation_auc", "features", metric, x, x, torch.tensor([1, 1]))
+        >>> values, errors = scores.results()[("positive_perturbation_auc", "features")]
+        >>> round(values[""], 2), round(errors[""], 2)     # the mean of 16.67 and 50, its standard error
+        (33.33, 16.67)
     """
 
     def __init__(self) -> None:

@@ -57,11 +57,19 @@ class Region:
             ``mask``/``token_ids``/``predicate``/``features``, a mask that is not 2-d or 3-d, empty ids or
             features, a predicate that is not callable.
 
-    Example::
+    Example:
+        A spurious word of a character vocabulary and a feature of a table, as tokens (an image mask:
+        :func:`region_token_mask`):
 
-        watermark = Region("watermark", "suspect", mask=data.watermark_mask)       # [H, W]
-        spurious = Region("spurious_token", "suspect", token_ids=[data.spurious_id])
-        mask = region_token_mask(watermark, ImageTokens(patch_size=2), images)    # [B, N]
+        >>> import torch
+        >>> from lightning_gae import TabularTokens, TextTokens
+        >>> from lightning_gae.modalities.regions import Region, region_token_mask
+        >>> spurious = Region("spurious_token", "suspect", token_ids=[3])
+        >>> region_token_mask(spurious, TextTokens(vocab=["_", *"abc"], pad_id=0), torch.tensor([[1, 3, 2, 0]]))
+        tensor([[False,  True, False, False]])
+        >>> income = Region("income", "evidence", features=["income"])
+        >>> region_token_mask(income, TabularTokens(["age", "income"]), torch.rand(1, 2))   # token 0: the CLS
+        tensor([[False, False,  True]])
     """
 
     name: str

@@ -333,19 +333,19 @@ class TextTokens(Modality):
         vocab: id -> string, used when there is no tokenizer.
         special_ids: ids drawn grey and left out of the colour scale (``[CLS]``, ``[SEP]``, which
             otherwise often take most of the relevance); None means the tokenizer's special ids.
-        pad_id: padding id, omitted from the drawing and zeroed when no ``attention_mask`` is given;
-            None means the tokenizer's.
+        pad_id: padding id, omitted from the drawing and zeroed when no ``attention_mask`` is given; None: the tokenizer's.
         cmap: matplotlib colormap of the token backgrounds.
         mask_id: the id a removed token becomes; None means the tokenizer's mask token, else ``pad_id``.
-        removal: how the faithfulness metrics remove a token: ``"replace"`` its id by ``mask_id``, or
-            drop it from the ``"attention"`` mask (the inputs must then be a mapping with one).
-            Special and padded tokens are never removed.
+        removal: how the faithfulness metrics remove a token: ``"replace"`` its id by ``mask_id``, or drop it from the
+            ``"attention"`` mask (the inputs must then be a mapping with one). Special and padded tokens are never removed.
 
-    Example::
+    Example (a character vocabulary instead of a tokenizer: ``[CLS]`` is special, ``_`` pads, its relevance is 0):
 
-        modality = TextTokens(tokenizer)
-        batch = tokenizer(texts, padding=True, return_tensors="pt")
-        per_id = modality.to_input(explain(bert, batch).tokens, batch)   # [B, T]
+    >>> import torch
+    >>> modality = TextTokens(vocab=["_", "[CLS]", *"abc"], special_ids=[1], pad_id=0)
+    >>> ids = torch.tensor([[1, 2, 3, 0]])
+    >>> modality.token_strings(ids[0]), modality.to_input(torch.tensor([[0.5, 0.2, 0.3, 0.9]]), ids)
+    (['[CLS]', 'a', 'b', '_'], tensor([[0.5000, 0.2000, 0.3000, 0.0000]]))
     """
 
     def __init__(
