@@ -100,6 +100,17 @@ def _below_floor(metric: str, method: str, by_method: Mapping[str, tuple[float, 
     return not_better_than_random(value, error, floor, floor_error, higher_is_better(metric))
 
 
+def _beats_floor(metric: str, method: str, by_method: Mapping[str, tuple[float, float]]) -> bool:
+    """Better than random beyond the errors (False without standard errors)."""
+    if "random" not in by_method or method not in by_method:
+        return False
+    scored, floor = by_method[method], by_method["random"]
+    if not all(math.isfinite(x) for x in (*scored, *floor)):
+        return False
+    good_side = scored[0] > floor[0] if higher_is_better(metric) else scored[0] < floor[0]
+    return good_side and differs_beyond_stderr(*scored, *floor)
+
+
 def _worse(metric: str, scored: tuple[float, float], floor: tuple[float, float]) -> bool:
     """On the bad side of random beyond the errors."""
     bad_side = scored[0] < floor[0] if higher_is_better(metric) else scored[0] > floor[0]
@@ -146,12 +157,17 @@ def health_flags(step: int, scalars: Mapping[str, float], dominated: Mapping[str
                 f"its faithfulness: {numbers or 'not scored'}")
     methods = dict.fromkeys(m for by_method in scores.values() for m in by_method if m != "random")
     for method in methods:
-        below = [metric for metric, by_method in scores.items() if _below_floor(metric, method, by_method)]
+        # Worse than random beyond the errors always says something. Not better than random does only where the scores
+        # tell another method from random: with few samples every method is within the errors of random, which says
+        # that the samples are too few, not that the methods are unfaithful.
+        below = [metric for metric, by_method in scores.items() if _below_floor(metric, method, by_method)
+                 and (_worse(metric, by_method[method], by_method["random"])
+                      or any(_beats_floor(metric, other, by_method) for other in by_method if other != method))]
         if below:
             worse = [m for m in below if _worse(m, scores[m][method], scores[m]["random"])]
             finding = (f"it is worse than random relevance beyond the standard error on {', '.join(worse)}" if worse else
-                       f"it is not better than random relevance beyond the standard error on {', '.join(below)} "
-                       f"(more samples may tell them apart: FaithfulnessOptions(samples=...))")
+                       f"it is not better than random relevance beyond the standard error on {', '.join(below)}, "
+                       "where another method is")
             found[(method, "random")] = (
                 finding, "its faithfulness: " + "; ".join(_beside_random(m, method, scores[m]) for m in below))
     best = _most_faithful(scores, {method for method, _ in found})

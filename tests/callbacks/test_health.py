@@ -101,9 +101,14 @@ def test_a_flag_follows_the_metrics_direction_and_names_the_most_faithful_method
     flags = health_flags(7, _scalars(NEGATIVE, {"gae": 90.0, "rollout": 40.0, "random": 73.0},
                                      {"gae": 0.5, "rollout": 2.0, "random": 2.0}), {})
     assert [(f.method, f.cause) for f in flags] == [("rollout", "random")] and "gae 90 ± 0.5" in flags[0].best
-    # Within the errors of random: not shown better, said so; no standard error at all: nothing to tell by.
-    close = _scalars(POSITIVE, {"gae": 70.0, "random": 73.0}, {"gae": 2.0, "random": 2.0})
-    assert "more samples may tell them apart" in health_flags(7, close, {})[0].finding
+    # Within the errors of random where another method is beyond them: flagged, said so.
+    close = _scalars(POSITIVE, {"gae": 70.0, "rollout": 40.0, "random": 73.0}, {"gae": 2.0, "rollout": 2.0, "random": 2.0})
+    (flag,) = health_flags(7, close, {})
+    assert flag.method == "gae" and "not better than random relevance beyond the standard error" in flag.finding
+    assert "where another method is" in flag.finding
+    # Every method within the errors of random (too few samples to tell): no flag; no standard error: nothing to tell by.
+    few = _scalars(POSITIVE, {"gae": 70.0, "rollout": 69.0, "random": 73.0}, {"gae": 6.0, "rollout": 6.0, "random": 6.0})
+    assert health_flags(7, few, {}) == []
     assert health_flags(7, {f"{POSITIVE}/gae": 90.0, f"{POSITIVE}/random": 73.0}, {}) == []
 
 
