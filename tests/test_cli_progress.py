@@ -49,7 +49,7 @@ def test_compare_draws_a_bar_per_method_on_stderr(checkpoint, tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_stops_compare_with_one_line_and_exit_code_130(checkpoint, tmp_path):
     output = tmp_path / "out"
-    done = interrupt_python(compare_args(checkpoint, output, "--num_samples", "64", "--batch_size", "4",
+    done = interrupt_python(compare_args(checkpoint, output, "--num_samples", "256", "--batch_size", "8",
                                          "--methods", "gae", "integrated_gradients", "--metrics", "deletion_auc"),
                             cwd=ROOT, when="integrated_gradients [2/2]")
     assert done.returncode == 128 + signal.SIGINT == 130, done.stderr[-3000:]

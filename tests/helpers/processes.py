@@ -65,19 +65,32 @@ def interrupt_python(args: Sequence[str], cwd: str | Path, when: str, timeout: f
     import time
 
     proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=cwd, env=python_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    out: list[str] = []
-    err: list[str] = []
+                            stderr=subprocess.PIPE, start_new_session=True)
+    out: list[bytes] = []
+    err: list[bytes] = []
+    seen = threading.Event()
+    wanted = when.encode()
+
+    def read_err() -> None:
+        # Whole chunks as they come: a byte at a time fell behind a fast child's progress bars, which then had finished
+        # by the time the line was seen. The line is looked for across the end of the previous chunk too.
+        tail = b""
+        while chunk := os.read(proc.stderr.fileno(), 1 << 16):
+            err.append(chunk)
+            tail = tail[-len(wanted):] + chunk
+            if wanted in tail:
+                seen.set()
+
     readers = [threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True),
-               threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)]
+               threading.Thread(target=read_err, daemon=True)]
     for reader in readers:
         reader.start()
     deadline = time.monotonic() + timeout
     try:
-        while when not in "".join(err):
+        while not seen.wait(0.01):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"{when!r} never appeared on stderr:\n{''.join(err)[-3000:]}")
-            time.sleep(0.05)
+                raise AssertionError(f"{when!r} never appeared on stderr before it ended:\n"
+                                     f"{b''.join(err).decode(errors='replace')[-3000:]}")
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=timeout)
     finally:
@@ -86,7 +99,8 @@ def interrupt_python(args: Sequence[str], cwd: str | Path, when: str, timeout: f
             proc.wait()
     for reader in readers:
         reader.join(timeout=10)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(out), "".join(err))
+    return subprocess.CompletedProcess(proc.args, proc.returncode, b"".join(out).decode(errors="replace"),
+                                       b"".join(err).decode(errors="replace"))
 
 
 def run_script(directory: Path, source: str, timeout: float = 240) -> subprocess.CompletedProcess:
