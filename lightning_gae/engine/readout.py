@@ -91,7 +91,11 @@ def readout_query(query: Query, batch: int, num_tokens: int, keep: Tensor, devic
         # Last real token of each row (right padding), whatever the padding side.
         positions = torch.arange(num_tokens, device=device).expand(batch, num_tokens)
         return torch.where(keep, positions, -1).amax(dim=1)
-    index = torch.as_tensor(query, dtype=torch.long, device=device)
+    given = torch.as_tensor(query)
+    if given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
+        # A float would be truncated to a position silently (1.5 read token 1).
+        raise ValueError(f"query={query!r} is no token index: give an integer, 'last', 'mean', or one integer per sample")
+    index = given.to(dtype=torch.long, device=device)
     if index.dim() == 0:
         index = index.expand(batch)
     if index.shape != (batch,):
@@ -194,16 +198,21 @@ def resolve_readout(readout: Any, kwargs: Mapping[str, Any], args: Sequence[Any]
 def explaining(model: nn.Module, inputs: Any, float_leaves: bool = False) -> Iterator[tuple[tuple, dict]]:
     """The preamble of every explanation: ``(args, kwargs)`` of fresh copies of ``inputs`` for the model's call.
 
-    Refuses non-finite inputs (:func:`refuse_nonfinite`), then holds the model in eval mode, the RNG
+    Refuses a model or inputs on the meta device and non-finite inputs (:func:`refuse_nonfinite`), then holds the model in eval mode, the RNG
     (CPU and the model's CUDA devices) forked, inference mode off and gradients on, so that nothing the
     explanation does is seen by the run around it. Inference-mode tensors cannot enter an autograd graph,
     hence the copies; with ``float_leaves`` the float copies require grad (the leaves of an LRP pass).
     """
-    refuse_nonfinite(inputs)
     try:
         first = first_tensor(inputs)
     except TypeError:  # no tensor at all: the model's own call says what it wanted
         first = None
+    if (first is not None and first.is_meta) or any(p.is_meta for p in model.parameters()):
+        where = "the inputs are" if first is not None and first.is_meta else "the model's parameters are"
+        raise ValueError(f"{where} on the meta device: they have shapes but no values, so there is nothing to explain. "
+                         "Materialise the model and load its weights first (model.to_empty(device=...), then "
+                         "load_state_dict), and pass inputs with values")
+    refuse_nonfinite(inputs)
     if first is not None and first.dim() and first.shape[0] == 0:
         raise ValueError(f"the inputs hold no sample (a batch of 0: {type(inputs).__name__} with a first tensor of "
                          f"shape {tuple(first.shape)}); explain at least one")

@@ -33,6 +33,7 @@ the capture's ``plain`` flag: the plain gradient of the model, with no second fo
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -418,7 +419,8 @@ def _abar(p: Tensor, r: Tensor, g: Tensor) -> Tensor:
 def _rolled_out(abars: list[Tensor], start: Tensor) -> Tensor:
     row = start
     for abar in reversed(abars):
-        row = row + torch.einsum("bn,bnm->bm", row, abar)
+        row = row.to(torch.promote_types(row.dtype, abar.dtype))  # a float64 model's maps: the row follows them
+        row = row + torch.einsum("bn,bnm->bm", row, abar.to(row.dtype))
     return row
 
 
@@ -436,7 +438,8 @@ def explain(model: nn.Module, inputs: Any, target: Any, query: Any,
     it runs with autocast off: the alpha-beta rule's sums of positive and negative parts lose most of their digits
     in half precision, so the relevance is that of the float32 model."""
     first = first_tensor(inputs)
-    with torch.autocast(first.device.type if first is not None else "cpu", enabled=False):
+    device = first.device.type if first is not None else "cpu"
+    with torch.autocast(device, enabled=False) if device in ("cpu", "cuda") else contextlib.nullcontext():
         return _explain(model, inputs, target, query, embedding_layer)
 
 

@@ -112,3 +112,21 @@ def test_an_explanation_says_which_samples_have_finite_relevance():
     exp.tokens[4, 2] = float("inf")
     exp.relevance["tokens"][9, 0] = float("nan")
     assert exp.finite.nonzero().flatten().tolist() == [i for i in range(17) if i not in (4, 9)]
+
+
+@pytest.mark.parametrize("query", [1.5, [0.0, 1.0], True])
+def test_a_query_that_is_no_integer_is_refused(query):
+    model = TinyViT().eval()
+    x = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="is no token index: give an integer"):
+        lg.explain(model, x, query=query)
+
+
+@pytest.mark.parametrize("method", [*lg.METHODS, "transformer_attribution"])
+def test_a_model_or_inputs_on_the_meta_device_are_refused_with_what_to_do(method):
+    with torch.device("meta"):
+        model = TinyViT()
+    with pytest.raises(ValueError, match="the inputs are on the meta device.*load_state_dict"):
+        lg.explain(model, torch.rand(2, 1, 8, 8, device="meta"), method=method)
+    with pytest.raises(ValueError, match="the model's parameters are on the meta device"):
+        lg.explain(model.eval(), torch.rand(2, 1, 8, 8), method=method)

@@ -32,3 +32,11 @@ def test_transformer_attribution_runs_under_autocast_and_agrees_with_float32():
             explain(model, inputs, method="transformer_attribution")
             assert torch.is_autocast_enabled("cpu")
         assert not torch.is_autocast_enabled("cpu")
+
+
+def test_transformer_attribution_of_a_float64_model_equals_its_float32_twin():
+    model, inputs = _bert()
+    reference = explain(model, inputs, method="transformer_attribution").tokens
+    doubled = explain(model.double(), inputs, method="transformer_attribution").tokens
+    assert doubled.dtype == torch.float32
+    torch.testing.assert_close(doubled, reference, rtol=1e-3, atol=1e-3 * reference.abs().max().item())
