@@ -27,6 +27,7 @@ from lightning_gae._structures import ClassTarget, class_index, first_tensor, ta
 from lightning_gae.attribution import ATTRIBUTION_METHODS, CAPTUM_METHODS, attribute
 from lightning_gae.attribution.gradients import batch_tensor, predict
 from lightning_gae.engine.explain import METHODS, explain
+from lightning_gae.engine.readout import check_inputs
 from lightning_gae.metrics import PERTURBATION_METRICS, AlignmentAccuracy, perturbation_metric, random_attribution
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional.perturbation import Protocol, check_protocol
@@ -260,6 +261,7 @@ def compare(
     unknown = [m for m in methods if m not in ATTRIBUTION_METHODS]
     if unknown or not methods:
         raise ValueError(f"methods={list(methods)}: choose from {list(ATTRIBUTION_METHODS)}")
+    check_inputs(model, inputs)
     faithfulness = FaithfulnessOptions() if faithfulness is None else faithfulness
     engine = EngineOptions() if engine is None else engine
     if not isinstance(faithfulness, FaithfulnessOptions) or not isinstance(engine, EngineOptions):

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from lightning_gae._structures import ClassTarget, class_index
 from lightning_gae.attribution.gradients import CAPTUM_METHODS, batch_tensor, captum_attribute, predict
 from lightning_gae.engine.explain import LRP_METHODS, METHODS, explain
+from lightning_gae.engine.readout import check_inputs
 from lightning_gae.metrics.functional.perturbation import random_attribution
 
 __all__ = ["ATTRIBUTION_METHODS", "attribute"]
@@ -101,6 +102,7 @@ def attribute(
     if method == "random":
         # Only the token count is needed, and raw attention needs no backward.
         return random_attribution(explain(model, inputs, method="raw_attention", **options).tokens, seed)
+    check_inputs(model, inputs)  # as explain() does: Captum would fail inside, or attribute NaN inputs silently
     x, _ = batch_tensor(inputs)
     target_index = predict(model, inputs) if target is None else class_index(target, x.shape[0], x.device)
     return captum_attribute(method, model, inputs, target_index, embedding_layer, seed, options)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from lightning_gae._structures import Target, call_args, eval_mode, first_tensor, map_tensors, nonfinite_inputs
 
 __all__ = ["PADDING_KEYS", "Explanation", "Query", "explaining", "hide_own", "keep_mask", "readout_query",
-           "refuse_nonfinite", "resolve_readout", "target_scores"]
+           "refuse_nonfinite", "resolve_readout", "target_scores", "check_inputs"]
 
 Query = Union[int, Literal["last", "mean"], Sequence[int], Tensor]
 
@@ -194,15 +194,9 @@ def resolve_readout(readout: Any, kwargs: Mapping[str, Any], args: Sequence[Any]
     return readout(kwargs, args) if callable(readout) else readout
 
 
-@contextmanager
-def explaining(model: nn.Module, inputs: Any, float_leaves: bool = False) -> Iterator[tuple[tuple, dict]]:
-    """The preamble of every explanation: ``(args, kwargs)`` of fresh copies of ``inputs`` for the model's call.
-
-    Refuses a model or inputs on the meta device and non-finite inputs (:func:`refuse_nonfinite`), then holds the model in eval mode, the RNG
-    (CPU and the model's CUDA devices) forked, inference mode off and gradients on, so that nothing the
-    explanation does is seen by the run around it. Inference-mode tensors cannot enter an autograd graph,
-    hence the copies; with ``float_leaves`` the float copies require grad (the leaves of an LRP pass).
-    """
+def check_inputs(model: nn.Module, inputs: Any) -> None:
+    """Refuses what no explanation can be read from, saying what to do: a model or inputs on the meta device, an
+    empty batch, NaN or inf inputs (:func:`refuse_nonfinite`)."""
     try:
         first = first_tensor(inputs)
     except TypeError:  # no tensor at all: the model's own call says what it wanted
@@ -216,6 +210,18 @@ def explaining(model: nn.Module, inputs: Any, float_leaves: bool = False) -> Ite
     if first is not None and first.dim() and first.shape[0] == 0:
         raise ValueError(f"the inputs hold no sample (a batch of 0: {type(inputs).__name__} with a first tensor of "
                          f"shape {tuple(first.shape)}); explain at least one")
+
+
+@contextmanager
+def explaining(model: nn.Module, inputs: Any, float_leaves: bool = False) -> Iterator[tuple[tuple, dict]]:
+    """The preamble of every explanation: ``(args, kwargs)`` of fresh copies of ``inputs`` for the model's call.
+
+    Refuses what :func:`check_inputs` refuses, then holds the model in eval mode, the RNG (CPU and the model's CUDA
+    devices) forked, inference mode off and gradients on, so that nothing the
+    explanation does is seen by the run around it. Inference-mode tensors cannot enter an autograd graph,
+    hence the copies; with ``float_leaves`` the float copies require grad (the leaves of an LRP pass).
+    """
+    check_inputs(model, inputs)
     cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     with eval_mode(model), torch.random.fork_rng(devices=cuda), torch.inference_mode(False), torch.enable_grad():
         yield call_args(map_tensors(inputs, lambda t: t.detach().clone().requires_grad_(float_leaves and t.is_floating_point())))
