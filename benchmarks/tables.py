@@ -1,7 +1,8 @@
-"""The docs' performance tables, made from the result files that ``lightning-gae bench --output`` writes.
+"""The docs' performance and faithfulness tables, made from the result files their measuring commands write.
 
-Each ``docs/evidence/results/NAME.json`` (``{"results": [...]}``: one row per case and method) has its table beside it,
-``NAME.md``, which the pages include. ``python -m benchmarks.tables`` writes every table from its JSON;
+Each ``docs/evidence/results/NAME.json`` (``lightning-gae bench --output``: one row per case and method) has its table
+beside it, ``NAME.md``; each ``docs/evidence/results/faithfulness/CONFIG/`` (the ``predicted`` and ``target`` runs of
+``lightning-gae compare --output``) has ``CONFIG.md`` beside the folder. The pages include the tables. ``python -m benchmarks.tables`` writes every table from its JSON;
 ``tests/test_docs.py`` fails when a committed table differs from what this module makes of its JSON, so a number
 on a page is always the measured one. To add a measurement: run the bench with ``--output`` into that folder, run
 this module, include the new table in a page.
@@ -54,17 +55,33 @@ def bench_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def faithfulness_table(folder: Path) -> str:
+    """The faithfulness table of one recipe from its two ``lightning-gae compare`` runs (``folder/predicted`` and
+    ``folder/target``, each a ``comparison.json``), as :func:`recipes.faithfulness_tables.table` makes it."""
+    from recipes.faithfulness_tables import table
+
+    return "{.numbers}\n" + table(Path(folder))
+
+
+def faithfulness_sources() -> list[Path]:
+    """The recipes' committed compare runs: ``results/faithfulness/<config>/``, each table beside it as ``<config>.md``."""
+    return sorted(p for p in (RESULTS / "faithfulness").glob("*") if p.is_dir())
+
+
 def render(source: Path) -> str:
-    """The table of one result file."""
-    return bench_table(json.loads(Path(source).read_text())["results"])
+    """The table of one result: a bench result file, or a recipe's folder of compare runs."""
+    source = Path(source)
+    if source.is_dir():
+        return faithfulness_table(source)
+    return bench_table(json.loads(source.read_text())["results"])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sources", nargs="*", type=Path, help="result files (default: every one in docs/evidence/results)")
     args = parser.parse_args(argv)
-    for source in args.sources or sorted(RESULTS.glob("*.json")):
-        target = source.with_suffix(".md")
+    for source in args.sources or [*sorted(RESULTS.glob("*.json")), *faithfulness_sources()]:
+        target = source.with_suffix(".md") if source.is_file() else source.parent / f"{source.name}.md"
         target.write_text(render(source))
         print(f"wrote {target}")
 
