@@ -611,7 +611,8 @@ function ticks(lo, hi, count) {
 // One metric over training: a line per method through its value at every step it was scored, each point with its
 // standard error as a bar. The y axis spans every value and bar (nothing is clipped as an outlier), or
 // `options.range`; `options.title` replaces the metric's name, `options.marks` ([{step, method, text}]) draws a
-// red dashed line with a "⚠" at each step where something was raised (a region's alerts), its text on hover;
+// red dashed line at each step where something was raised (a region's alerts), a "⚠" label per step and the
+// marks' texts on hover;
 // `options.note(method, j)` adds to a point's hover text.
 function historyChart(entry, options = {}) {
   const methods = Object.keys(entry.methods).sort((a, b) => (a === "random") - (b === "random"));
@@ -674,19 +675,24 @@ function historyChart(entry, options = {}) {
       chart.append(dot);
     });
   }
-  for (const mark of options.marks || []) {
-    const at = x(mark.step);
-    const line = svg("line", {x1: String(at), x2: String(at), y1: String(top), y2: String(height - bottom), stroke: "#c62828",
-                              "stroke-width": "1.5", "stroke-dasharray": "3 3", class: "gae-alert-mark",
-                              "data-step": String(mark.step), "data-method": mark.method});
-    const sign = svg("text", {x: String(at), y: String(top - 2), "text-anchor": "middle", fill: "#c62828",
-                              class: "gae-alert-mark"});
-    sign.textContent = `⚠ ${mark.method}`;
-    for (const target of [line, sign]) {
-      target.addEventListener("mousemove", (event) => showTip(event, mark.text));
+  // One dashed line per mark; one "⚠" label per step, half-way up on a white halo (several alerts of a step share it).
+  const byStep = new Map();
+  for (const mark of options.marks || []) byStep.set(mark.step, [...(byStep.get(mark.step) || []), mark]);
+  for (const [step, marks] of byStep) {
+    const at = x(step);
+    const tip = `step ${step}: ${marks.map((m) => m.text).join(", ")}`;
+    const drawn = marks.map((mark) => svg("line", {x1: String(at), x2: String(at), y1: String(top), y2: String(height - bottom),
+                                                   stroke: "#c62828", "stroke-width": "1.5", "stroke-dasharray": "3 3",
+                                                   class: "gae-alert-mark", "data-step": String(step), "data-method": mark.method}));
+    const sign = svg("text", {x: String(at + 4), y: String((top + height - bottom) / 2), fill: "#c62828",
+                              stroke: "#ffffff", "stroke-width": "3", "paint-order": "stroke", class: "gae-alert-label",
+                              "data-step": String(step)});
+    sign.textContent = marks.length > 1 ? `⚠ ${marks.length} alerts` : `⚠ ${marks[0].method}`;
+    for (const target of [...drawn, sign]) {
+      target.addEventListener("mousemove", (event) => showTip(event, tip));
       target.addEventListener("mouseleave", hideTip);
     }
-    chart.append(line, sign);
+    chart.append(...drawn, sign);
   }
   legend(chart, methods, width - right + 12, top + 4);
   return chart;
@@ -713,8 +719,10 @@ function regionSection(info) {
       const recall = methods[method].recall[j];
       return recall === null || recall === undefined ? "" : `; recall of its tokens in the top k: ${format(recall)}`;
     };
-    const marks = alerts.filter((a) => a.region === r.region).map((a) => ({
-      step: a.step, method: a.method, text: a.text.replace(/\*\*/g, "")}));
+    const marks = alerts.filter((a) => a.region === r.region).map((a) => {
+      const share = (a.text.match(/(\d+%) of /) || [])[1];
+      return {step: a.step, method: a.method, text: `alert: ${share ? `${share} of ${a.method}'s relevance` : a.method} on "${r.region}"`};
+    });
     const chart = historyChart({metric: `region_share_${r.region}`, higher_is_better: false, steps: r.share.steps, methods},
                                {range: [0, 1], marks, note, title: `share of relevance on "${r.region}"`});
     chart.dataset.region = r.region;
