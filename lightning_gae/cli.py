@@ -87,7 +87,32 @@ def _compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--protocol", default="predicted", choices=("predicted", "target"),
                         help="explain the model's prediction and check it against the label ('predicted', default), "
                              "or explain and score the label ('target'); without labels both use the prediction")
+    parser.add_argument("--regions", default="auto", choices=("auto", "callback", "data", "none"),
+                        help="declared regions to score (region_share_<name>, region_recall_<name>): the config's "
+                             "GAECallback regions ('callback'), the datamodule's `region` ('data'), none; 'auto' "
+                             "(default): the callback's if it declares any, else the datamodule's if it has one")
     return parser
+
+
+def _regions(choice: str, datamodule: Any, callback: Any) -> Any:
+    """The :class:`~lightning_gae.options.RegionOptions` ``--regions`` asks for (None: none): the callback's own (its
+    ``top_k`` too), or the datamodule's ``region`` (or ``regions``) with the callback's ``top_k``."""
+    from lightning_gae.options import RegionOptions
+
+    declared = None if callback is None else callback.regions
+    if choice in ("auto", "callback") and declared is not None and declared.regions:
+        return declared
+    if choice in ("auto", "data"):
+        found = getattr(datamodule, "regions", None) or getattr(datamodule, "region", None)
+        if found is not None:
+            found = [found] if not isinstance(found, (list, tuple)) else list(found)
+            return RegionOptions(regions=found, top_k=None if declared is None else declared.top_k)
+    if choice != "auto":
+        where = "the config's GAECallback declares no regions" if choice == "callback" else \
+            f"the datamodule ({type(datamodule).__name__}) has no `region`"
+        if choice != "none":
+            raise ValueError(f"lightning-gae compare --regions {choice}: {where}")
+    return None
 
 
 def _configured(config: str) -> tuple[Any, Any, Any]:
@@ -179,7 +204,9 @@ def compare_main(argv: Sequence[str]) -> None:
     error (:func:`lightning_gae.compare.compare`), under ``--protocol`` against the batches'
     labels. Batches with ground truth (``masks``, ``rationales``, or ``z`` of ``(x, y, z)``) are
     scored against it too. The modality is the config's ``GAECallback``'s, else inferred for
-    ViT-style images. While it runs, stderr shows a bar per method (samples scored, rate, time left);
+    ViT-style images. Declared regions (``--regions``: the callback's ``RegionOptions``, else the datamodule's
+    ``region``) add each method's share of relevance on every region and its recall, as the callback logs them,
+    beside the random floor. While it runs, stderr shows a bar per method (samples scored, rate, time left);
     Ctrl-C stops it with one line saying which methods were scored and that nothing was written
     (the files are written once every method is scored), exit code 130.
 
@@ -292,7 +319,8 @@ def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
     result = compare(model, inputs, labels, methods=args.methods, modality=modality, batch_size=args.batch_size,
                      seed=args.seed, protocol=args.protocol, ground_truth=truth, progress=bars, query=query,
                      recall=rows is not None and truth is not None, groups=groups,
-                     faithfulness=FaithfulnessOptions(metrics=args.metrics or COMPARE_METRICS))
+                     faithfulness=FaithfulnessOptions(metrics=args.metrics or COMPARE_METRICS),
+                     regions=_regions(args.regions, datamodule, callback))
     first = map_tensors(inputs, lambda t: t[:_GRID_SAMPLES])
     picture = comparison_grid(model, first, methods=args.methods, modality=modality, seed=args.seed, query=query)
     bars.writing = True
@@ -329,6 +357,11 @@ def _write_comparison(output: Path, args: argparse.Namespace, result: Any, label
         against = "its label" if labels is not None else "its unperturbed prediction"
         how = (f"each explained for {explained}; a perturbed prediction counts as correct while it equals {against} "
                f"(protocol `{args.protocol}`)")
+    if result.regions:
+        declared = ", ".join(f"`{name}` ({kind})" for name, kind in result.regions.items())
+        how += (f"; `region_share_<region>` is the share of a method's positive relevance on a declared region "
+                f"({declared}) and `region_recall_<region>` the recall of its tokens among the most relevant, over "
+                "the samples that hold it (`random`: the floor)")
     (output / "comparison.md").write_text(
         f"{result.num_samples} validation samples of `{args.config}` at `{args.ckpt_path}`, {how}; values ± standard "
         f"error over the samples.\n\n{table}"

@@ -23,16 +23,18 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from lightning_gae.display import grid
-from lightning_gae._structures import ClassTarget, class_index, first_tensor, take
+from lightning_gae._structures import ClassTarget, class_index, first_tensor, map_tensors, take
 from lightning_gae.attribution import ATTRIBUTION_METHODS, CAPTUM_METHODS, attribute
 from lightning_gae.attribution.gradients import batch_tensor, predict
 from lightning_gae.engine.explain import METHODS, explain
 from lightning_gae.engine.readout import check_inputs
 from lightning_gae.metrics import PERTURBATION_METRICS, AlignmentAccuracy, perturbation_metric, random_attribution
+from lightning_gae.metrics.regions import score_regions
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional.perturbation import Protocol, check_protocol
+from lightning_gae.modalities.regions import Region, region_token_mask, region_valid_tokens, token_relevance
 from lightning_gae.modalities.tokens import ImageTokens, Modality
-from lightning_gae.options import EngineOptions, FaithfulnessOptions
+from lightning_gae.options import EngineOptions, FaithfulnessOptions, RegionOptions
 from lightning_gae.engine.token_sets import Streams
 from lightning_gae.language.decoder_rows import is_sequence_output, last_positions, sequence_rows
 from lightning_gae.metrics.ground_truth import RECALL, SET_TRUTH, TruthScore, truth_score
@@ -80,6 +82,8 @@ class Comparison:
         relevance: for a model with several token sets, method -> set -> the relevance of every
             sample, ``[N, N_set]`` (``[N, T, N_set]`` for sequence outputs: a row per target position).
         skipped: method -> why it was left out (Captum's methods on a model with several token sets).
+        regions: the declared regions scored (``regions=`` of :func:`compare`), name -> kind (``"evidence"`` or
+            ``"suspect"``); their columns are ``region_share_<name>`` and ``region_recall_<name>``.
     """
 
     methods: dict[str, dict[str, float]]
@@ -90,6 +94,7 @@ class Comparison:
     sets: list[str] = field(default_factory=list)
     relevance: dict[str, dict[str, Tensor]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    regions: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """``{"methods": {name: {metric: value, ..., "seconds_per_sample": s}}, "num_samples": n, "protocol": p,
@@ -100,6 +105,8 @@ class Comparison:
             out["sets"] = list(self.sets)
         if self.skipped:
             out["skipped"] = dict(self.skipped)
+        if self.regions:
+            out["regions"] = dict(self.regions)
         return out
 
     def to_json(self) -> str:
@@ -108,17 +115,20 @@ class Comparison:
 
     def to_markdown(self) -> str:
         """A table: a row per method, a column per metric (↑ higher is better, ↓ lower), the best in bold
-        (``± standard error`` where measured), then the time."""
+        (``± standard error`` where measured), then the time. A declared region's share and recall are better high on
+        an evidence region and low on a suspect one; the ``random`` row is their floor. A method without a column's
+        value (a map that is not token relevance, for a region) shows ``–``."""
         metrics = list(self.higher_is_better)
         best = {}
         for metric, higher in self.higher_is_better.items():
-            values = [scores[metric] for scores in self.methods.values()]
-            best[metric] = max(values) if higher else min(values)
+            values = [v for scores in self.methods.values() if (v := scores.get(metric)) is not None and v == v]
+            best[metric] = (max(values) if higher else min(values)) if values else None
         header = ["method", *(f"{m} {'↑' if self.higher_is_better[m] else '↓'}" for m in metrics), "ms / sample"]
         lines = ["| " + " | ".join(header) + " |", "| --- |" + " ---: |" * (len(header) - 1)]
         for name, scores in self.methods.items():
             errors = self.stderr.get(name, {})
-            cells = [(f"**{scores[m]:.4g}**" if scores[m] == best[m] else f"{scores[m]:.4g}")
+            cells = ["–" if m not in scores else
+                     (f"**{scores[m]:.4g}**" if scores[m] == best[m] else f"{scores[m]:.4g}")
                      + (f" ± {errors[m]:.2g}" if m in errors else "") for m in metrics]
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {1000 * scores['seconds_per_sample']:.3g} |")
         lines += [f"\n{name} left out: {reason}" for name, reason in self.skipped.items()]
@@ -151,6 +161,7 @@ def compare(
     recall: bool = False,
     groups: Sequence[int] | Tensor | None = None,
     progress: Progress | None = None,
+    regions: RegionOptions | Sequence[Region] | None = None,
 ) -> Comparison:
     r"""Score every attribution method with every perturbation metric on the same samples and targets.
 
@@ -223,6 +234,14 @@ def compare(
             values are still over every sample. None: every sample on its own.
         progress: called as ``progress(method, samples_done, total)`` when a method starts (0 done) and after
             each of its batches is scored (``lightning-gae compare`` draws a bar per method with it).
+        regions: declared regions (:class:`~lightning_gae.modalities.regions.Region`, or the callback's
+            :class:`~lightning_gae.options.RegionOptions`, whose ``top_k`` the recall then uses): per method and region
+            the columns ``region_share_<name>`` and ``region_recall_<name>``, the same functions
+            (:func:`~lightning_gae.metrics.functional.region_share`, :func:`~lightning_gae.metrics.functional.region_recall`)
+            over the same tokens (padding left out) as ``GAECallback(regions=...)`` logs, as means over the samples
+            that hold the region, with their standard errors; the ``random`` method is the floor (with one batch and
+            the callback's seed, the very noise the callback draws). Captum's maps are turned into token relevance
+            first (an image map's mean per patch); their share is of the positive part.
 
     Returns:
         A :class:`Comparison`; ``to_markdown()`` and ``to_dict()`` give the table.
@@ -230,7 +249,8 @@ def compare(
     Raises:
         ValueError: an unknown method, metric or protocol (the message lists the known ones), a
             modality that cannot be inferred (the message names ``modality=``), ``batch_size < 1``,
-            or anything :func:`attribute` rejects.
+            regions on a model with several token sets or that do not fit the modality, or anything
+            :func:`attribute` rejects.
 
     Example:
         A small ViT-style classifier (8 x 8 images in 2 x 2 patches, read at token 0) with random weights, scored
@@ -284,7 +304,11 @@ def compare(
         if isinstance(modality, Mapping):
             raise
         probe = None
+    declared = regions if isinstance(regions, RegionOptions) else RegionOptions(regions=regions or ())
     if isinstance(modality, Mapping) or (probe is not None and len(probe.relevance) > 1):
+        if declared.regions:
+            raise ValueError("compare(regions=...): the model has several token sets; regions are scored on a model "
+                             "with one (as GAECallback(regions=...) does)")
         return _compare_sets(model, inputs, target, methods, metrics, modality, batch_size, seed, protocol, ground_truth,
                              streams, set_inputs, probe, total, progress or _silent)
     unknown = [m for m in metrics if m not in PERTURBATION_METRICS]
@@ -318,6 +342,7 @@ def compare(
                          "label per sample (e.g. the prompt of each answer row), or None")
 
     progress = progress or _silent
+    masks = [_region_masks(declared, modality, take(inputs, s, s + batch_size, total)) for s in starts]
     results: dict[str, dict[str, float]] = {}
     errors: dict[str, dict[str, float]] = {}
     directions: dict[str, bool] = {}
@@ -346,11 +371,38 @@ def compare(
                 scores.add_updates(truth.name, method, truth_metric, truth.update_args(modality, chunk, attributions, known))
             if recall_metric is not None:
                 scores.add_updates(RECALL.name, method, recall_metric, RECALL.update_args(modality, chunk, attributions, known))
+            _score_regions(scores, method, declared, masks[index], modality, chunk, attributions)
             progress(method, stop, total)
         results.setdefault(method, {})
         _tabulate(scores, results, errors, directions)
         results[method]["seconds_per_sample"] = seconds / total
-    return Comparison(methods=results, num_samples=total, higher_is_better=directions, protocol=protocol, stderr=errors)
+    for region in declared.regions:  # more relevance is better on evidence, worse on a suspect region
+        for column in (f"region_share_{region.name}", f"region_recall_{region.name}"):
+            if column in directions:
+                directions[column] = not region.suspect
+    return Comparison(methods=results, num_samples=total, higher_is_better=directions, protocol=protocol, stderr=errors,
+                      regions={r.name: r.kind for r in declared.regions})
+
+
+def _region_masks(regions: RegionOptions, modality: Modality, chunk: Any) -> dict[str, Tensor]:
+    """Region name -> bool ``[B, N]`` over a batch's tokens, on the CPU (:func:`region_token_mask`)."""
+    cpu = map_tensors(chunk, lambda t: t.detach().cpu())
+    try:
+        return {region.name: region_token_mask(region, modality, cpu) for region in regions.regions}
+    except ValueError as error:
+        raise ValueError(f"compare(regions=...) does not fit the samples with {type(modality).__name__}: {error}") from None
+
+
+def _score_regions(scores: SampleScores, method: str, regions: RegionOptions, masks: Mapping[str, Tensor],
+                   modality: Modality, chunk: Any, attributions: Tensor) -> None:
+    """Each region's share and recall of a batch (:func:`~lightning_gae.metrics.regions.score_regions`)."""
+    if not masks:
+        return
+    tokens = next(iter(masks.values())).shape[1]
+    cpu = map_tensors(chunk, lambda t: t.detach().cpu())
+    relevance = token_relevance(modality, attributions, cpu, tokens)
+    if relevance is not None:
+        score_regions(scores, method, masks, relevance, region_valid_tokens(modality, cpu, tokens), regions.top_k)
 
 
 def _silent(method: str, done: int, total: int) -> None:

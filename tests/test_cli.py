@@ -289,3 +289,35 @@ def test_the_cli_compares_a_causal_lms_answer_tokens(tmp_path, monkeypatch):
             best = max(keep, key=lambda t: float(out.relevance[b, j, t]))
             hits.append(float(batch["rationales"][b, best] == 1))
     assert report["methods"]["gae"]["recall_top1"] == pytest.approx(sum(hits) / len(hits), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_the_cli_compares_the_shortcut_recipes_region(tmp_path, monkeypatch, capsys):
+    # The datamodule declares its spurious word (`region`); the config's callback declares none: --regions auto takes
+    # the datamodule's, and the table, its JSON and the markdown file get a share and a recall column per region.
+    monkeypatch.chdir(tmp_path)
+    settings = yaml.safe_load((ROOT / "configs" / "shortcut_text.yaml").read_text())
+    (callback,) = settings["trainer"]["callbacks"]
+    callback["init_args"].update(methods=["gae"], num_samples=2)
+    settings["model"]["init_args"].update(dim=32, depth=1, heads=2)
+    settings["data"]["init_args"].update(num_train=64, num_val=32)
+    small = tmp_path / "shortcut_text.yaml"
+    small.write_text(yaml.safe_dump(settings))
+    checkpoint = _fit(small, tmp_path)
+    capsys.readouterr()
+    main(["compare", "--config", str(small), "--ckpt_path", str(checkpoint), "--output", "out", "--num_samples", "16",
+          "--methods", "gae", "rollout", "random"])
+    printed = capsys.readouterr().out
+    assert "region_share_spurious_word ↓" in printed and "region_recall_spurious_word ↓" in printed
+    report = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert report["regions"] == {"spurious_word": "suspect"}
+    for method in ("gae", "rollout", "random"):
+        assert 0.0 <= report["methods"][method]["region_share_spurious_word"] <= 1.0
+        assert "region_share_spurious_word" in report["stderr"][method]
+    assert "`spurious_word` (suspect)" in (tmp_path / "out" / "comparison.md").read_text()
+    main(["compare", "--config", str(small), "--ckpt_path", str(checkpoint), "--output", "none", "--num_samples", "4",
+          "--methods", "gae", "--regions", "none"])
+    assert "regions" not in json.loads((tmp_path / "none" / "comparison.json").read_text())
+    with pytest.raises(ValueError, match="--regions callback: the config's GAECallback declares no regions"):
+        main(["compare", "--config", str(small), "--ckpt_path", str(checkpoint), "--output", "cb", "--num_samples", "4",
+              "--methods", "gae", "--regions", "callback"])

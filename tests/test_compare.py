@@ -504,3 +504,85 @@ def test_clip_at_equal_token_counts_scores_each_tower_with_its_own_truth():
                 modality={"text": text, "image": image},
                 ground_truth={"alignment": torch.zeros(6, 17, dtype=torch.long)},
                 faithfulness=FaithfulnessOptions(metrics=()), engine=EngineOptions(streams=shape_clip_streams()))
+
+
+# --- declared regions: the callback's shares, for a finished model --------------------------------------------------
+
+
+def _review_case(tmp_path):
+    """A small review classifier, its validation data with the spurious word, and a GAECallback that declares the word
+    and logs its shares on 8 tracked samples when validated (the same weights compare is given)."""
+    from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from lightning_gae.callbacks import GAECallback, RegionOptions
+    from recipes.shortcuts import SpuriousReviewsDataModule
+    from recipes.text_rationales import ReviewClassifier, ReviewTokens
+
+    seed_everything(0)
+    data = SpuriousReviewsDataModule(num_train=64, num_val=64, max_length=32, batch_size=32, seed=0)
+    model = ReviewClassifier(max_length=32, dim=32, depth=2, heads=2, dropout=0.0)
+    callback = GAECallback(num_samples=8, methods=("gae", "rollout"), modality=ReviewTokens(),
+                           faithfulness=FaithfulnessOptions(metrics=(), samples=0),
+                           regions=RegionOptions(regions=[data.region], threshold=None))
+    trainer = Trainer(logger=TensorBoardLogger(tmp_path, name="regions"), callbacks=[callback], accelerator="cpu",
+                      devices=1, enable_progress_bar=False, enable_model_summary=False, limit_val_batches=1)
+    return data, model, callback, trainer
+
+
+def test_compare_region_share_is_a_plain_loop_over_samples(tmp_path):
+    from lightning_gae.metrics.functional import region_recall, region_share
+    from lightning_gae.modalities.regions import region_token_mask
+    from recipes.text_rationales import ReviewTokens
+
+    data, model, _, _ = _review_case(tmp_path)
+    data.setup("validate")
+    batch = torch.utils.data.default_collate([data.val_set[i] for i in range(12)])
+    inputs, modality = {"input_ids": batch["input_ids"]}, ReviewTokens()
+    model.eval()
+    result = compare(model, inputs, methods=("gae", "random"), modality=modality, regions=[data.region], batch_size=5,
+                     faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",)))
+    for method in ("gae", "random"):
+        shares, recalls = [], []
+        for i in range(12):
+            one = {"input_ids": inputs["input_ids"][i : i + 1]}
+            mask = region_token_mask(data.region, modality, one)
+            if not mask.any():
+                continue
+            if method == "random":  # the floor is drawn per batch of 5 (seed + batch): the sample's row of its noise
+                chunk = {"input_ids": inputs["input_ids"][5 * (i // 5) : 5 * (i // 5) + 5]}
+                relevance = attribute("random", model, chunk, seed=i // 5)[i % 5 : i % 5 + 1]
+            else:
+                relevance = explain(model, one).tokens
+            valid = modality.real_tokens(one)
+            shares.append(float(region_share(relevance, mask, valid)))
+            recalls.append(float(region_recall(relevance, mask, None, valid)))
+        assert len(shares) >= 3
+        values = torch.tensor(shares, dtype=torch.float64)
+        assert result.methods[method]["region_share_spurious_word"] == pytest.approx(float(values.mean()), abs=1e-5)
+        assert result.stderr[method]["region_share_spurious_word"] == pytest.approx(
+            float(values.std() / len(shares) ** 0.5), abs=1e-5)
+        assert result.methods[method]["region_recall_spurious_word"] == pytest.approx(sum(recalls) / len(recalls), abs=1e-5)
+    assert result.higher_is_better["region_share_spurious_word"] is False, "less on a suspect region is better"
+    assert result.to_dict()["regions"] == {"spurious_word": "suspect"}
+    table = result.to_markdown()
+    assert "region_share_spurious_word ↓" in table and "region_recall_spurious_word ↓" in table
+
+
+@pytest.mark.slow
+def test_compare_reports_the_region_shares_the_callback_logs(tmp_path, read_events):
+    from lightning_gae.callbacks.gae_monitor import default_batch_inputs
+
+    data, model, callback, trainer = _review_case(tmp_path)
+    trainer.validate(model, datamodule=data)
+    logged = {tag: values[-1] for tag, values in read_events(trainer.logger.log_dir).scalar_values().items()}
+    batch = torch.utils.data.default_collate([data.val_set[i] for i in callback.sample_indices])
+    model.eval()
+    result = compare(model, default_batch_inputs(batch), methods=("gae", "rollout", "random"),
+                     modality=callback.modality, regions=callback.regions, seed=callback.batches.seed, batch_size=8,
+                     faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",)))
+    for method in ("gae", "rollout", "random"):
+        for key in ("share", "recall"):
+            tag = f"region_{key}_spurious_word/{method}"
+            assert tag in logged, sorted(logged)
+            assert result.methods[method][f"region_{key}_spurious_word"] == pytest.approx(logged[tag], abs=1e-5)

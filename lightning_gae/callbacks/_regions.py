@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from lightning_gae._structures import map_tensors
 from lightning_gae.metrics.functional.health import not_better_than_random
 from lightning_gae.metrics.functional.regions import region_recall, region_removal_drop, region_share
-from lightning_gae.modalities.regions import Region, region_token_mask
+from lightning_gae.modalities.regions import Region, region_token_mask, region_valid_tokens
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.options import RegionOptions
@@ -40,18 +40,6 @@ def region_masks(regions: RegionOptions, modality: Modality, inputs: Any) -> dic
     return {region.name: region_token_mask(region, modality, cpu) for region in regions.regions}
 
 
-def _valid(modality: Modality, inputs: Any, tokens: int) -> Tensor | None:
-    """The tokens that count: a text modality's real tokens (no padding), else all of them."""
-    real = getattr(modality, "real_tokens", None)
-    if not callable(real):
-        return None
-    try:
-        valid = real(map_tensors(inputs, lambda t: t.detach().cpu()))
-    except Exception:  # noqa: BLE001 - a modality that cannot tell: every token counts
-        return None
-    return valid if isinstance(valid, Tensor) and valid.shape[-1] == tokens else None
-
-
 def region_scalars(relevance: Mapping[str, Tensor], masks: Mapping[str, Tensor], modality: Modality, inputs: Any,
                    top_k: int | None) -> tuple[dict[str, float], dict[str, dict[str, Tensor]]]:
     """``(scalars, shares)``: ``region_share_<region>/<method>`` and ``region_recall_<region>/<method>`` (means over the
@@ -59,7 +47,8 @@ def region_scalars(relevance: Mapping[str, Tensor], masks: Mapping[str, Tensor],
     scalars: dict[str, float] = {}
     shares: dict[str, dict[str, Tensor]] = {}
     rows = {method: tokens.detach().float().cpu() for method, tokens in relevance.items()}
-    valid = _valid(modality, inputs, next(iter(rows.values())).shape[1]) if rows else None
+    cpu = map_tensors(inputs, lambda t: t.detach().cpu())
+    valid = region_valid_tokens(modality, cpu, next(iter(rows.values())).shape[1]) if rows else None
     for name, mask in masks.items():
         held = mask.any(dim=1)
         shares[name] = {}

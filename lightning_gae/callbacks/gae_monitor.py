@@ -62,7 +62,7 @@ from lightning_gae.metrics import random_attribution
 from lightning_gae.metrics.ground_truth import RECALL
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions, RegionOptions
-from lightning_gae.tensorboard.summary import TensorBoardViews, faithfulness_rows
+from lightning_gae.tensorboard.summary import TensorBoardViews, faithfulness_rows, write_alerts
 
 __all__ = ["GAECallback"]
 
@@ -524,8 +524,7 @@ class GAECallback(Callback):
             self._alerts.append(alert)
             rank_zero_warn(f"GAECallback: {alert.text()}")
             trainer.should_stop = trainer.should_stop or self.regions.stop_on_shortcut
-        for writer in writers(trainer) if found else ():  # one entry per step: the Text tab keeps one per tag and step
-            writer.add_text("gae_alerts", "\n\n".join(alert.markdown() for alert in found), step)
+        write_alerts(writers(trainer), step, [(alert.region, alert.method, alert.markdown()) for alert in found])
 
     def _remember(self, scalars: dict[str, float], scored_on: str) -> None:
         """Keep the faithfulness scalars just logged (if the step scored any) for the summary printed when fit ends."""

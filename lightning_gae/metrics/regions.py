@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional.regions import (
     _region_recall_compute,
     _region_recall_update,
@@ -16,7 +18,7 @@ from lightning_gae.metrics.functional.regions import (
     _region_share_update,
 )
 
-__all__ = ["RegionRecall", "RegionShare"]
+__all__ = ["RegionRecall", "RegionShare", "score_regions"]
 
 
 class _RegionMetric(Metric):
@@ -115,3 +117,28 @@ class RegionRecall(_RegionMetric):
 
     def compute(self) -> Tensor:
         return _region_recall_compute(getattr(self, self._sum_name), getattr(self, self._count_name)).float()
+
+
+def score_regions(scores: SampleScores, method: str, masks: Mapping[str, Tensor], relevance: Tensor,
+                  valid: Tensor | None = None, top_k: int | None = None) -> None:
+    """A batch's :class:`RegionShare` and :class:`RegionRecall` per region into ``scores``, one sample at a time (so
+    that each value has its standard error), as ``region_share_<name>`` and ``region_recall_<name>`` of ``method``.
+
+    Only the samples that hold the region count (a sample without the spurious word has no share of it), as in the
+    means ``GAECallback(regions=...)`` logs.
+
+    Args:
+        scores: where the per-sample states go (:class:`~lightning_gae.metrics.stderr.SampleScores`).
+        method: the row they belong to.
+        masks: region name -> bool ``[B, N]`` (:func:`lightning_gae.modalities.regions.region_token_mask`).
+        relevance: token relevance ``[B, N]``.
+        valid: bool ``[B, N]``, the tokens that count (not padding); None: all.
+        top_k: the recall's ``k``; None: each sample's region size.
+    """
+    for name, mask in masks.items():
+        held = mask.any(dim=1).to(relevance.device)
+        if not bool(held.any()):
+            continue
+        args = (relevance[held], mask.to(relevance.device)[held], None if valid is None else valid.to(relevance.device)[held])
+        scores.add_updates(f"region_share_{name}", method, RegionShare(sync_on_compute=False), args)
+        scores.add_updates(f"region_recall_{name}", method, RegionRecall(k=top_k, sync_on_compute=False), args)

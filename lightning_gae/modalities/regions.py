@@ -25,7 +25,8 @@ from torch import Tensor
 
 from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 
-__all__ = ["PATCH_SHARE", "REGION_KINDS", "Region", "region_token_mask"]
+__all__ = ["PATCH_SHARE", "REGION_KINDS", "Region", "region_token_mask", "region_valid_tokens",
+           "token_relevance"]
 
 REGION_KINDS: tuple[str, ...] = ("evidence", "suspect")
 """``"evidence"``: relevance should sit there; ``"suspect"``: it should not (a shortcut)."""
@@ -148,6 +149,50 @@ def region_token_mask(region: Region, modality: Modality, inputs: Any) -> Tensor
     if isinstance(modality, TabularTokens):
         return _tabular_tokens(region, modality, inputs)
     raise ValueError(f"region_token_mask knows ImageTokens, TextTokens and TabularTokens; got {type(modality).__name__}")
+
+
+def region_valid_tokens(modality: Modality, inputs: Any, tokens: int) -> Tensor | None:
+    """The tokens a region's share and recall count: a text modality's real tokens (no padding), else None (all).
+
+    The callback and :func:`lightning_gae.compare.compare` both pass it as ``valid`` to the region metrics, so that
+    they score the same tokens; ``tokens`` is the relevance's token count (a mismatch counts every token).
+    """
+    real = getattr(modality, "real_tokens", None)
+    if not callable(real):
+        return None
+    try:
+        valid = real(inputs)
+    except Exception:  # noqa: BLE001 - a modality that cannot tell: every token counts
+        return None
+    return valid.cpu() if isinstance(valid, Tensor) and valid.shape[-1] == tokens else None
+
+
+def token_relevance(modality: Modality, attributions: Tensor, inputs: Any, tokens: int) -> Tensor | None:
+    """An attribution as token relevance ``[B, tokens]`` on the CPU, for the region metrics; None when it cannot be one.
+
+    Token relevance (``explain(...).tokens``) is kept; Captum's maps become tokens: an image map (``[B, C, H, W]``
+    or ``[B, H, W]``) its mean per patch, a table's ``[B, F]`` its features, a text map ``[B, T, D]`` its sum over
+    ``D``; the prefix tokens (CLS, registers) get 0.
+    """
+    found = attributions.detach().float().cpu()
+    if found.dim() == 3 and not isinstance(modality, ImageTokens):
+        found = found.sum(dim=-1)
+    if found.dim() == 2 and found.shape[1] == tokens:
+        return found
+    prefix = 0
+    if isinstance(modality, ImageTokens):
+        try:
+            pixels = modality.pixel_map(found, inputs)
+        except ValueError:  # not a map of these images
+            return None
+        p = modality.patch_size
+        rows, cols = pixels.shape[-2] // p, pixels.shape[-1] // p
+        found = F.avg_pool2d(pixels[:, None, : rows * p, : cols * p], p)[:, 0].flatten(1)
+        prefix = modality.prefix_tokens
+    elif isinstance(modality, TabularTokens) and found.dim() == 2:
+        prefix = modality.prefix_tokens
+    found = torch.cat([torch.zeros(found.shape[0], prefix), found], dim=1) if found.dim() == 2 else found
+    return found if found.dim() == 2 and found.shape[1] == tokens else None
 
 
 def _wrong_form(region: Region, modality: Modality, wanted: str) -> ValueError:

@@ -23,7 +23,11 @@ plugin reads the meaning from the metadata, never from the tag's spelling. Kinds
   ``relevance`` hold the query set alone, so a reader that knows only those kinds shows that set;
 * ``flag``: per step where it was raised, method and ``cause`` (``"identity"``: its relevance outside the read-out
   token is negligible beside the identity; ``"random"``: not better than random beyond the standard error), a
-  string ``[1]``: the flag as markdown (what was measured, the run's most faithful method, the likely cause).
+  string ``[1]``: the flag as markdown (what was measured, the run's most faithful method, the likely cause);
+* ``region``: per step, declared region (``region``), ``stat`` (``"share"`` or ``"recall"``) and method (``random``: the
+  floor), ``float64 [1]``: the scalar the loggers got (``region_<stat>_<region>/<method>``);
+* ``alert``: per step where it was raised, ``region`` and ``method``, a string ``[1]``: the alert as markdown (a
+  suspect region took the method's relevance: the share, the samples, the method's faithfulness, the removal check).
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ TAG_PREFIX = "gae_dashboard"
 
 VERSION = 1
 
-KINDS = ("input", "prediction", "relevance", "curve", "score", "set_input", "set_relevance", "row_labels", "flag")
+KINDS = ("input", "prediction", "relevance", "curve", "score", "set_input", "set_relevance", "row_labels", "flag",
+         "region", "alert")
 
 
 def encode(kind: str, **fields: Any) -> bytes:

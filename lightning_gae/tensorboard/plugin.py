@@ -12,7 +12,8 @@ Routes (``run`` and ``step`` are query parameters):
   samples (input, modality layout, label; every token set's input for a model with several), each
   method's largest relevance magnitude over all steps, and the summary: per faithfulness metric, the
   methods ranked (value ± standard error; methods the errors do not tell apart share a rank) at every step
-  where the metric was scored, and the explanations flagged as not faithful (``flags``);
+  where the metric was scored, the explanations flagged as not faithful (``flags``), the declared regions' share and
+  recall per method over the steps, ``random`` the floor (``regions``), and the alerts of suspect regions (``alerts``);
 * ``/step?run=&step=``: at that step, every sample's prediction and raw relevance per method (and per
   token set, a decoder's target x source rows), why a map is all zero where it is, and every metric's
   curve per method;
@@ -185,7 +186,10 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
         curves = self._of_kind(described, "curve")
         scores = self._of_kind(described, "score")
         flags = self._of_kind(described, "flag")
-        data = self._read(request, run, [*inputs, *set_inputs, *relevance, *predictions, *curves, *scores, *flags])
+        regions = self._of_kind(described, "region")
+        alerts = self._of_kind(described, "alert")
+        data = self._read(request, run, [*inputs, *set_inputs, *relevance, *predictions, *curves, *scores, *flags,
+                                         *regions, *alerts])
         steps = sorted({d.step for tag in predictions for d in data.get(tag, [])})
         # The faithfulness subset may be scored at a few steps only (by default once, when fit ends).
         curve_steps = sorted({d.step for tag in curves for d in data.get(tag, [])})
@@ -212,8 +216,42 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
         metrics = sorted({d["metric"] for d in curves.values()})
         payload = {"run": run, "steps": steps, "methods": methods, "metrics": metrics, "curve_steps": curve_steps,
                    "samples": samples, "ranges": ranges, "summary": self._summary(scores, data, methods),
-                   "flags": self._flags(flags, data)}
+                   "flags": self._flags(flags, data), "regions": self._regions(regions, data, methods),
+                   "alerts": self._alerts(alerts, data)}
         return http_util.Respond(request, payload, "application/json")
+
+    @staticmethod
+    def _regions(regions: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]],
+                 methods: list[str]) -> list[dict[str, Any]]:
+        """Per declared region, sorted by name: per stat (``share``, ``recall``) the steps it was logged at and per
+        method (the callback's order, ``random`` last) its value at each of them (None where not logged)."""
+        points: dict[str, dict[str, dict[str, dict[int, float]]]] = {}
+        for tag, d in regions.items():
+            for datum in data.get(tag, []):
+                value = float(np.asarray(datum.numpy, dtype=np.float64).reshape(-1)[0])
+                if math.isfinite(value):
+                    points.setdefault(d["region"], {}).setdefault(d["stat"], {}).setdefault(d["method"], {})[datum.step] = value
+        order = [*methods, "random"]
+        out = []
+        for region in sorted(points):
+            entry: dict[str, Any] = {"region": region}
+            for stat, by_method in points[region].items():
+                steps = sorted({s for values in by_method.values() for s in values})
+                ranked = sorted(by_method, key=lambda m: (m == "random", order.index(m) if m in order else len(order), m))
+                entry[stat] = {"steps": steps, "methods": {m: [by_method[m].get(s) for s in steps] for m in ranked}}
+            out.append(entry)
+        return out
+
+    @staticmethod
+    def _alerts(alerts: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]]) -> list[dict[str, Any]]:
+        """The alerts of suspect regions: step, region, method and the alert's markdown, by step."""
+        out = []
+        for tag, d in alerts.items():
+            for datum in data.get(tag, []):
+                text = datum.numpy.reshape(-1)[0]
+                out.append({"step": datum.step, "region": d["region"], "method": d["method"],
+                            "text": text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)})
+        return sorted(out, key=lambda a: (a["step"], a["region"], a["method"]))
 
     @staticmethod
     def _summary(scores: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]],

@@ -54,7 +54,7 @@ from lightning_gae.display.views import Scale, SetInput, StepViews, bounded, mar
 
 __all__ = ["FAITHFULNESS_SAMPLES", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout",
            "faithfulness_rows", "faithfulness_table", "higher_is_better", "rank_labels", "sample_tag", "scalar_tag",
-           "write_health"]
+           "write_alerts", "write_health"]
 
 Curves = Mapping[str, Mapping[str, tuple[Sequence[float], Tensor]]]
 
@@ -173,6 +173,36 @@ def write_health(writers: Sequence[Any], step: int, flags: Sequence[tuple[str, s
         writer.add_text("gae_health", "\n\n".join(text for _, _, text in flags), step)
         writer._get_file_writer().add_summary(Summary(value=values), step)
         writer.flush()
+
+
+def write_alerts(writers: Sequence[Any], step: int, alerts: Sequence[tuple[str, str, str]]) -> None:
+    """A step's alerts (``(region, method, markdown)``: a suspect region took a method's relevance) as one Text tab
+    entry (``gae_alerts``; the Text tab keeps one per tag and step) and, for the GAE tab, one ``alert`` tensor each."""
+    if not alerts:
+        return
+    values = [_tensor_summary(f"{metadata.TAG_PREFIX}/alert/{region}/{method}", np.array([text.encode("utf-8")], dtype=object),
+                              metadata.encode("alert", region=region, method=method)) for region, method, text in alerts]
+    for writer in writers:
+        writer.add_text("gae_alerts", "\n\n".join(text for _, _, text in alerts), step)
+        writer._get_file_writer().add_summary(Summary(value=values), step)
+        writer.flush()
+
+
+REGION_STATS = ("share", "recall")
+
+
+def _region_values(scalars: Mapping[str, float] | None) -> list[Summary.Value]:
+    """The dashboard's ``region`` tensors of a step: each ``region_<stat>_<region>/<method>`` scalar."""
+    values = []
+    for tag, value in (scalars or {}).items():
+        parts = tag.split("/")
+        stat = next((s for s in REGION_STATS if parts[0].startswith(f"region_{s}_")), None)
+        if len(parts) != 2 or stat is None:
+            continue
+        region, method = parts[0][len(f"region_{stat}_"):], parts[1]
+        values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/region/{stat}/{region}/{method}", np.array([value]),
+                                      metadata.encode("region", region=region, stat=stat, method=method)))
+    return values
 
 
 def _score_values(scalars: Mapping[str, float] | None) -> list[Summary.Value]:
@@ -346,7 +376,7 @@ class TensorBoardViews(StepViews):
         """The faithfulness of a step that draws nothing (the subset scored when fit ends): its curves for the
         GAE tab, the Text tab's ``gae_faithfulness`` table and the Custom Scalars layout of its metrics; the
         loggers write the scalars themselves."""
-        values = self._curve_values(curves) + self._table_values(scalars) + _score_values(scalars)
+        values = self._curve_values(curves) + self._table_values(scalars) + _score_values(scalars) + _region_values(scalars)
         for writer in writers:
             layout = self._layout(writer, scalars)
             if layout:
@@ -387,7 +417,8 @@ class TensorBoardViews(StepViews):
 
         ``inputs_values`` (the tracked samples' inputs) go to each writer once, the first time it is written to.
         """
-        values = values + self._curve_values(curves) + self._table_values(scalars) + _score_values(scalars)
+        values = (values + self._curve_values(curves) + self._table_values(scalars) + _score_values(scalars)
+                  + _region_values(scalars))
         for writer in writers:
             key = _writer_key(writer)
             layout = self._layout(writer, scalars)

@@ -500,3 +500,77 @@ def test_a_map_that_is_zero_everywhere_says_why_instead_of_a_black_panel(tmp_pat
             assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap[data-method=attn_gradcam]').length") == 0
             assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap[data-method=raw_attention]').length") == 2
             assert page.script_errors() == []
+
+
+# --- declared regions: their shares beside the faithfulness curves, the alerts marked --------------------------------
+
+
+@pytest.fixture(scope="module")
+def region_run(tmp_path_factory, make_trainer):
+    """A short fit of the shortcut text recipe, its spurious word declared with a threshold that every method crosses
+    (the alerts are what is shown, not whether the model learnt the word)."""
+    from lightning_gae.callbacks import RegionOptions
+    from recipes.shortcuts import SpuriousReviewsDataModule
+    from recipes.text_rationales import ReviewClassifier, ReviewTokens
+
+    root = tmp_path_factory.mktemp("regions")
+    seed_everything(0)
+    data = SpuriousReviewsDataModule(num_train=128, num_val=64, max_length=32, batch_size=32, seed=0)
+    callback = GAECallback(num_samples=6, methods=METHODS, modality=ReviewTokens(),
+                           faithfulness=FaithfulnessOptions(samples=0),
+                           regions=RegionOptions(regions=[data.region], threshold=0.01))
+    model = ReviewClassifier(max_length=32, dim=32, depth=2, heads=2)
+    with pytest.warns(UserWarning, match="suspect region 'spurious_word'"):
+        trainer = make_trainer(root, [callback], name="regions", max_epochs=2, limit_train_batches=2, limit_val_batches=1)
+        trainer.fit(model, data)
+    return {"logdir": Path(trainer.logger.log_dir), "callback": callback}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_the_gae_tab_charts_each_regions_shares_beside_the_curves_with_the_alerts(region_run, read_events):
+    logdir = region_run["logdir"]
+    logged = read_events(logdir).scalar_events("region_")
+    with tensorboard_server(logdir.parent) as base:
+        info = get_json(f"{base}/data/plugin/gae/run?run={logdir.name}")
+        # Served: per region and stat, every method's logged value at every step, random (the floor) last.
+        (region,) = info["regions"]
+        assert region["region"] == "spurious_word"
+        for stat in ("share", "recall"):
+            entry = region[stat]
+            assert list(entry["methods"]) == [*METHODS, "random"]
+            for method, values in entry["methods"].items():
+                points = logged[f"region_{stat}_spurious_word/{method}"]
+                assert entry["steps"] == [s for s, _ in points]
+                assert values == pytest.approx([v for _, v in points], abs=1e-6)
+        # The alerts the callback raised (once per method), with the markdown of the Text tab's gae_alerts.
+        raised = region_run["callback"]._alerts
+        assert [(a["step"], a["region"], a["method"]) for a in info["alerts"]] == [(a.step, a.region, a.method) for a in raised]
+        assert [a["text"] for a in info["alerts"]] == [a.markdown() for a in raised]
+        assert {a.method for a in raised} == set(METHODS)
+
+        with Chromium(find_chromium(), width=1200, height=900) as browser:
+            page = browser.open(f"{base}/#gae")
+            page.wait_for(f"{DASHBOARD}.querySelector('#gae-regions svg[data-region=spurious_word]')")
+            drawn = page.evaluate(f"""(() => {{
+                const d = {DASHBOARD};
+                const chart = d.querySelector('#gae-regions svg[data-region=spurious_word]');
+                const after = (a, b) => Boolean(a.compareDocumentPosition(b) & Node.DOCUMENT_POSITION_FOLLOWING);
+                return {{
+                    lines: [...chart.querySelectorAll('polyline')].map((p) => [p.dataset.method, p.getAttribute('stroke-dasharray')]),
+                    dots: [...chart.querySelectorAll('circle')].map((c) => [c.dataset.method, Number(c.dataset.step)]),
+                    marks: [...chart.querySelectorAll('line.gae-alert-mark')].map((l) => [Number(l.dataset.step), l.dataset.method]),
+                    legend: [...chart.querySelectorAll('text[data-legend]')].map((t) => t.textContent),
+                    alerts: [...d.querySelectorAll('#gae-alerts > li')].map((li) => [li.dataset.region, li.dataset.method,
+                                                                                   li.querySelector('b').textContent]),
+                    order: [after(d.querySelector('.gae-curves'), chart), after(chart, d.querySelector('#gae-samples'))],
+                }};
+            }})()""")
+        assert drawn["lines"] == [["gae", "none"], ["rollout", "none"], ["random", "5 4"]]
+        assert drawn["legend"] == [*METHODS, "random"]
+        steps = region["share"]["steps"]
+        assert sorted(drawn["dots"]) == sorted([m, s] for m in (*METHODS, "random") for s in steps)
+        assert drawn["marks"] == [[a.step, a.method] for a in raised]
+        assert drawn["alerts"] == [["spurious_word", a.method, a.markdown().split("\n")[0].strip("*")] for a in raised]
+        assert drawn["order"] == [True, True], "the regions sit after the faithfulness curves, before the samples"
+        assert page.script_errors() == []

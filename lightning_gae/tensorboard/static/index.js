@@ -2,7 +2,7 @@
 // tab's iframe and calls render() on. It reads the plugin's JSON routes, which resolve against
 // the iframe's <base href="plugin/gae/">, and draws first the summary (the methods ranked on each
 // faithfulness metric with their standard errors, how that ranking moved over training, each metric's
-// chart over training with one colour per method, the curves),
+// chart over training with one colour per method, the curves, the declared regions' shares with their alerts),
 // then the tracked samples x methods at the chosen step (every token set of a model with several),
 // with hover read-out of every patch, pixel, token or feature.
 
@@ -609,8 +609,12 @@ function ticks(lo, hi, count) {
 }
 
 // One metric over training: a line per method through its value at every step it was scored, each point with its
-// standard error as a bar. The y axis spans every value and bar (nothing is clipped as an outlier).
-function historyChart(entry) {
+// standard error as a bar. The y axis spans every value and bar (nothing is clipped as an outlier), or
+// `options.range`; `options.title` replaces the metric's name, `options.marks` ([{step, method, text}]) draws a
+// red dashed line at each step where something was raised (a region's alerts), a "⚠" label per step and the
+// marks' texts on hover;
+// `options.note(method, j)` adds to a point's hover text.
+function historyChart(entry, options = {}) {
   const methods = Object.keys(entry.methods).sort((a, b) => (a === "random") - (b === "random"));
   // The legend sits right of the plot, as wide as the longest method name (integrated_gradients included).
   const right = Math.max(120, legendWidth(methods));
@@ -627,12 +631,12 @@ function historyChart(entry) {
   if (!ends.length) return chart;
   let [lo, hi] = [Math.min(...ends), Math.max(...ends)];
   const pad = (hi - lo || Math.abs(hi) || 1) * 0.05;
-  [lo, hi] = [lo - pad, hi + pad];
+  [lo, hi] = options.range || [lo - pad, hi + pad];
   const [first, last] = [entry.steps[0], entry.steps[entry.steps.length - 1]];
   const x = (s) => left + (last === first ? 0.5 : (s - first) / (last - first)) * (width - left - right);
   const y = (v) => top + (1 - (v - lo) / (hi - lo)) * (height - top - bottom);
   const title = svg("text", {x: String(left), y: "14"});
-  title.textContent = `${entry.metric} (${entry.higher_is_better ? "↑" : "↓"})`;
+  title.textContent = options.title || `${entry.metric} (${entry.higher_is_better ? "↑" : "↓"})`;
   chart.append(title);
   for (const t of ticks(lo, hi, 5)) {
     chart.append(svg("line", {x1: String(x(first)), x2: String(x(last)), y1: String(y(t)), y2: String(y(t)), stroke: "#eeeeee"}));
@@ -665,13 +669,79 @@ function historyChart(entry) {
                                  "data-step": String(s)});
       const n = (m.counts || [])[j];
       dot.addEventListener("mousemove", (event) => showTip(event,
-        `${method} · ${entry.metric} at step ${s}: ${plusMinus(v, e)}${n ? ` (n=${n})` : ""}`));
+        `${method} · ${entry.metric} at step ${s}: ${plusMinus(v, e)}${n ? ` (n=${n})` : ""}` +
+        (options.note ? options.note(method, j) : "")));
       dot.addEventListener("mouseleave", hideTip);
       chart.append(dot);
     });
   }
+  // One dashed line per mark; one "⚠" label per step, half-way up on a white halo (several alerts of a step share it).
+  const byStep = new Map();
+  for (const mark of options.marks || []) byStep.set(mark.step, [...(byStep.get(mark.step) || []), mark]);
+  for (const [step, marks] of byStep) {
+    const at = x(step);
+    const tip = `step ${step}: ${marks.map((m) => m.text).join(", ")}`;
+    const drawn = marks.map((mark) => svg("line", {x1: String(at), x2: String(at), y1: String(top), y2: String(height - bottom),
+                                                   stroke: "#c62828", "stroke-width": "1.5", "stroke-dasharray": "3 3",
+                                                   class: "gae-alert-mark", "data-step": String(step), "data-method": mark.method}));
+    const sign = svg("text", {x: String(at + 4), y: String((top + height - bottom) / 2), fill: "#c62828",
+                              stroke: "#ffffff", "stroke-width": "3", "paint-order": "stroke", class: "gae-alert-label",
+                              "data-step": String(step)});
+    sign.textContent = marks.length > 1 ? `⚠ ${marks.length} alerts` : `⚠ ${marks[0].method}`;
+    for (const target of [...drawn, sign]) {
+      target.addEventListener("mousemove", (event) => showTip(event, tip));
+      target.addEventListener("mouseleave", hideTip);
+    }
+    chart.append(...drawn, sign);
+  }
   legend(chart, methods, width - right + 12, top + 4);
   return chart;
+}
+
+// --- declared regions: how much of each method's relevance sits on them, and the alerts ------------------------
+
+// One chart per region (its share of every method's relevance over training, random the dashed floor) with the
+// alerts of that region marked at their steps, then the alerts themselves (GAECallback's warnings).
+function regionSection(info) {
+  const regions = info.regions || [];
+  const alerts = info.alerts || [];
+  if (!regions.length && !alerts.length) return [];
+  const charts = regions.filter((r) => r.share).map((r) => {
+    const methods = Object.fromEntries(Object.entries(r.share.methods).map(([m, values]) => {
+      const recall = ((r.recall || {}).methods || {})[m] || [];
+      const recallAt = r.share.steps.map((s) => {
+        const j = ((r.recall || {}).steps || []).indexOf(s);
+        return j < 0 ? null : recall[j];
+      });
+      return [m, {values, stderr: values.map(() => null), counts: [], recall: recallAt}];
+    }));
+    const note = (method, j) => {
+      const recall = methods[method].recall[j];
+      return recall === null || recall === undefined ? "" : `; recall of its tokens in the top k: ${format(recall)}`;
+    };
+    const marks = alerts.filter((a) => a.region === r.region).map((a) => {
+      const share = (a.text.match(/(\d+%) of /) || [])[1];
+      return {step: a.step, method: a.method, text: `alert: ${share ? `${share} of ${a.method}'s relevance` : a.method} on "${r.region}"`};
+    });
+    const chart = historyChart({metric: `region_share_${r.region}`, higher_is_better: false, steps: r.share.steps, methods},
+                               {range: [0, 1], marks, note, title: `share of relevance on "${r.region}"`});
+    chart.dataset.region = r.region;
+    return chart;
+  });
+  const sections = [el("div", {class: "gae-section", text: "Declared regions: the share of each method's positive " +
+                                                          "relevance on each region over training (random: the floor; " +
+                                                          "⚠ where a suspect region raised an alert)"}),
+                    el("div", {class: "gae-histories", id: "gae-regions"}, ...charts)];
+  if (alerts.length) {
+    const items = alerts.map((a) => {
+      const [head, ...details] = a.text.split("\n").filter((line) => line.trim());
+      return el("li", {"data-region": a.region, "data-method": a.method}, el("b", {text: head.replace(/\*\*/g, "")}),
+                el("ul", {}, ...details.map((line) => el("li", {text: line.replace(/^- /, "")}))));
+    });
+    sections.push(el("div", {class: "gae-section gae-flagged", text: "Alerts: suspect regions that took a method's relevance"}),
+                  el("ul", {class: "gae-flags", id: "gae-alerts"}, ...items));
+  }
+  return sections;
 }
 
 // --- faithfulness curves ------------------------------------------------------------------------
@@ -756,6 +826,7 @@ async function draw() {
     const at = info.curve_steps.join(", ");
     sections.push(el("div", {class: "gae-hint", text: `Faithfulness curves: none at step ${step}; scored at step ${at} (move the step slider there)`}));
   }
+  sections.push(...regionSection(info));
   sections.push(el("div", {class: "gae-section", text: `Tracked samples at step ${step} (${scaleNote()})`}), grid);
   state.ui.main.replaceChildren(...sections);
   state.ui.root.dataset.renderedStep = String(step);
