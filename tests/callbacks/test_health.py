@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch import seed_everything
 
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
-from lightning_gae.callbacks._health import health_flags
+from lightning_gae.callbacks._health import Health, health_flags
 from lightning_gae.metrics.functional.health import differs_beyond_stderr
 from lightning_gae.tensorboard.summary import rank_labels
 from recipes.common import TensorDictDataset
@@ -110,6 +110,24 @@ def test_a_flag_follows_the_metrics_direction_and_names_the_most_faithful_method
     few = _scalars(POSITIVE, {"gae": 70.0, "rollout": 69.0, "random": 73.0}, {"gae": 6.0, "rollout": 6.0, "random": 6.0})
     assert health_flags(7, few, {}) == []
     assert health_flags(7, {f"{POSITIVE}/gae": 90.0, f"{POSITIVE}/random": 73.0}, {}) == []
+
+
+def test_not_better_than_random_is_raised_when_it_holds_at_two_scored_steps_in_a_row():
+    # One step's scores on a few dozen samples cross twice the standard error by chance now and then: a single step
+    # is not enough, two in a row are.
+    from lightning.pytorch import Trainer
+
+    trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    below = _scalars(POSITIVE, {"gae": 70.0, "rollout": 40.0, "random": 73.0}, {"gae": 2.0, "rollout": 2.0, "random": 2.0})
+    fine = _scalars(POSITIVE, {"gae": 45.0, "rollout": 40.0, "random": 73.0}, {"gae": 2.0, "rollout": 2.0, "random": 2.0})
+    health = Health()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for step, scalars in ((10, below), (20, fine), (30, below), (40, below), (50, below)):
+            health.check(trainer, step, scalars)
+    assert [(f.step, f.method, f.cause) for f in health.flags] == [(40, "gae", "random")]
+    assert "(here and at the scored step before)" in health.flags[0].finding
+    assert len([w for w in said if "gae's explanation is not faithful" in str(w.message)]) == 1
 
 
 def test_a_flag_beside_the_identity_needs_most_rows_negligible_and_is_raised_once():
