@@ -35,6 +35,21 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
     from lightning_gae.callbacks import GAECallback
 
     class GAECLI(LightningCLI):
+        def before_instantiate_classes(self) -> None:
+            # validate/test of a run's own saved config: into that run, not a new version (its config left as it is).
+            self._run_version = None
+            if self.subcommand in ("validate", "test"):
+                self._run_version = _into_saved_run(self.config[self.subcommand])
+                if self._run_version is not None:
+                    self.save_config_callback = None
+
+        def before_validate(self) -> None:
+            if self._run_version is not None:
+                _continue_fit_steps(self.trainer, self.config[self.subcommand].get("ckpt_path"))
+
+        def before_test(self) -> None:
+            self.before_validate()
+
         def before_fit(self) -> None:
             # The callbacks' summaries are printed when fit has returned, under the progress bar's last lines
             # (a rich progress bar keeps drawing until the trainer's teardown, after the callbacks' on_fit_end).
@@ -63,6 +78,51 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
         # None lets LightningCLI read sys.argv itself; explicit args are for calls from Python.
         args=None if args is None else list(args),
     )
+
+
+def _into_saved_run(config: Any) -> str | None:
+    """When ``config`` (a subcommand's parsed config) was read from a fit's saved ``config.yaml`` (LightningCLI saves it
+    in the run's folder, ``<save_dir>/<name>/<version>``), point its logger at that version (where the config says
+    none) and return the version's folder name; else None and nothing changes."""
+    from jsonargparse import Namespace
+
+    files = [Path(str(getattr(f, "absolute", f))).resolve() for f in (config.get("config") or [])]
+    if len(files) != 1 or files[0].name != "config.yaml":
+        return None
+    run = files[0].parent
+    logger = config.trainer.get("logger")
+    if logger is None or logger is True:  # Lightning's default: a TensorBoardLogger in default_root_dir
+        root = config.trainer.get("default_root_dir") or os.getcwd()
+        logger = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
+                           init_args=Namespace(save_dir=str(root), name="lightning_logs", version=None))
+        config.trainer.logger = logger
+    for entry in logger if isinstance(logger, list) else [logger]:
+        args = entry.get("init_args") if isinstance(entry, Namespace) else None
+        if args is None or args.get("version") is not None or not args.get("save_dir"):
+            continue
+        name = args.get("name")
+        root = Path(args.save_dir).resolve() / name if name else Path(args.save_dir).resolve()
+        if root == run.parent:
+            args.version = run.name
+            return run.name
+    return None
+
+
+def _continue_fit_steps(trainer: Any, ckpt_path: Any) -> None:
+    """The fit loop's counters as the checkpoint holds them, and the logging step at the fit's last (where it logged
+    its final faithfulness): what the validation or test logs lands there, not at 0."""
+    import torch
+
+    from lightning_gae.callbacks._evaluation import checkpoint_step
+
+    if not ckpt_path or not Path(str(ckpt_path)).is_file():
+        return
+    checkpoint = torch.load(str(ckpt_path), map_location="cpu", weights_only=True, mmap=True)
+    loop, step = (checkpoint.get("loops") or {}).get("fit_loop"), checkpoint_step(checkpoint)
+    if loop:
+        trainer.fit_loop.load_state_dict(loop)
+    if step is not None:
+        trainer.fit_loop.epoch_loop._batches_that_stepped = step
 
 
 def _compare_parser() -> argparse.ArgumentParser:

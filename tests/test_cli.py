@@ -116,6 +116,38 @@ def test_the_main_job_ends_with_its_summary_under_the_progress_bar(tmp_path, run
             assert_printed_as_logged(str(error), logged[f"{metric}/{method}/stderr"], 2)
 
 
+@pytest.mark.slow
+def test_the_validate_command_the_fit_prints_scores_into_the_fits_run_at_its_last_step(tmp_path, run_python,
+                                                                                      read_events):
+    """The end-of-fit summary's ``lightning-gae validate`` line, run as printed: its whole-subset numbers join the
+    fit's curves (the fit's own version folder, the fit's last step), and the fit's saved config stays as it was."""
+    fit = run_python(["-m", "lightning_gae.cli", "fit", "--config", CONFIG, "--trainer.max_epochs=2",
+                      "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2",
+                      "--trainer.callbacks.init_args.faithfulness.samples=40",
+                      "--trainer.callbacks.init_args.faithfulness.interim_samples=8"], cwd=tmp_path, timeout=600)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (command,) = [line.split() for line in fit.stdout.splitlines() if line.strip().startswith("lightning-gae validate")]
+    assert command[:3] == ["lightning-gae", "validate", "--config"], command
+    (log_dir,) = (tmp_path / "runs" / "vit_digits").iterdir()
+    config = (log_dir / "config.yaml").read_text()
+    fit_events = read_events(log_dir)
+    ((last, part),) = fit_events.scalar_events("faithfulness_samples")["faithfulness_samples"]
+    val_steps = fit_events.scalar_steps("val_loss")
+    assert part == 8.0 and last > val_steps[-1]
+
+    done = run_python(["-m", "lightning_gae.cli", *command[1:]], cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "dirpath has changed" not in done.stderr, done.stderr[-3000:]
+    assert f"faithfulness (40 validation samples at step {last};" in done.stdout
+    assert [p.name for p in (tmp_path / "runs" / "vit_digits").iterdir()] == [log_dir.name]
+    assert (log_dir / "config.yaml").read_text() == config
+    events = read_events(log_dir)
+    assert events.scalar_events("faithfulness_samples")["faithfulness_samples"] == [(last, 8.0), (last, 40.0)]
+    # Lightning's own validation metrics land at the same step: nothing at step 0 hides the fit's curves.
+    assert events.scalar_steps("val_loss") == [*val_steps, last]
+    assert len(events.scalar_steps("positive_perturbation_auc/gae")) == 2
+
+
 # --- compare on the main job's checkpoint -----------------------------------------------------------------
 # Slow: the checkpoint is a fit through LightningCLI (most of the time of the fast part otherwise).
 

@@ -26,13 +26,15 @@ TEST_PREFIX = "test_"
 
 
 def checkpoint_step(checkpoint: Mapping[str, Any]) -> int | None:
-    """The step a fit's ``self.log`` used when ``checkpoint`` was saved (its loops' batches that stepped), else its
-    ``global_step``; None when it holds neither."""
+    """The step a fit logs its checkpoint's weights at when it ends (its final faithfulness point), as a resume from it
+    would log next: ``global_step``; or the fit loop's batches that stepped + 1 where that is less (several optimizers
+    step several times a batch; a checkpoint is saved before that count is raised); None when it holds neither."""
+    step = checkpoint.get("global_step")
     try:
-        return int(checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"])
+        stepped = int(checkpoint["loops"]["fit_loop"]["epoch_loop.state_dict"]["_batches_that_stepped"]) + 1
     except (KeyError, TypeError, ValueError):
-        step = checkpoint.get("global_step")
         return None if step is None else int(step)
+    return stepped if step is None else min(stepped, int(step))
 
 
 def logged_step(trainer: Trainer, loaded: int | None) -> int:

@@ -60,7 +60,9 @@ def whole_subset_hint(trainer: Trainer, subset_size: int | None, scores: Mapping
         return []
     lines = [f"these are {int(scores[FAITHFULNESS_SAMPLES])} of the {subset_size} samples of the faithfulness "
              f"subset (FaithfulnessOptions.interim_samples); validating scores all of them:"]
-    checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
+    # The final weights (those the fit's last scores were of) where a last checkpoint was kept.
+    saved = trainer.checkpoint_callback
+    checkpoint = getattr(saved, "last_model_path", "") or getattr(saved, "best_model_path", "") or ""
     configs = [Path(log_dir, "config.yaml") for log_dir, _ in logs if Path(log_dir, "config.yaml").is_file()]
     if checkpoint and configs:
         # LightningCLI saved the run's config there; its validate subcommand reads it back.
