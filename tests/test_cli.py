@@ -148,6 +148,38 @@ def test_the_validate_command_the_fit_prints_scores_into_the_fits_run_at_its_las
     assert len(events.scalar_steps("positive_perturbation_auc/gae")) == 2
 
 
+@pytest.mark.slow
+def test_compare_and_validate_take_a_plain_trainers_checkpoint_without_a_yaml(tmp_path, monkeypatch, capsys):
+    """A project trained by a plain ``Trainer.fit`` script: the classes by import path, the rest from the checkpoint."""
+    from lightning.pytorch import Trainer, seed_everything
+
+    from recipes.digits import DigitsDataModule
+    from tests.helpers.models import small_vit
+
+    monkeypatch.chdir(tmp_path)
+    seed_everything(0)
+    trainer = Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=1, accelerator="cpu", logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    ckpt = trainer.checkpoint_callback.best_model_path
+    classes = ["--model", "recipes.vit.ViTClassifier", "--data", "recipes.digits.DigitsDataModule", "--ckpt_path", ckpt]
+    main(["compare", *classes, "--output", "out", "--num_samples", "16", "--methods", "gae", "rollout",
+          "--metrics", "positive_perturbation_auc"])
+    result = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert result["num_samples"] == 16 and "recipes.vit.ViTClassifier" in (tmp_path / "out" / "comparison.md").read_text()
+    capsys.readouterr()
+    # validate: the module's saved hyper-parameters (dim=32, depth=2) build it, as Lightning cannot for such a checkpoint.
+    main(["validate", *classes, "--trainer.callbacks+=lightning_gae.callbacks.GAECallback",
+          "--trainer.callbacks.faithfulness.samples=16", "--trainer.limit_val_batches=1",
+          "--trainer.enable_progress_bar=false"])
+    out = capsys.readouterr().out
+    assert "faithfulness (16 validation samples at step 3;" in out, out[-2000:]
+    with pytest.raises(SystemExit):
+        main(["compare", "--model", "recipes.vit.NoSuchModel", "--ckpt_path", ckpt, "--output", "out"])
+    with pytest.raises(SystemExit):
+        main(["compare", "--config", str(CONFIG), *classes, "--output", "out"])
+
+
 # --- compare on the main job's checkpoint -----------------------------------------------------------------
 # Slow: the checkpoint is a fit through LightningCLI (most of the time of the fast part otherwise).
 
