@@ -144,10 +144,9 @@ def _continue_fit_steps(trainer: Any, ckpt_path: Any) -> None:
         return
     checkpoint = torch.load(str(ckpt_path), map_location="cpu", weights_only=True, mmap=True)
     loop, step = (checkpoint.get("loops") or {}).get("fit_loop"), checkpoint_step(checkpoint)
-    if loop:
+    if loop and step is not None:
+        loop["epoch_loop.state_dict"] = {**loop.get("epoch_loop.state_dict", {}), "_batches_that_stepped": step}
         trainer.fit_loop.load_state_dict(loop)
-    if step is not None:
-        trainer.fit_loop.epoch_loop._batches_that_stepped = step
 
 
 def _compare_parser() -> argparse.ArgumentParser:
