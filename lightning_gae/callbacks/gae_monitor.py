@@ -85,7 +85,8 @@ class GAECallback(Callback):
       the metrics' curves.
 
     Everything is logged at the step the module's own ``self.log`` values use at that moment; ``trainer.validate()``
-    and ``trainer.test()`` explain and score too. Explanations never change what the run computes: the samples are
+    explains and scores too, ``trainer.test()`` scores its test data (``test_<tag>``). Explanations never change what
+    the run computes: the samples are
     read once through a private single-process loader, explained in eval mode on copies with ``autograd.grad``, and
     the RNGs are restored. On several processes (DDP, FSDP2, FSDP1) rank zero reads the samples and logs; the
     faithfulness subset is split across the ranks and its per-sample states gathered.
