@@ -35,6 +35,30 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
     from lightning_gae.callbacks import GAECallback
 
     class GAECLI(LightningCLI):
+        def _parse_ckpt_path(self) -> None:
+            # A plain Trainer's checkpoint names no class (LightningCLI's own do, and Lightning reads only those): its
+            # saved hyper-parameters are the init_args of the --model given.
+            found = _plain_checkpoint_model(self.config)
+            if found is None:
+                super()._parse_ckpt_path()
+            else:
+                self.config = self.parser.parse_object(found, self.config)
+
+        def before_instantiate_classes(self) -> None:
+            # validate/test of a run's own saved config: into that run, not a new version (its config left as it is).
+            self._run_version = None
+            if self.subcommand in ("validate", "test"):
+                self._run_version = _into_saved_run(self.config[self.subcommand])
+                if self._run_version is not None:
+                    self.save_config_callback = None
+
+        def before_validate(self) -> None:
+            if self._run_version is not None:
+                _continue_fit_steps(self.trainer, self.config[self.subcommand].get("ckpt_path"))
+
+        def before_test(self) -> None:
+            self.before_validate()
+
         def before_fit(self) -> None:
             # The callbacks' summaries are printed when fit has returned, under the progress bar's last lines
             # (a rich progress bar keeps drawing until the trainer's teardown, after the callbacks' on_fit_end).
@@ -65,6 +89,66 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
     )
 
 
+def _plain_checkpoint_model(config: Any) -> dict[str, Any] | None:
+    """``{subcommand: {"model": {"class_path": --model, "init_args": the checkpoint's hyper-parameters}}}`` for a
+    checkpoint a plain ``Trainer`` wrote (its hyper-parameters name no class); None for others."""
+    import torch
+
+    subcommand = config.get("subcommand")
+    ckpt_path = subcommand and config[subcommand].get("ckpt_path")
+    class_path = getattr(config[subcommand].get("model"), "class_path", None) if subcommand else None
+    if not class_path or not ckpt_path or not Path(str(ckpt_path)).is_file():
+        return None
+    hparams = dict(torch.load(str(ckpt_path), weights_only=True, map_location="cpu").get("hyper_parameters") or {})
+    if not hparams or "_class_path" in hparams or "_instantiator" in hparams:
+        return None
+    return {subcommand: {"model": {"class_path": class_path, "init_args": hparams}}}
+
+
+def _into_saved_run(config: Any) -> str | None:
+    """When ``config`` (a subcommand's parsed config) was read from a fit's saved ``config.yaml`` (LightningCLI saves it
+    in the run's folder, ``<save_dir>/<name>/<version>``), point its logger at that version (where the config says
+    none) and return the version's folder name; else None and nothing changes."""
+    from jsonargparse import Namespace
+
+    files = [Path(str(getattr(f, "absolute", f))).resolve() for f in (config.get("config") or [])]
+    if len(files) != 1 or files[0].name != "config.yaml":
+        return None
+    run = files[0].parent
+    logger = config.trainer.get("logger")
+    if logger is None or logger is True:  # Lightning's default: a TensorBoardLogger in default_root_dir
+        root = config.trainer.get("default_root_dir") or os.getcwd()
+        logger = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
+                           init_args=Namespace(save_dir=str(root), name="lightning_logs", version=None))
+        config.trainer.logger = logger
+    for entry in logger if isinstance(logger, list) else [logger]:
+        args = entry.get("init_args") if isinstance(entry, Namespace) else None
+        if args is None or args.get("version") is not None or not args.get("save_dir"):
+            continue
+        name = args.get("name")
+        root = Path(args.save_dir).resolve() / name if name else Path(args.save_dir).resolve()
+        if root == run.parent:
+            args.version = run.name
+            return run.name
+    return None
+
+
+def _continue_fit_steps(trainer: Any, ckpt_path: Any) -> None:
+    """The fit loop's counters as the checkpoint holds them, and the logging step at the fit's last (where it logged
+    its final faithfulness): what the validation or test logs lands there, not at 0."""
+    import torch
+
+    from lightning_gae.callbacks._evaluation import checkpoint_step
+
+    if not ckpt_path or not Path(str(ckpt_path)).is_file():
+        return
+    checkpoint = torch.load(str(ckpt_path), map_location="cpu", weights_only=True, mmap=True)
+    loop, step = (checkpoint.get("loops") or {}).get("fit_loop"), checkpoint_step(checkpoint)
+    if loop and step is not None:
+        loop["epoch_loop.state_dict"] = {**loop.get("epoch_loop.state_dict", {}), "_batches_that_stepped": step}
+        trainer.fit_loop.load_state_dict(loop)
+
+
 def _compare_parser() -> argparse.ArgumentParser:
     from lightning_gae.compare import ATTRIBUTION_METHODS, DEFAULT_METHODS
     from lightning_gae.metrics import PERTURBATION_METRICS
@@ -74,7 +158,11 @@ def _compare_parser() -> argparse.ArgumentParser:
         description="Score attribution methods with faithfulness metrics on the first validation samples of a "
                     "trained checkpoint; writes comparison.md, comparison.json and comparison.png.",
     )
-    parser.add_argument("--config", required=True, help="the LightningCLI YAML the model was fit with")
+    parser.add_argument("--config", help="the LightningCLI YAML the model was fit with (or --model and --data)")
+    parser.add_argument("--model", help="without a YAML: the LightningModule's class, e.g. my_project.MyModel, built "
+                                        "from the checkpoint (load_from_checkpoint: its save_hyperparameters())")
+    parser.add_argument("--data", help="without a YAML: the LightningDataModule's class (its hyper-parameters from the "
+                                       "checkpoint where it saved them); default: the module's own val_dataloader()")
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint of that fit")
     parser.add_argument("--output", required=True, help="directory for the three files (created)")
     parser.add_argument("--num_samples", type=int, default=256, help="first N validation samples (default 256)")
@@ -144,6 +232,36 @@ def _configured(config: str) -> tuple[Any, Any, Any]:
             logger.setLevel(level)
     callback = next((cb for cb in cli.trainer.callbacks if isinstance(cb, GAECallback)), None)
     return cli.model, cli.datamodule, callback
+
+
+def _from_checkpoint(model: str, data: str | None, ckpt_path: str) -> tuple[Any, Any, None]:
+    """``(model, datamodule, None)`` of a plain ``Trainer`` project: the classes by import path, built from the
+    checkpoint's saved hyper-parameters (``save_hyperparameters()``) as ``load_from_checkpoint`` builds them; without
+    ``data``, the module's own validation data."""
+    import importlib
+
+    from lightning.pytorch import LightningDataModule, LightningModule
+
+    def load(path: str, base: type, flag: str) -> Any:
+        module, _, name = path.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), name) if module else None
+        except (ImportError, AttributeError) as err:
+            raise SystemExit(f"lightning-gae compare {flag} {path}: {err}") from None
+        if not (isinstance(found, type) and issubclass(found, base)):
+            raise SystemExit(f"lightning-gae compare {flag} {path}: not a {base.__name__} class (give its import path, "
+                             "e.g. my_project.models.MyModel, importable from the working directory)")
+        return found
+
+    module = load(model, LightningModule, "--model").load_from_checkpoint(ckpt_path, map_location="cpu")
+    if data is None:
+        return module, module, None
+    data_class = load(data, LightningDataModule, "--data")
+    try:
+        datamodule = data_class.load_from_checkpoint(ckpt_path)
+    except (KeyError, TypeError):  # no datamodule hyper-parameters in the checkpoint: its defaults
+        datamodule = data_class()
+    return module, datamodule, None
 
 
 def _first_validation_samples(datamodule: Any, count: int, callback: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
@@ -226,6 +344,10 @@ def compare_main(argv: Sequence[str]) -> None:
     """
     parser = _compare_parser()
     args = parser.parse_args(list(argv))
+    if (args.config is None) == (args.model is None):
+        parser.error("give --config (a LightningCLI YAML) or --model (a LightningModule class), not both")
+    if args.data is not None and args.model is None:
+        parser.error("--data goes with --model")
     for name in ("num_samples", "batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1; got {getattr(args, name)}")
@@ -276,7 +398,8 @@ def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
     from lightning_gae.options import EngineOptions, FaithfulnessOptions
     from lightning_gae.engine.explain import explain, map_tensors
 
-    model, datamodule, callback = _configured(args.config)
+    model, datamodule, callback = (_configured(args.config) if args.config is not None
+                                   else _from_checkpoint(args.model, args.data, args.ckpt_path))
     checkpoint = torch.load(args.ckpt_path, map_location="cpu", weights_only=True)
     model.load_state_dict(checkpoint["state_dict"])
     model.eval()
@@ -363,7 +486,7 @@ def _write_comparison(output: Path, args: argparse.Namespace, result: Any, label
                 f"({declared}) and `region_recall_<region>` the recall of its tokens among the most relevant, over "
                 "the samples that hold it (`random`: the floor)")
     (output / "comparison.md").write_text(
-        f"{result.num_samples} validation samples of `{args.config}` at `{args.ckpt_path}`, {how}; values ± standard "
+        f"{result.num_samples} validation samples of `{args.config or args.model}` at `{args.ckpt_path}`, {how}; values ± standard "
         f"error over the samples.\n\n{table}"
     )
     (output / "comparison.json").write_text(result.to_json() + "\n")

@@ -116,6 +116,70 @@ def test_the_main_job_ends_with_its_summary_under_the_progress_bar(tmp_path, run
             assert_printed_as_logged(str(error), logged[f"{metric}/{method}/stderr"], 2)
 
 
+@pytest.mark.slow
+def test_the_validate_command_the_fit_prints_scores_into_the_fits_run_at_its_last_step(tmp_path, run_python,
+                                                                                      read_events):
+    """The end-of-fit summary's ``lightning-gae validate`` line, run as printed: its whole-subset numbers join the
+    fit's curves (the fit's own version folder, the fit's last step), and the fit's saved config stays as it was."""
+    fit = run_python(["-m", "lightning_gae.cli", "fit", "--config", CONFIG, "--trainer.max_epochs=2",
+                      "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2",
+                      "--trainer.callbacks.init_args.faithfulness.samples=40",
+                      "--trainer.callbacks.init_args.faithfulness.interim_samples=8"], cwd=tmp_path, timeout=600)
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    (command,) = [line.split() for line in fit.stdout.splitlines() if line.strip().startswith("lightning-gae validate")]
+    assert command[:3] == ["lightning-gae", "validate", "--config"], command
+    (log_dir,) = (tmp_path / "runs" / "vit_digits").iterdir()
+    config = (log_dir / "config.yaml").read_text()
+    fit_events = read_events(log_dir)
+    ((last, part),) = fit_events.scalar_events("faithfulness_samples")["faithfulness_samples"]
+    val_steps = fit_events.scalar_steps("val_loss")
+    assert part == 8.0 and last > val_steps[-1]
+
+    done = run_python(["-m", "lightning_gae.cli", *command[1:]], cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "dirpath has changed" not in done.stderr, done.stderr[-3000:]
+    assert f"faithfulness (40 validation samples at step {last};" in done.stdout
+    assert [p.name for p in (tmp_path / "runs" / "vit_digits").iterdir()] == [log_dir.name]
+    assert (log_dir / "config.yaml").read_text() == config
+    events = read_events(log_dir)
+    assert events.scalar_events("faithfulness_samples")["faithfulness_samples"] == [(last, 8.0), (last, 40.0)]
+    # Lightning's own validation metrics land at the same step: nothing at step 0 hides the fit's curves.
+    assert events.scalar_steps("val_loss") == [*val_steps, last]
+    assert len(events.scalar_steps("positive_perturbation_auc/gae")) == 2
+
+
+@pytest.mark.slow
+def test_compare_and_validate_take_a_plain_trainers_checkpoint_without_a_yaml(tmp_path, monkeypatch, capsys):
+    """A project trained by a plain ``Trainer.fit`` script: the classes by import path, the rest from the checkpoint."""
+    from lightning.pytorch import Trainer, seed_everything
+
+    from recipes.digits import DigitsDataModule
+    from tests.helpers.models import small_vit
+
+    monkeypatch.chdir(tmp_path)
+    seed_everything(0)
+    trainer = Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=1, accelerator="cpu", logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    ckpt = trainer.checkpoint_callback.best_model_path
+    classes = ["--model", "recipes.vit.ViTClassifier", "--data", "recipes.digits.DigitsDataModule", "--ckpt_path", ckpt]
+    main(["compare", *classes, "--output", "out", "--num_samples", "16", "--methods", "gae", "rollout",
+          "--metrics", "positive_perturbation_auc"])
+    result = json.loads((tmp_path / "out" / "comparison.json").read_text())
+    assert result["num_samples"] == 16 and "recipes.vit.ViTClassifier" in (tmp_path / "out" / "comparison.md").read_text()
+    capsys.readouterr()
+    # validate: the module's saved hyper-parameters (dim=32, depth=2) build it, as Lightning cannot for such a checkpoint.
+    main(["validate", *classes, "--trainer.callbacks+=lightning_gae.callbacks.GAECallback",
+          "--trainer.callbacks.faithfulness.samples=16", "--trainer.limit_val_batches=1",
+          "--trainer.enable_progress_bar=false"])
+    out = capsys.readouterr().out
+    assert "faithfulness (16 validation samples at step 3;" in out, out[-2000:]
+    with pytest.raises(SystemExit):
+        main(["compare", "--model", "recipes.vit.NoSuchModel", "--ckpt_path", ckpt, "--output", "out"])
+    with pytest.raises(SystemExit):
+        main(["compare", "--config", str(CONFIG), *classes, "--output", "out"])
+
+
 # --- compare on the main job's checkpoint -----------------------------------------------------------------
 # Slow: the checkpoint is a fit through LightningCLI (most of the time of the fast part otherwise).
 

@@ -13,12 +13,15 @@ from typing import Any
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers.logger import DummyLogger
+from torch import Tensor
+
+from lightning_gae.callbacks._state import RunState
 
 from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, faithfulness_rows, rank_labels
 
-__all__ = ["event_logs", "fit_report", "only_dummy_loggers", "text_table", "whole_subset_hint", "why_no_logs",
-           "why_not_scored", "writers"]
+__all__ = ["event_logs", "fit_report", "only_dummy_loggers", "run_summary", "text_table", "whole_subset_hint",
+           "why_no_logs", "why_not_scored", "writers"]
 
 
 def only_dummy_loggers(trainer: Trainer) -> bool:
@@ -57,7 +60,9 @@ def whole_subset_hint(trainer: Trainer, subset_size: int | None, scores: Mapping
         return []
     lines = [f"these are {int(scores[FAITHFULNESS_SAMPLES])} of the {subset_size} samples of the faithfulness "
              f"subset (FaithfulnessOptions.interim_samples); validating scores all of them:"]
-    checkpoint = getattr(trainer.checkpoint_callback, "best_model_path", "") or ""
+    # The final weights (those the fit's last scores were of) where a last checkpoint was kept.
+    saved = trainer.checkpoint_callback
+    checkpoint = getattr(saved, "last_model_path", "") or getattr(saved, "best_model_path", "") or ""
     configs = [Path(log_dir, "config.yaml") for log_dir, _ in logs if Path(log_dir, "config.yaml").is_file()]
     if checkpoint and configs:
         # LightningCLI saved the run's config there; its validate subcommand reads it back.
@@ -151,3 +156,20 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
     else:
         lines.append(f"event files: none ({no_logs})")
     return "\n".join(lines)
+
+
+def run_summary(trainer: Trainer, reported: tuple[str, Mapping[str, float]] | None, not_scored: str | None,
+                run: RunState, metrics: Sequence[str], after: Sequence[str] = ()) -> str:
+    """The summary of the run that ended (``trainer.state.fn``): the module's metrics, ``reported`` (what the last
+    faithfulness scalars were scored on, and them) or why none (``not_scored``: a failure), where the logs are; after
+    a fit whose last scores were a part of the subset, how to score all of it; then ``after`` and the failures."""
+    stage = trainer.state.fn.value
+    values = {name: float(value) for name, value in trainer.callback_metrics.items()
+              if isinstance(value, Tensor) and value.numel() == 1}
+    scored_on, scores = reported if reported is not None else ("", None)
+    logs = event_logs(trainer)
+    subset = None if run.scored is None else len(run.scored)
+    hint = whole_subset_hint(trainer, subset, scores, logs) if stage == "fit" else []
+    has_truth = run.truth is not None or bool(run.keyed)
+    return fit_report(values, scores, scored_on, why_not_scored(trainer, not_scored, metrics, has_truth), logs,
+                      why_no_logs(trainer), [*hint, *after], stage) + run.failures.summary()

@@ -34,13 +34,19 @@ __all__ = ["collect", "explains_answers", "pick_loader", "tracked_target", "vali
 
 
 def validation_loaders(trainer: Trainer) -> Any:
-    """The validation dataloader(s) of the starting stage as the user gave them (no loop has iterated them)."""
-    loop = trainer.fit_loop.epoch_loop.val_loop if trainer.state.fn == "fit" else trainer.validate_loop
+    """The validation dataloader(s) of the starting stage as the user gave them (no loop has iterated them); in
+    ``test()``, the test dataloader(s)."""
+    fn = trainer.state.fn
+    loop = (trainer.fit_loop.epoch_loop.val_loop if fn == "fit" else trainer.test_loop if fn == "test"
+            else trainer.validate_loop)
     source = loop._data_source
     loaders = source.dataloader() if source.is_defined() else None
     if isinstance(loaders, CombinedLoader):
         loaders = loaders.iterables
     if loaders is None or (isinstance(loaders, (Mapping, list, tuple)) and not loaders):
+        if fn == "test":
+            raise ValueError("GAECallback: the Trainer has no test dataloader to take samples from; pass "
+                             "dataloaders to test() or define test_dataloader() on the module or datamodule")
         raise ValueError("GAECallback: the Trainer has no validation dataloader to take samples from; pass "
                          "val_dataloaders to fit() or define val_dataloader() on the module or datamodule")
     return loaders

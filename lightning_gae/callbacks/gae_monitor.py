@@ -22,19 +22,12 @@ from typing_extensions import override
 
 from lightning_gae._structures import display_input, map_tensors
 from lightning_gae.attribution import attribute
+from lightning_gae.callbacks._evaluation import checkpoint_step, logged_step, scorable, test_scalars
 from lightning_gae.callbacks._distributed import Lockstep, RankFailed, check_strategy, from_rank_zero, gather_scores
 from lightning_gae.callbacks._health import Health
 from lightning_gae.callbacks._preflight import check_explanations
 from lightning_gae.callbacks._regions import RegionAlert, new_alerts, region_masks, region_scalars
-from lightning_gae.callbacks._report import (
-    event_logs,
-    fit_report,
-    only_dummy_loggers,
-    whole_subset_hint,
-    why_no_logs,
-    why_not_scored,
-    writers,
-)
+from lightning_gae.callbacks._report import only_dummy_loggers, run_summary, writers
 from lightning_gae.callbacks._schedule import final_explanation, fit_part, subset_due
 from lightning_gae.callbacks._scoring import (
     Curves,
@@ -92,7 +85,8 @@ class GAECallback(Callback):
       the metrics' curves.
 
     Everything is logged at the step the module's own ``self.log`` values use at that moment; ``trainer.validate()``
-    and ``trainer.test()`` explain and score too. Explanations never change what the run computes: the samples are
+    explains and scores too, ``trainer.test()`` scores its test data (``test_<tag>``). Explanations never change what
+    the run computes: the samples are
     read once through a private single-process loader, explained in eval mode on copies with ``autograd.grad``, and
     the RNGs are restored. On several processes (DDP, FSDP2, FSDP1) rank zero reads the samples and logs; the
     faithfulness subset is split across the ranks and its per-sample states gathered.
@@ -191,6 +185,8 @@ class GAECallback(Callback):
         self._explanation_count = 0
         self._last_scored: tuple[str, int] | None = None
         self._last_step = 0
+        # The step of the checkpoint a validate() or test() loaded (what it logs at on a Trainer that has not trained).
+        self._loaded_step: int | None = None
         # Across runs: what the stability scalars and evolution strips compare with.
         self._previous: dict[str, Tensor] = {}
         # Built in setup; kept across runs (evolution columns, fixed colour ranges).
@@ -220,6 +216,7 @@ class GAECallback(Callback):
         check_strategy(trainer.strategy)
         if self._views is None:
             self._views = self._new_views()
+        self._loaded_step = None  # a checkpoint is loaded after setup
         if stage == "fit":
             self.summary = None
             self._first_regions, self._alerts, self._health = None, [], Health()
@@ -254,13 +251,14 @@ class GAECallback(Callback):
         Runs on every rank (all of them stop together); the RNGs are restored, so training is unchanged.
         """
         with isolate_rng():
-            self._run = RunState(sample_indices=self.sample_indices)
+            testing = trainer.state.fn == "test"  # test data: samples of its own, never kept as the tracked ones
+            self._run = RunState(sample_indices=None if testing else self.sample_indices)
             try:
                 # validate() runs its hooks in inference mode, and a tensor made there can never take part
                 # in autograd: the labels, the explained class of target="label", would fail every explanation.
                 with torch.inference_mode(False):
                     from_rank_zero(trainer, lambda: self._collect(trainer), self._run, SHARED)
-                self.sample_indices = self._run.sample_indices
+                self.sample_indices = self.sample_indices if testing else self._run.sample_indices
                 # A causal LM's answer rows are read through the logits at each row's readout (on every rank).
                 self._run.readout = None if self._run.row_names is None else NextTokenLogits(pl_module)
             except ValueError:
@@ -333,7 +331,7 @@ class GAECallback(Callback):
             return
         self._last_explained = explained
         # What the module's self.log uses at this moment (global_step runs ahead of it at epoch ends).
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        step = logged_step(trainer, self._loaded_step)
         self._last_step = step
         run = self._run
         subset = None if run.scored is None else subset_due(trainer, self._explanation_count,
@@ -358,36 +356,51 @@ class GAECallback(Callback):
                 self._warn_once(str(err), f"GAECallback: writing the evolution strips when fit ended failed ({err})")
         # fit's part of the faithfulness subset on the final weights, unless the last explanation step scored them.
         run = self._run
-        if run.scored is None or run.sets is not None:
-            return
-        if (not self.faithfulness.metrics and run.scored.truth is None) or only_dummy_loggers(trainer):
+        if not scorable(self._run, self.faithfulness.metrics) or only_dummy_loggers(trainer):
             return
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         if self._last_explained == ("fit", trainer.global_step):
-            # The weights of the last explanation step (fit ended on a validation): its scalars, curves and pictures
-            # share that step, where the GAE tab shows them together.
+            # The weights of the last explanation step (fit ended on a validation): scalars, curves and pictures share it.
             step = self._last_step
         if self._last_scored == ("fit", step):
             return
         self._last_scored = ("fit", step)
+        self._score_subset(trainer, pl_module, fit_part(run.scored, run.interim), step, "when fit ended",
+                           "validation samples, the final weights")
+
+    @override
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.on_fit_start(trainer, pl_module)  # its samples are read from the test data
+
+    @override
+    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # The whole faithfulness subset of the test data, under test_<tag>, without pictures (:mod:`._evaluation`).
+        if self._run.inputs is not None and scorable(self._run, self.faithfulness.metrics) and not only_dummy_loggers(trainer):
+            step = logged_step(trainer, self._loaded_step)
+            self._last_scored = ("test", step)
+            self._score_subset(trainer, pl_module, self._run.scored, step, "in test", "test samples")
+
+    def _score_subset(self, trainer: Trainer, pl_module: LightningModule, part: Any, step: int, when: str,
+                      what: str) -> None:
+        """Score ``part`` of the faithfulness subset (every rank its share), log it at ``step``; never fail the run."""
+        testing = trainer.state.fn == "test"
         # explain() and the metrics put the module in eval mode themselves: at the end of fit it is in training mode.
         with isolate_rng():
             try:
-                # Every rank scores its share of the samples.
-                part = fit_part(run.scored, run.interim)
                 scalars = Lockstep(trainer, pl_module).run(lambda: self._finite(self._faithfulness(
                     pl_module, self._scored_batches(trainer, pl_module, part), len(part), part.groups), step),
                     every_rank=True)
                 if trainer.is_global_zero:
                     for logger in trainer.loggers:
-                        logger.log_metrics(scalars, step=step)
-                    self._views.write_scores(writers(trainer), step, scalars, self._curves)
-                    self._health.check(trainer, step, scalars)
-                self._remember(scalars, f"{len(part)} validation samples, the final weights at step {step}")
-            except Exception as err:  # noqa: BLE001 - nor may scoring take the end of training down
+                        logger.log_metrics(test_scalars(scalars) if testing else scalars, step=step)
+                    if not testing:
+                        self._views.write_scores(writers(trainer), step, scalars, self._curves)
+                        self._health.check(trainer, step, scalars)
+                self._remember(scalars, f"{len(part)} {what} at step {step}")
+            except Exception as err:  # noqa: BLE001 - nor may scoring take the end of a run down
                 reason = str(err) if isinstance(err, RankFailed) else f"{type(err).__name__}: {err}"
-                self._not_scored = f"scoring failed when fit ended: {reason}"
-                self._warn_once(reason, f"GAECallback: scoring the faithfulness subset when fit ended (step {step}) "
+                self._not_scored = f"scoring failed {when}: {reason}"
+                self._warn_once(reason, f"GAECallback: scoring the faithfulness subset {when} (step {step}) "
                                         f"failed and was skipped ({reason})")
 
     @override
@@ -411,19 +424,10 @@ class GAECallback(Callback):
         stage = trainer.state.fn.value
         if stage != "fit" and (self._last_scored is None or self._last_scored[0] != stage):
             self._reported = self._not_scored = None
-        metrics = {name: float(value) for name, value in trainer.callback_metrics.items()
-                   if isinstance(value, Tensor) and value.numel() == 1}
-        scored_on, scores = self._reported if self._reported is not None else ("", None)
-        logs = event_logs(trainer)
-        subset = None if self._run.scored is None else len(self._run.scored)
-        hint = whole_subset_hint(trainer, subset, scores, logs) if stage == "fit" else []
-        has_truth = self._run.truth is not None or bool(self._run.keyed)
         alerts = [alert.text(indent="  ") for alert in self._alerts]
-        hint = [*hint, *(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else []),
-                *self._health.summary_lines()]
-        self.summary = fit_report(metrics, scores, scored_on,
-                                  why_not_scored(trainer, self._not_scored, self.faithfulness.metrics, has_truth),
-                                  logs, why_no_logs(trainer), hint, stage) + self._run.failures.summary()
+        after = [*(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else []),
+                 *self._health.summary_lines()]
+        self.summary = run_summary(trainer, self._reported, self._not_scored, self._run, self.faithfulness.metrics, after)
         if self.print_summary:
             print(self.summary)
 
@@ -580,6 +584,11 @@ class GAECallback(Callback):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {"sample_indices": self.sample_indices, "previous": self._previous}
+
+    @override
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn != "fit":  # validate()/test() of a checkpoint log at its step (:mod:`._evaluation`)
+            self._loaded_step = checkpoint_step(checkpoint)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
