@@ -26,15 +26,9 @@ from lightning_gae.callbacks._distributed import Lockstep, RankFailed, check_str
 from lightning_gae.callbacks._health import Health
 from lightning_gae.callbacks._preflight import check_explanations
 from lightning_gae.callbacks._regions import RegionAlert, new_alerts, region_masks, region_scalars
-from lightning_gae.callbacks._report import (
-    event_logs,
-    fit_report,
-    only_dummy_loggers,
-    whole_subset_hint,
-    why_no_logs,
-    why_not_scored,
-    writers,
-)
+from lightning_gae.callbacks._loggers import (elsewhere_lines, event_logs, image_loggers, log_pictures, log_scalars,
+                                              logger_note, only_dummy_loggers, writers)
+from lightning_gae.callbacks._report import fit_report, whole_subset_hint, why_no_logs, why_not_scored
 from lightning_gae.callbacks._schedule import final_explanation, fit_part, subset_due
 from lightning_gae.callbacks._scoring import (
     Curves,
@@ -228,6 +222,8 @@ class GAECallback(Callback):
                 "GAECallback: the Trainer has no logger, so nothing will be shown. Add one, e.g. "
                 "Trainer(logger=lightning.pytorch.loggers.TensorBoardLogger('runs'))."
             )
+        if trainer.is_global_zero and (note := logger_note(trainer)) is not None:
+            self._warn_once("loggers", note)  # what the loggers that are not TensorBoard get and cannot show
 
     def _new_views(self) -> TensorBoardViews:
         return TensorBoardViews(scale=self.display.heatmap_scale, evolution_length=self.display.evolution_length)
@@ -353,7 +349,8 @@ class GAECallback(Callback):
         if trainer.is_global_zero and self._views is not None and self._explanation_count:
             # Evolution strips still due (fit ended between the steps they are written at), at their newest column's step.
             try:
-                self._views.write_strips(writers(trainer), self._last_step)
+                pictures = self._views.write_strips(writers(trainer), self._last_step)
+                log_pictures(image_loggers(trainer), pictures, self._last_step, self._warn_once)
             except Exception as err:  # noqa: BLE001 - nor may a picture take the end of training down
                 self._warn_once(str(err), f"GAECallback: writing the evolution strips when fit ended failed ({err})")
         # fit's part of the faithfulness subset on the final weights, unless the last explanation step scored them.
@@ -379,8 +376,7 @@ class GAECallback(Callback):
                     pl_module, self._scored_batches(trainer, pl_module, part), len(part), part.groups), step),
                     every_rank=True)
                 if trainer.is_global_zero:
-                    for logger in trainer.loggers:
-                        logger.log_metrics(scalars, step=step)
+                    log_scalars(trainer, scalars, step, self._warn_once)
                     self._views.write_scores(writers(trainer), step, scalars, self._curves)
                     self._health.check(trainer, step, scalars)
                 self._remember(scalars, f"{len(part)} validation samples, the final weights at step {step}")
@@ -405,9 +401,17 @@ class GAECallback(Callback):
 
     def _print_report(self, trainer: Trainer) -> None:
         """The summary of a run (fit, validate or test) on rank zero: kept in ``summary``, printed unless
-        ``print_summary=False``. A validation or test reports only what it scored itself."""
+        ``print_summary=False``. A validation or test reports only what it scored itself. It never raises."""
         if not trainer.is_global_zero:
             return
+        try:
+            self.summary = self._report(trainer)
+        except Exception as err:  # noqa: BLE001 - the run has finished: a summary must not fail it
+            self.summary = f"\nGAECallback: the summary could not be written ({type(err).__name__}: {err})"
+        if self.print_summary:
+            print(self.summary)
+
+    def _report(self, trainer: Trainer) -> str:
         stage = trainer.state.fn.value
         if stage != "fit" and (self._last_scored is None or self._last_scored[0] != stage):
             self._reported = self._not_scored = None
@@ -421,11 +425,9 @@ class GAECallback(Callback):
         alerts = [alert.text(indent="  ") for alert in self._alerts]
         hint = [*hint, *(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else []),
                 *self._health.summary_lines()]
-        self.summary = fit_report(metrics, scores, scored_on,
-                                  why_not_scored(trainer, self._not_scored, self.faithfulness.metrics, has_truth),
-                                  logs, why_no_logs(trainer), hint, stage) + self._run.failures.summary()
-        if self.print_summary:
-            print(self.summary)
+        return fit_report(metrics, scores, scored_on,
+                          why_not_scored(trainer, self._not_scored, self.faithfulness.metrics, has_truth),
+                          logs, why_no_logs(trainer), hint, stage, elsewhere_lines(trainer)) + self._run.failures.summary()
 
     def _explain(self, pl_module: LightningModule, inputs: Any,
                  labels: Tensor | None = None) -> tuple[dict[str, Explanation], dict[str, Tensor]]:
@@ -563,18 +565,18 @@ class GAECallback(Callback):
     def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation],
              maps: dict[str, Tensor], scalars: dict[str, float], views: dict[str, SetInput] | None = None,
              rows: dict[str, dict[str, Tensor]] | None = None) -> None:
-        found = writers(trainer)
-        for logger in trainer.loggers:
-            logger.log_metrics(scalars, step=step)
-        if found:
+        found, images = writers(trainer), image_loggers(trainer)
+        log_scalars(trainer, scalars, step, self._warn_once)
+        if found or images:  # the pictures are drawn for TensorBoard and the loggers that take pictures
             shown = display_input(inputs) if views is None else views[next(iter(explanations.values())).query_set].shown
-            self._views.write(
+            pictures = self._views.write(
                 found, step, modality=self._run.modality, inputs=inputs, shown=shown,
                 sample_indices=self._run.shown, explanations=explanations, maps=maps, scalars=scalars,
                 curves=self._curves, labels=self._run.labels,
                 class_names=class_names(trainer), sets=views, rows=rows,
                 last=trainer.state.fn != "fit" or final_explanation(trainer),
             )
+            log_pictures(images, pictures, step, self._warn_once)
 
     # --- checkpointing --------------------------------------------------------------------------
 
