@@ -3,7 +3,8 @@
 * A logger whose ``experiment`` is a ``SummaryWriter`` (``TensorBoardLogger``, of ``lightning`` or of
   ``pytorch_lightning``) gets everything (:func:`writers`): pictures, scalars, histograms, text, the Custom Scalars
   charts, the methods' runs and the GAE tab's tensors.
-* Every logger gets the scalars through its own ``log_metrics`` (:func:`log_scalars`).
+* Every logger gets the scalars through its own ``log_metrics`` (:func:`log_scalars`); MLflow the standard errors
+  as ``<metric>/<method>_stderr`` (its file store cannot keep ``<metric>/<method>/stderr`` beside the value).
 * A logger with an image call gets the pictures (``gae_heatmaps/val_<i>``, ``gae_evolution/val_<i>``) through it
   (:func:`image_loggers`, :func:`log_pictures`): ``WandbLogger.log_image``, ``MLFlowLogger`` as run artifacts
   ``<tag>/step_<step>.png`` (``MlflowClient.log_image``), ``CometLogger``'s ``Experiment.log_image``,
@@ -114,11 +115,21 @@ def _name(logger: Any) -> str:
     return type(logger).__name__
 
 
+def _named_for(logger: Any, scalars: Mapping[str, float]) -> dict[str, float]:
+    """``scalars`` under the names ``logger`` can keep. MLflow's file store keeps a metric as a file named by its
+    path, so ``<metric>/<method>`` cannot also be the folder of ``<metric>/<method>/stderr`` (the whole batch is
+    refused): MLflow gets the standard errors as ``<metric>/<method>_stderr``, whatever its store."""
+    if "MLFlowLogger" not in _kinds(logger):
+        return dict(scalars)
+    return {(tag.removesuffix("/stderr") + "_stderr" if tag.endswith("/stderr") else tag): value
+            for tag, value in scalars.items()}
+
+
 def log_scalars(trainer: Trainer, scalars: Mapping[str, float], step: int, warn: Warn) -> None:
     """``scalars`` to every logger's ``log_metrics``; one that raises is warned about (once) and the others go on."""
     for logger in trainer.loggers:
         try:
-            logger.log_metrics(dict(scalars), step=step)
+            logger.log_metrics(_named_for(logger, scalars), step=step)
         except Exception as err:  # noqa: BLE001 - a logger never takes the step down
             warn(f"log_metrics {_name(logger)} {type(err).__name__}",
                  f"GAECallback: {_name(logger)}.log_metrics failed at step {step} and its scalars were left out "
@@ -141,9 +152,11 @@ def log_pictures(loggers: list[tuple[Any, ImageCall]], pictures: Mapping[str, np
 
 def _gets(logger: Any) -> str:
     call = _image_call(logger)
+    scalars = "the scalars (log_metrics" + (", standard errors as <metric>/<method>_stderr)"
+                                            if "MLFlowLogger" in _kinds(logger) else ")")
     if call is None:
-        return f"{_name(logger)} gets the scalars (log_metrics)"
-    return f"{_name(logger)} gets the scalars (log_metrics) and the pictures gae_heatmaps, gae_evolution ({call[0]})"
+        return f"{_name(logger)} gets {scalars}"
+    return f"{_name(logger)} gets {scalars} and the pictures gae_heatmaps, gae_evolution ({call[0]})"
 
 
 def _others(trainer: Trainer) -> list[Any]:
