@@ -209,13 +209,22 @@ def test_a_wandb_offline_logger_gets_the_scalars_and_the_pictures(tmp_path, make
     assert len(notes) == 1 and "WandbLogger gets the scalars (log_metrics) and the pictures" in notes[0]
 
 
+@pytest.mark.parametrize("logger", ["none", "csv"])
 @pytest.mark.slow
-def test_no_logger_fails_nothing_and_prints_the_summary(tmp_path, make_trainer, capsys):
-    trainer, callback, messages = _fit(tmp_path, make_trainer, False)
-    assert any("the Trainer has no logger" in m for m in messages) and not _notes(messages)
+def test_no_logger_or_a_csv_logger_fails_nothing_and_fit_and_validate_print_their_summaries(tmp_path, make_trainer,
+                                                                                             capsys, logger):
+    trainer, callback, messages = _fit(tmp_path, make_trainer, False if logger == "none" else CSVLogger(tmp_path))
+    if logger == "none":
+        assert any("the Trainer has no logger" in m for m in messages) and not _notes(messages)
     out = capsys.readouterr().out
-    assert "GAECallback: the fit ended" in out and "positive_perturbation_auc" in out
-    assert "event files: none (the Trainer has no logger)" in out and callback.summary in out
+    assert "GAECallback: the fit ended" in out and "positive_perturbation_auc" in out and callback.summary in out
+    assert "event files: none (" in out
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        trainer.validate(trainer.lightning_module, DigitsDataModule(batch_size=32))
+    assert not [str(w.message) for w in records if "failed" in str(w.message)]
+    out = capsys.readouterr().out
+    assert "GAECallback: the validation ended" in out and callback.summary in out
 
 
 class _Failing(Logger):
