@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from lightning.pytorch import Trainer
+from PIL import Image
 from lightning.pytorch.loggers.logger import DummyLogger
 
 __all__ = ["NOT_SHOWN", "elsewhere_lines", "event_logs", "experiment_of", "image_loggers", "log_pictures",
@@ -86,13 +87,12 @@ def _image_call(logger: Any) -> tuple[str, ImageCall] | None:
         def mlflow(tag: str, picture: np.ndarray, step: int) -> None:
             logger.experiment.log_image(logger.run_id, picture, artifact_file=f"{tag}/step_{step:07d}.png")
         return "as run artifacts <tag>/step_<step>.png", mlflow
-    if "CometLogger" in kinds:
+    if "CometLogger" in kinds:  # a PIL image: Comet stretches an array's values to its min and max
         return "through Experiment.log_image", lambda tag, picture, step: logger.experiment.log_image(
-            picture, name=tag, step=step)
+            Image.fromarray(picture), name=tag, step=step)
     if "NeptuneLogger" in kinds:
         def neptune(tag: str, picture: np.ndarray, step: int) -> None:
             from neptune.types import File
-            from PIL import Image
 
             logger.experiment[tag].append(File.as_image(Image.fromarray(picture)), step=step)
         return "through File.as_image", neptune

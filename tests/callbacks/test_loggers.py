@@ -180,8 +180,10 @@ def _wandb_history(run_dir: Path) -> list[dict]:
     return rows
 
 
+@pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside_tensorboard"])
 @pytest.mark.slow
-def test_a_wandb_offline_logger_gets_the_scalars_and_the_pictures(tmp_path, make_trainer, monkeypatch):
+def test_a_wandb_offline_logger_gets_the_scalars_and_the_pictures(tmp_path, make_trainer, monkeypatch, read_events,
+                                                                  beside):
     import wandb
 
     for name, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
@@ -189,8 +191,9 @@ def test_a_wandb_offline_logger_gets_the_scalars_and_the_pictures(tmp_path, make
                         "WANDB_CONFIG_DIR": str(tmp_path / "config"), "WANDB_DATA_DIR": str(tmp_path / "data")}.items():
         monkeypatch.setenv(name, value)
     logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="gae")
+    tensorboard = TensorBoardLogger(tmp_path, name="tb")
     try:
-        trainer, callback, messages = _fit(tmp_path, make_trainer, logger)
+        trainer, callback, messages = _fit(tmp_path, make_trainer, [tensorboard, logger] if beside else logger)
         run_dir = Path(logger.experiment.dir).parent
     finally:
         wandb.finish()
@@ -205,6 +208,10 @@ def test_a_wandb_offline_logger_gets_the_scalars_and_the_pictures(tmp_path, make
             (name,) = row[f"{heatmap_tag(sample)}/filenames"]
             picture = np.asarray(Image.open(run_dir / "files" / name))
             assert picture.shape[:2] == (row[f"{heatmap_tag(sample)}/height"], row[f"{heatmap_tag(sample)}/width"])
+        if beside:  # pixel for pixel the picture TensorBoard shows
+            acc = read_events(tensorboard.log_dir)
+            shown = np.asarray(Image.open(io.BytesIO(acc.Images(heatmap_tag(sample))[-1].encoded_image_string)))
+            np.testing.assert_array_equal(picture, shown)
     notes = _notes(messages)
     assert len(notes) == 1 and "WandbLogger gets the scalars (log_metrics) and the pictures" in notes[0]
 
