@@ -3,8 +3,8 @@
 The class keeps its arguments, the Trainer's hooks, the schedule and the state a checkpoint carries; each job it
 delegates has a module of its own: which samples (:mod:`~lightning_gae.callbacks._tracked`), the check when a run
 starts (:mod:`~lightning_gae.callbacks._preflight`), several token sets (:mod:`~lightning_gae.callbacks._token_sets`),
-scoring (:mod:`~lightning_gae.callbacks._scoring`), the summary (:mod:`~lightning_gae.callbacks._report`), several
-processes (:mod:`~lightning_gae.callbacks._distributed`).
+scoring (:mod:`~lightning_gae.callbacks._scoring`), the summary (:mod:`~lightning_gae.callbacks._report`), what each
+logger gets (:mod:`~lightning_gae.callbacks._loggers`), several processes (:mod:`~lightning_gae.callbacks._distributed`).
 """
 
 from __future__ import annotations
@@ -84,6 +84,9 @@ class GAECallback(Callback):
       colour, with a Custom Scalars chart per metric;
     * for the "GAE" tab of TensorBoard: the raw relevance of every sample and method, the inputs, predictions and
       the metrics' curves.
+
+    Other loggers (CSV, W&B, MLflow, Comet, Neptune) get the scalars and, where they have an image call, the
+    pictures; a warning when a run starts names what only TensorBoard shows.
 
     Everything is logged at the step the module's own ``self.log`` values use at that moment; ``trainer.validate()``
     and ``trainer.test()`` explain and score too. Explanations never change what the run computes: the samples are
