@@ -17,7 +17,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from lightning_gae.callbacks._report import writers
+from lightning_gae.callbacks._loggers import writers
 from lightning_gae.callbacks._scoring import ScoredBatch
 from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.metrics.functional.health import (

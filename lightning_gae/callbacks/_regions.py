@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from lightning.pytorch import Trainer
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from lightning_gae._structures import map_tensors
@@ -23,9 +25,9 @@ from lightning_gae.modalities.regions import Region, region_token_mask, region_v
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.options import RegionOptions
-from lightning_gae.tensorboard.summary import faithfulness_rows
+from lightning_gae.tensorboard.summary import faithfulness_rows, write_alerts
 
-__all__ = ["RegionAlert", "due_alerts", "faithfulness_beside", "new_alerts", "region_masks", "region_scalars",
+__all__ = ["RegionAlert", "announce", "due_alerts", "faithfulness_beside", "new_alerts", "region_masks", "region_scalars",
            "removal_verdict", "share_tag"]
 
 
@@ -165,3 +167,14 @@ def new_alerts(regions: RegionOptions, run: RunState, scalars: Mapping[str, floa
         found.append(RegionAlert(step, region.name, method, share, scalars.get(share_tag(region.name, "random")),
                                  samples, faithfulness_beside(method, scores), removal))
     return found
+
+
+def announce(trainer: Trainer, writers: list[Any], step: int, alerts: list[RegionAlert], stop: bool,
+             found: list[RegionAlert]) -> None:
+    """Each new alert in ``found``: kept in ``alerts`` (for the summary), warned once, written to the Text tab and the
+    GAE tab; with ``stop`` (``RegionOptions.stop_on_shortcut``) training stops."""
+    for alert in found:
+        alerts.append(alert)
+        rank_zero_warn(f"GAECallback: {alert.text()}")
+        trainer.should_stop = trainer.should_stop or stop
+    write_alerts(writers, step, [(alert.region, alert.method, alert.markdown()) for alert in found])

@@ -9,47 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.loggers.logger import DummyLogger
 from torch import Tensor
 
 from lightning_gae.callbacks._state import RunState
 
+from lightning_gae.callbacks._loggers import event_logs, only_dummy_loggers
 from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, faithfulness_rows, rank_labels
 
-__all__ = ["event_logs", "fit_report", "only_dummy_loggers", "run_summary", "text_table", "whole_subset_hint",
-           "why_no_logs", "why_not_scored", "writers"]
-
-
-def only_dummy_loggers(trainer: Trainer) -> bool:
-    """fast_dev_run swaps the loggers for no-op ones: there is nowhere to log an explanation to."""
-    return bool(trainer.loggers) and all(isinstance(logger, DummyLogger) for logger in trainer.loggers)
-
-
-def _experiment(logger: Any) -> Any:
-    """A logger's ``experiment``, or None: a logger written as Lightning's docs show has none, and reading it may
-    raise (a logger that starts its service lazily); the callback then gives it scalars alone."""
-    try:
-        return getattr(logger, "experiment", None)
-    except Exception:  # noqa: BLE001 - whatever a logger's property raises, it has no writer to give
-        return None
-
-
-def writers(trainer: Trainer) -> list[Any]:
-    """The loggers' ``SummaryWriter``s (those that take images)."""
-    found = (_experiment(lg) for lg in trainer.loggers)
-    return [experiment for experiment in found if hasattr(experiment, "add_image")]
-
-
-def event_logs(trainer: Trainer) -> list[tuple[str, str]]:
-    """``(log_dir, save_dir)`` of the loggers that write TensorBoard event files (fast_dev_run's no-op loggers
-    answer every attribute, so they are left out by type)."""
-    return [(str(lg.log_dir), str(lg.save_dir)) for lg in trainer.loggers
-            if not isinstance(lg, DummyLogger) and hasattr(_experiment(lg), "add_image")
-            and getattr(lg, "log_dir", None) and lg.save_dir]
+__all__ = ["fit_report", "run_summary", "text_table", "whole_subset_hint", "why_no_logs", "why_not_scored"]
 
 
 def whole_subset_hint(trainer: Trainer, subset_size: int | None, scores: Mapping[str, float] | None,
@@ -117,7 +87,7 @@ def _direction(metric: str) -> str:
 
 def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None, scored_on: str,
                not_scored: str, logs: Sequence[tuple[str, str]], no_logs: str, after_scores: Sequence[str] = (),
-               stage: str = "fit") -> str:
+               stage: str = "fit", elsewhere: Sequence[str] = ()) -> str:
     """The lines printed when a fit (or a validation, a test) ends.
 
     Args:
@@ -129,6 +99,7 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
         no_logs: why ``logs`` is empty.
         after_scores: lines printed under the faithfulness table (e.g. how to score more samples).
         stage: ``"fit"``, ``"validate"`` or ``"test"``: the run that ended.
+        elsewhere: lines on what the loggers that are not TensorBoard got.
     """
     lines = ["", f"GAECallback: {_ENDED.get(stage, f'the {stage} ended')}"]
     if metrics:
@@ -155,14 +126,15 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
             lines.append(f"tensorboard --logdir {save_dir}")
     else:
         lines.append(f"event files: none ({no_logs})")
-    return "\n".join(lines)
+    return "\n".join([*lines, *elsewhere])
 
 
 def run_summary(trainer: Trainer, reported: tuple[str, Mapping[str, float]] | None, not_scored: str | None,
-                run: RunState, metrics: Sequence[str], after: Sequence[str] = ()) -> str:
+                run: RunState, metrics: Sequence[str], after: Sequence[str] = (), elsewhere: Sequence[str] = ()) -> str:
     """The summary of the run that ended (``trainer.state.fn``): the module's metrics, ``reported`` (what the last
     faithfulness scalars were scored on, and them) or why none (``not_scored``: a failure), where the logs are; after
-    a fit whose last scores were a part of the subset, how to score all of it; then ``after`` and the failures."""
+    a fit whose last scores were a part of the subset, how to score all of it; then ``after``, what the loggers
+    other than TensorBoard got (``elsewhere``) and the failures."""
     stage = trainer.state.fn.value
     values = {name: float(value) for name, value in trainer.callback_metrics.items()
               if isinstance(value, Tensor) and value.numel() == 1}
@@ -172,4 +144,4 @@ def run_summary(trainer: Trainer, reported: tuple[str, Mapping[str, float]] | No
     hint = whole_subset_hint(trainer, subset, scores, logs) if stage == "fit" else []
     has_truth = run.truth is not None or bool(run.keyed)
     return fit_report(values, scores, scored_on, why_not_scored(trainer, not_scored, metrics, has_truth), logs,
-                      why_no_logs(trainer), [*hint, *after], stage) + run.failures.summary()
+                      why_no_logs(trainer), [*hint, *after], stage, elsewhere) + run.failures.summary()

@@ -9,6 +9,7 @@ are gathered before the values are computed (``share``, :func:`lightning_gae.cal
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,8 +28,8 @@ from lightning_gae.modalities.tokens import Modality, TextTokens
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, scalar_tag
 from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore, scored_truth, truth_score
 
-__all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "relevance_scalars", "scored_batches",
-           "set_truth_scalars"]
+__all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "finite_scalars", "relevance_scalars",
+           "scored_batches", "set_truth_scalars"]
 
 ScoredBatch = tuple[Any, dict[str, Tensor], Tensor, "Tensor | None", "Tensor | None"]
 """One batch to score: inputs, attributions by method, explained class, labels, ground truth."""
@@ -175,3 +176,12 @@ def scored_batches(trainer: Trainer, pl_module: LightningModule, subset: Samples
             scored["random"] = random_rows(first.tokens, rows[start:stop], seed, max_batch, total)
         truth = None if part.truth is None else part.truth[start:stop]
         yield inputs, scored, first.target, labels, truth
+
+
+def finite_scalars(warn_once: Callable[[str, str], None], scalars: dict[str, float], step: int) -> dict[str, float]:
+    """``scalars`` without the values that are not finite, which are named in a warning (once, by ``warn_once``)."""
+    dropped = sorted(tag for tag, value in scalars.items() if not math.isfinite(value))
+    if dropped:
+        warn_once(f"non-finite scalars {dropped}", f"GAECallback: {dropped} came out not finite at step {step} and are "
+                                                   "not logged")
+    return {tag: value for tag, value in scalars.items() if tag not in dropped}

@@ -3,13 +3,12 @@
 The class keeps its arguments, the Trainer's hooks, the schedule and the state a checkpoint carries; each job it
 delegates has a module of its own: which samples (:mod:`~lightning_gae.callbacks._tracked`), the check when a run
 starts (:mod:`~lightning_gae.callbacks._preflight`), several token sets (:mod:`~lightning_gae.callbacks._token_sets`),
-scoring (:mod:`~lightning_gae.callbacks._scoring`), the summary (:mod:`~lightning_gae.callbacks._report`), several
-processes (:mod:`~lightning_gae.callbacks._distributed`).
+scoring (:mod:`~lightning_gae.callbacks._scoring`), the summary (:mod:`~lightning_gae.callbacks._report`), what each
+logger gets (:mod:`~lightning_gae.callbacks._loggers`), several processes (:mod:`~lightning_gae.callbacks._distributed`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -26,17 +25,13 @@ from lightning_gae.callbacks._evaluation import checkpoint_step, logged_step, sc
 from lightning_gae.callbacks._distributed import Lockstep, RankFailed, check_strategy, from_rank_zero, gather_scores
 from lightning_gae.callbacks._health import Health
 from lightning_gae.callbacks._preflight import check_explanations
-from lightning_gae.callbacks._regions import RegionAlert, new_alerts, region_masks, region_scalars
-from lightning_gae.callbacks._report import only_dummy_loggers, run_summary, writers
+from lightning_gae.callbacks._regions import RegionAlert, announce, new_alerts, region_masks, region_scalars
+from lightning_gae.callbacks._loggers import (elsewhere_lines, image_loggers, log_pictures, log_scalars, logger_note,
+                                              only_dummy_loggers, writers)
+from lightning_gae.callbacks._report import run_summary
 from lightning_gae.callbacks._schedule import final_explanation, fit_part, subset_due
-from lightning_gae.callbacks._scoring import (
-    Curves,
-    ScoredBatch,
-    faithfulness,
-    relevance_scalars,
-    scored_batches,
-    set_truth_scalars,
-)
+from lightning_gae.callbacks._scoring import (Curves, ScoredBatch, faithfulness, finite_scalars, relevance_scalars,
+                                              scored_batches, set_truth_scalars)
 from lightning_gae.callbacks._state import SHARED, RunState
 from lightning_gae.callbacks._token_sets import decoder_rows, set_views
 from lightning_gae.callbacks._tracked import collect, tracked_target
@@ -55,7 +50,7 @@ from lightning_gae.metrics import random_attribution
 from lightning_gae.metrics.ground_truth import RECALL
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions, RegionOptions
-from lightning_gae.tensorboard.summary import TensorBoardViews, faithfulness_rows, write_alerts
+from lightning_gae.tensorboard.summary import TensorBoardViews, faithfulness_rows
 
 __all__ = ["GAECallback"]
 
@@ -83,6 +78,9 @@ class GAECallback(Callback):
       colour, with a Custom Scalars chart per metric;
     * for the "GAE" tab of TensorBoard: the raw relevance of every sample and method, the inputs, predictions and
       the metrics' curves.
+
+    Other loggers (CSV, W&B, MLflow, Comet, Neptune) get the scalars and, where they have an image call, the
+    pictures; a warning when a run starts names what only TensorBoard shows.
 
     Everything is logged at the step the module's own ``self.log`` values use at that moment; ``trainer.validate()``
     explains and scores too, ``trainer.test()`` scores its test data (``test_<tag>``). Explanations never change what
@@ -225,6 +223,8 @@ class GAECallback(Callback):
                 "GAECallback: the Trainer has no logger, so nothing will be shown. Add one, e.g. "
                 "Trainer(logger=lightning.pytorch.loggers.TensorBoardLogger('runs'))."
             )
+        if trainer.is_global_zero and (note := logger_note(trainer)) is not None:
+            self._warn_once("loggers", note)  # what the loggers that are not TensorBoard get and cannot show
 
     def _new_views(self) -> TensorBoardViews:
         return TensorBoardViews(scale=self.display.heatmap_scale, evolution_length=self.display.evolution_length)
@@ -351,7 +351,8 @@ class GAECallback(Callback):
         if trainer.is_global_zero and self._views is not None and self._explanation_count:
             # Evolution strips still due (fit ended between the steps they are written at), at their newest column's step.
             try:
-                self._views.write_strips(writers(trainer), self._last_step)
+                pictures = self._views.write_strips(writers(trainer), self._last_step)
+                log_pictures(image_loggers(trainer), pictures, self._last_step, self._warn_once)
             except Exception as err:  # noqa: BLE001 - nor may a picture take the end of training down
                 self._warn_once(str(err), f"GAECallback: writing the evolution strips when fit ended failed ({err})")
         # fit's part of the faithfulness subset on the final weights, unless the last explanation step scored them.
@@ -387,12 +388,11 @@ class GAECallback(Callback):
         # explain() and the metrics put the module in eval mode themselves: at the end of fit it is in training mode.
         with isolate_rng():
             try:
-                scalars = Lockstep(trainer, pl_module).run(lambda: self._finite(self._faithfulness(
+                scalars = Lockstep(trainer, pl_module).run(lambda: finite_scalars(self._warn_once, self._faithfulness(
                     pl_module, self._scored_batches(trainer, pl_module, part), len(part), part.groups), step),
                     every_rank=True)
                 if trainer.is_global_zero:
-                    for logger in trainer.loggers:
-                        logger.log_metrics(test_scalars(scalars) if testing else scalars, step=step)
+                    log_scalars(trainer, test_scalars(scalars) if testing else scalars, step, self._warn_once)
                     if not testing:
                         self._views.write_scores(writers(trainer), step, scalars, self._curves)
                         self._health.check(trainer, step, scalars)
@@ -417,19 +417,25 @@ class GAECallback(Callback):
         self._print_report(trainer)
 
     def _print_report(self, trainer: Trainer) -> None:
-        """The summary of a run (fit, validate or test) on rank zero: kept in ``summary``, printed unless
-        ``print_summary=False``. A validation or test reports only what it scored itself."""
+        """The run's summary on rank zero, kept in ``summary``; a validation or test reports only what it scored."""
         if not trainer.is_global_zero:
             return
+        try:
+            self.summary = self._report(trainer)
+        except Exception as err:  # noqa: BLE001 - the run has finished: a summary must not fail it
+            self.summary = f"\nGAECallback: the summary could not be written ({type(err).__name__}: {err})"
+        if self.print_summary:
+            print(self.summary)
+
+    def _report(self, trainer: Trainer) -> str:
         stage = trainer.state.fn.value
         if stage != "fit" and (self._last_scored is None or self._last_scored[0] != stage):
             self._reported = self._not_scored = None
         alerts = [alert.text(indent="  ") for alert in self._alerts]
         after = [*(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else []),
                  *self._health.summary_lines()]
-        self.summary = run_summary(trainer, self._reported, self._not_scored, self._run, self.faithfulness.metrics, after)
-        if self.print_summary:
-            print(self.summary)
+        return run_summary(trainer, self._reported, self._not_scored, self._run, self.faithfulness.metrics, after,
+                           elsewhere_lines(trainer))
 
     def _explain(self, pl_module: LightningModule, inputs: Any,
                  labels: Tensor | None = None) -> tuple[dict[str, Explanation], dict[str, Tensor]]:
@@ -506,7 +512,7 @@ class GAECallback(Callback):
                 relevance["random"] = random_attribution(first.tokens, self.batches.seed)
                 found, shares = region_scalars(relevance, run.region_masks, run.modality, inputs, self.regions.top_k)
                 scalars.update(found)
-        scalars = self._finite(scalars, step)
+        scalars = finite_scalars(self._warn_once, scalars, step)
         with run.failures.isolated("pictures", step):
             if trainer.is_global_zero:
                 self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
@@ -522,26 +528,14 @@ class GAECallback(Callback):
         if self._first_regions is None:
             self._first_regions = {t: v for t, v in scalars.items() if t.startswith("region_share_")}
         module = self._run.readout if self._run.readout is not None else pl_module
-        found = new_alerts(self.regions, self._run, scalars, shares, self._first_regions, self._alerts, module, inputs,
-                           step, (self._reported or ("", None))[1], self.batches.seed)
-        for alert in found:
-            self._alerts.append(alert)
-            rank_zero_warn(f"GAECallback: {alert.text()}")
-            trainer.should_stop = trainer.should_stop or self.regions.stop_on_shortcut
-        write_alerts(writers(trainer), step, [(alert.region, alert.method, alert.markdown()) for alert in found])
+        announce(trainer, writers(trainer), step, self._alerts, self.regions.stop_on_shortcut, new_alerts(
+            self.regions, self._run, scalars, shares, self._first_regions, self._alerts, module, inputs, step,
+            (self._reported or ("", None))[1], self.batches.seed))
 
     def _remember(self, scalars: dict[str, float], scored_on: str) -> None:
         """Keep the faithfulness scalars just logged (if the step scored any) for the summary printed when fit ends."""
         if faithfulness_rows(scalars) is not None:
             self._reported, self._not_scored = (scored_on, dict(scalars)), None
-
-    def _finite(self, scalars: dict[str, float], step: int) -> dict[str, float]:
-        """``scalars`` without the values that are not finite, which are named in a warning (once)."""
-        dropped = sorted(tag for tag, value in scalars.items() if not math.isfinite(value))
-        if dropped:
-            self._warn_once(f"non-finite scalars {dropped}",
-                            f"GAECallback: {dropped} came out not finite at step {step} and are not logged")
-        return {tag: value for tag, value in scalars.items() if tag not in dropped}
 
     def _scored_batches(self, trainer: Trainer, pl_module: LightningModule, subset: Any) -> Iterable[ScoredBatch]:
         return scored_batches(trainer, pl_module, subset, self._explain, self.faithfulness.max_batch,
@@ -566,18 +560,18 @@ class GAECallback(Callback):
     def _log(self, trainer: Trainer, step: int, inputs: Any, explanations: dict[str, Explanation],
              maps: dict[str, Tensor], scalars: dict[str, float], views: dict[str, SetInput] | None = None,
              rows: dict[str, dict[str, Tensor]] | None = None) -> None:
-        found = writers(trainer)
-        for logger in trainer.loggers:
-            logger.log_metrics(scalars, step=step)
-        if found:
+        found, images = writers(trainer), image_loggers(trainer)
+        log_scalars(trainer, scalars, step, self._warn_once)
+        if found or images:  # the pictures are drawn for TensorBoard and the loggers that take pictures
             shown = display_input(inputs) if views is None else views[next(iter(explanations.values())).query_set].shown
-            self._views.write(
+            pictures = self._views.write(
                 found, step, modality=self._run.modality, inputs=inputs, shown=shown,
                 sample_indices=self._run.shown, explanations=explanations, maps=maps, scalars=scalars,
                 curves=self._curves, labels=self._run.labels,
                 class_names=class_names(trainer), sets=views, rows=rows,
                 last=trainer.state.fn != "fit" or final_explanation(trainer),
             )
+            log_pictures(images, pictures, step, self._warn_once)
 
     # --- checkpointing --------------------------------------------------------------------------
 

@@ -290,8 +290,9 @@ class TensorBoardViews(StepViews):
         sets: Mapping[str, SetInput] | None = None,
         rows: Mapping[str, Mapping[str, Tensor]] | None = None,
         last: bool = True,
-    ) -> None:
-        """Write one step.
+    ) -> dict[str, np.ndarray]:
+        """Write one step; returns its pictures, ``tag -> uint8 [h, w, 3]`` (the Images tab's), for the loggers that
+        are not TensorBoard (``writers`` may be empty: the pictures are drawn all the same).
 
         Args:
             writers: ``SummaryWriter``s (``torch.utils.tensorboard``), e.g. ``TensorBoardLogger.experiment``.
@@ -317,10 +318,10 @@ class TensorBoardViews(StepViews):
         if not explanations:
             raise ValueError("TensorBoardViews.write needs at least one explanation")
         if sets is not None:
-            values, inputs_values = self._set_values(writers, sets, sample_indices, explanations, rows, labels,
-                                                     class_names)
+            values, inputs_values, pictures = self._set_values(writers, sets, sample_indices, explanations, rows,
+                                                               labels, class_names)
             self._finish(writers, step, explanations, scalars, curves, values, inputs_values)
-            return
+            return pictures
         inputs = map_tensors(inputs, lambda t: t.detach().cpu())
         shown = shown.detach().cpu()
         first = next(iter(explanations.values()))
@@ -334,6 +335,7 @@ class TensorBoardViews(StepViews):
 
         values: list[Summary.Value] = []
         inputs_values: list[Summary.Value] = []
+        pictures: dict[str, np.ndarray] = {}
         # The inputs go once to each writer: only drawn while some writer has not had them.
         need_inputs = any(_writer_key(w) not in self._inputs_written for w in writers)
         for k, index in enumerate(sample_indices):
@@ -345,7 +347,9 @@ class TensorBoardViews(StepViews):
                 self.add_column(modality, shown[k], index, step, shown_maps, ranges, k, header)
                 if self.strip_due(index, last):
                     images[f"gae_evolution/{name}"] = self.evolution(index)
-            values.extend(_image_value(tag, bounded(picture)) for tag, picture in images.items())
+            images = {tag: bounded(picture) for tag, picture in images.items()}
+            pictures.update(images)
+            values.extend(_image_value(tag, picture) for tag, picture in images.items())
             if not isinstance(modality, ImageTokens):
                 # TensorBoard's own text summary: SummaryWriter.add_text would append "/text_summary" to the tag.
                 table = self.markdown(modality, shown, inputs, k, shown_maps, header)
@@ -359,17 +363,18 @@ class TensorBoardViews(StepViews):
                                               metadata.encode("relevance", sample=index, method=method, space=space,
                                                               order=order)))
         self._finish(writers, step, explanations, scalars, curves, values, inputs_values)
+        return pictures
 
-    def write_strips(self, writers: Sequence[Any], step: int) -> None:
+    def write_strips(self, writers: Sequence[Any], step: int) -> dict[str, np.ndarray]:
         """The ``gae_evolution`` strips whose newest columns were not written yet (a run that ended between the
-        steps :meth:`write` writes them at), at ``step``."""
-        values = [_image_value(f"gae_evolution/{sample_tag(index)}", bounded(self.evolution(index)))
-                  for index in sorted(self.history) if self.strip_due(index, last=True)]
-        if not values:
-            return
-        for writer in writers:
+        steps :meth:`write` writes them at), at ``step``; returned as ``tag -> picture`` for the other loggers."""
+        pictures = {f"gae_evolution/{sample_tag(index)}": bounded(self.evolution(index))
+                    for index in sorted(self.history) if self.strip_due(index, last=True)}
+        values = [_image_value(tag, picture) for tag, picture in pictures.items()]
+        for writer in writers if values else ():
             writer._get_file_writer().add_summary(Summary(value=values), step)
             writer.flush()
+        return pictures
 
     def write_scores(self, writers: Sequence[Any], step: int, scalars: Mapping[str, float],
                      curves: Curves | None = None) -> None:
@@ -437,8 +442,9 @@ class TensorBoardViews(StepViews):
 
     def _set_values(self, writers: Sequence[Any], sets: Mapping[str, SetInput], sample_indices: Sequence[int],
                     explanations: Mapping[str, Explanation], rows: Mapping[str, Mapping[str, Tensor]] | None,
-                    labels: Tensor | None, class_names: Sequence[str] | None) -> tuple[list[Summary.Value], list[Summary.Value]]:
-        """Pictures and text of every token set written; the dashboard's tensors and the inputs' tensors returned."""
+                    labels: Tensor | None, class_names: Sequence[str] | None
+                    ) -> tuple[list[Summary.Value], list[Summary.Value], dict[str, np.ndarray]]:
+        """Every token set's pictures and text, the dashboard's tensors and the inputs' tensors; and the pictures."""
         first = next(iter(explanations.values()))
         query_modality = sets[first.query_set].modality if first.query_set in sets else None
         if (class_names is None and rows is not None and isinstance(query_modality, TextTokens)
@@ -449,11 +455,13 @@ class TensorBoardViews(StepViews):
         sets, raw, predictions, query_set = drawn["sets"], drawn["raw"], drawn["predictions"], drawn["query_set"]
         values: list[Summary.Value] = []
         inputs_values: list[Summary.Value] = []
+        pictures: dict[str, np.ndarray] = {}
         need_inputs = any(_writer_key(w) not in self._inputs_written for w in writers)
         for k, index in enumerate(sample_indices):
             label = None if labels is None or labels.dim() != 1 else int(labels[k])
             name = sample_tag(index)
             picture, table = drawn["pictures"][k]
+            pictures[f"gae_heatmaps/{name}"] = picture
             values.append(_image_value(f"gae_heatmaps/{name}", picture))
             if table:
                 values.extend(text_summary.text_pb(f"gae_tokens/{name}", table).value)
@@ -484,7 +492,7 @@ class TensorBoardViews(StepViews):
                                                   tensor[k].detach().float().cpu().numpy(),
                                                   metadata.encode("set_relevance", sample=index, method=method, set=x,
                                                                   space="rows", order=order)))
-        return values, inputs_values
+        return values, inputs_values, pictures
 
     # --- the dashboard's input summary ----------------------------------------------------------
 

@@ -48,3 +48,37 @@ def test_evolution_strips_come_every_evolution_length_steps_and_at_the_last_show
     # A strip with empty columns (step 5 alone) has the size of a full one.
     sizes = {(e.height, e.width) for e in read_events(tmp_path / "fresh").Images("gae_evolution/val_0")}
     assert len(sizes) == 1
+
+
+def test_write_returns_the_pictures_it_writes_also_without_a_writer(tmp_path, read_events):
+    # The loggers that are not TensorBoard get these (lightning_gae/callbacks/_loggers.py): the same pixels.
+    import io
+
+    import numpy as np
+    import torch
+    from PIL import Image
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lightning_gae import explain
+    from lightning_gae.modalities import ImageTokens
+    from lightning_gae.tensorboard import TensorBoardViews
+    from tests.helpers.models import small_vit
+
+    torch.manual_seed(0)
+    model, x = small_vit(), torch.rand(2, 1, 8, 8)
+    arguments = dict(modality=ImageTokens(patch_size=2), inputs=x, shown=x, sample_indices=[3, 5],
+                     explanations={"gae": explain(model, x)})
+    writer = SummaryWriter(str(tmp_path))
+    written = TensorBoardViews(evolution_length=2).write([writer], 1, last=False, **arguments)
+    writer.close()
+    alone = TensorBoardViews(evolution_length=2)
+    drawn = alone.write([], 1, last=False, **arguments)
+    assert sorted(drawn) == sorted(written) == ["gae_heatmaps/val_3", "gae_heatmaps/val_5"]
+    events = read_events(tmp_path)
+    for tag, picture in drawn.items():
+        assert picture.dtype == np.uint8 and picture.shape[2] == 3
+        np.testing.assert_array_equal(written[tag], picture)
+        logged = np.asarray(Image.open(io.BytesIO(events.Images(tag)[-1].encoded_image_string)))
+        np.testing.assert_array_equal(logged, picture)
+    strips = alone.write_strips([], 1)
+    assert sorted(strips) == ["gae_evolution/val_3", "gae_evolution/val_5"] and alone.write_strips([], 1) == {}
