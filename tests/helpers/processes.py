@@ -64,8 +64,11 @@ def interrupt_python(args: Sequence[str], cwd: str | Path, when: str, timeout: f
     import threading
     import time
 
+    # SIGINT as a terminal leaves it: a shell's background job (`pytest ... &`) starts with SIGINT ignored, which the
+    # child would inherit, and Python installs no KeyboardInterrupt handler for an ignored signal.
     proc = subprocess.Popen([sys.executable, *map(str, args)], cwd=cwd, env=python_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                            stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     out: list[bytes] = []
     err: list[bytes] = []
     seen = threading.Event()
