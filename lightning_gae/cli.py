@@ -191,9 +191,10 @@ def _regions(choice: str, datamodule: Any, callback: Any) -> Any:
     if choice in ("auto", "callback") and declared is not None and declared.regions:
         return declared
     if choice in ("auto", "data"):
-        found = getattr(datamodule, "regions", None) or getattr(datamodule, "region", None)
-        if found is not None:
-            found = [found] if not isinstance(found, (list, tuple)) else list(found)
+        from lightning_gae.modalities.regions import regions_of
+
+        found = regions_of(datamodule)
+        if found:
             return RegionOptions(regions=found, top_k=None if declared is None else declared.top_k)
     if choice != "auto":
         where = "the config's GAECallback declares no regions" if choice == "callback" else \

@@ -226,6 +226,8 @@ class RegionOptions:
         rise: the rise of that share since the run's first explanation step that raises it; None: never by rise.
         top_k: how many of the most relevant tokens the recall counts; None: as many as the region has.
         stop_on_shortcut: also stop training (``trainer.should_stop``) when an alert is raised.
+        from_data: also the regions the datamodule declares (its ``region`` or ``regions`` attribute, as the shortcut
+            recipes' data modules do), read when fit starts: what a YAML config uses, since it cannot build a mask.
 
     Raises:
         ValueError: something that is not a ``Region``, two regions with one name, a threshold or rise outside
@@ -237,6 +239,7 @@ class RegionOptions:
     rise: float | None = None
     top_k: int | None = None
     stop_on_shortcut: bool = False
+    from_data: bool = False
 
     def __post_init__(self) -> None:
         self.regions = tuple(self.regions)

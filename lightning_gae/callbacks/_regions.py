@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -21,13 +21,13 @@ from torch import Tensor, nn
 from lightning_gae._structures import map_tensors
 from lightning_gae.metrics.functional.health import not_better_than_random
 from lightning_gae.metrics.functional.regions import region_recall, region_removal_drop, region_share
-from lightning_gae.modalities.regions import Region, region_token_mask, region_valid_tokens
+from lightning_gae.modalities.regions import Region, region_token_mask, region_valid_tokens, regions_of
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.options import RegionOptions
 from lightning_gae.tensorboard.summary import faithfulness_rows, write_alerts
 
-__all__ = ["RegionAlert", "announce", "due_alerts", "faithfulness_beside", "new_alerts", "region_masks", "region_scalars",
+__all__ = ["RegionAlert", "announce", "due_alerts", "with_data_regions", "faithfulness_beside", "new_alerts", "region_masks", "region_scalars",
            "removal_verdict", "share_tag"]
 
 
@@ -178,3 +178,16 @@ def announce(trainer: Trainer, writers: list[Any], step: int, alerts: list[Regio
         rank_zero_warn(f"GAECallback: {alert.text()}")
         trainer.should_stop = trainer.should_stop or stop
     write_alerts(writers, step, [(alert.region, alert.method, alert.markdown()) for alert in found])
+
+
+def with_data_regions(options: RegionOptions, datamodule: Any) -> RegionOptions:
+    """``options`` with the datamodule's regions added where ``from_data`` asks for them (read once: the result no
+    longer asks); unchanged otherwise."""
+    if not options.from_data:
+        return options
+    found = regions_of(datamodule)
+    if not found:
+        raise ValueError(f"GAECallback(regions=RegionOptions(from_data=True)): the datamodule "
+                         f"({type(datamodule).__name__}) has no `region` or `regions` attribute; declare the regions "
+                         "with RegionOptions(regions=[Region(...)])")
+    return replace(options, regions=(*options.regions, *found), from_data=False)

@@ -25,7 +25,8 @@ from lightning_gae.callbacks._evaluation import checkpoint_step, logged_step, sc
 from lightning_gae.callbacks._distributed import Lockstep, RankFailed, check_strategy, from_rank_zero, gather_scores
 from lightning_gae.callbacks._health import Health
 from lightning_gae.callbacks._preflight import check_explanations
-from lightning_gae.callbacks._regions import RegionAlert, announce, new_alerts, region_masks, region_scalars
+from lightning_gae.callbacks._regions import (RegionAlert, announce, new_alerts, region_masks, region_scalars,
+                                              with_data_regions)
 from lightning_gae.callbacks._loggers import (elsewhere_lines, image_loggers, log_pictures, log_scalars, logger_note,
                                               only_dummy_loggers, writers)
 from lightning_gae.callbacks._report import run_summary
@@ -270,6 +271,7 @@ class GAECallback(Callback):
             check_explanations(self._run, trainer, pl_module, self._model_inputs(trainer, pl_module), self._explain,
                                self.modality, self.methods, self.target, self.query, self.faithfulness.metrics,
                                self.captum_baselines, self.engine, self._new_views)
+            self.regions = with_data_regions(self.regions, trainer.datamodule)
             if self.regions.regions:
                 if self._run.sets is not None:
                     raise ValueError("GAECallback(regions=RegionOptions(...)): the model has several token sets; regions "

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 
-__all__ = ["PATCH_SHARE", "REGION_KINDS", "Region", "region_token_mask", "region_valid_tokens",
+__all__ = ["PATCH_SHARE", "REGION_KINDS", "Region", "region_token_mask", "region_valid_tokens", "regions_of",
            "token_relevance"]
 
 REGION_KINDS: tuple[str, ...] = ("evidence", "suspect")
@@ -256,3 +256,16 @@ def _tabular_tokens(region: Region, modality: TabularTokens, features: Any) -> T
     inside = torch.zeros(features.shape[0], modality.prefix_tokens + len(names), dtype=torch.bool, device=features.device)
     inside[:, [modality.prefix_tokens + i for i in index]] = True
     return inside
+
+
+def regions_of(source: Any) -> list[Region]:
+    """The regions an object declares (a datamodule's ``region`` or ``regions`` attribute: one
+    :class:`Region` or a sequence of them); an empty list where it declares none."""
+    found = getattr(source, "regions", None) or getattr(source, "region", None)
+    if found is None:
+        return []
+    found = list(found) if isinstance(found, (list, tuple)) else [found]
+    wrong = [type(r).__name__ for r in found if not isinstance(r, Region)]
+    if wrong:
+        raise ValueError(f"{type(source).__name__}.region(s) holds {wrong}, not lightning_gae.modalities.regions.Region")
+    return found

@@ -97,3 +97,31 @@ def test_the_alert_fires_when_the_model_learns_the_spurious_word_and_not_without
     assert clean._alerts == []
     clean_events = read_events(clean_trainer.logger.log_dir)
     assert clean_events.scalar_events("region_share_spurious_word/gae")["region_share_spurious_word/gae"][-1][1] < 0.5
+
+
+@pytest.mark.slow
+def test_regions_from_data_are_the_datamodules_own_and_a_datamodule_without_them_is_refused(tmp_path, make_trainer,
+                                                                                            read_events):
+    # What a YAML config uses (configs/shortcut_*.yaml): it cannot build a Region, the data module has one.
+    seed_everything(0)
+    data = SpuriousReviewsDataModule(num_train=256, num_val=64, max_length=32, batch_size=64, seed=0)
+    callback = GAECallback(num_samples=4, methods=("gae",), modality=ReviewTokens(),
+                           faithfulness=FaithfulnessOptions(metrics=()), regions=RegionOptions(from_data=True))
+    trainer = make_trainer(tmp_path, [callback], name="from_data", max_epochs=1)
+    trainer.fit(ReviewClassifier(max_length=32, dim=32, depth=1, heads=2), datamodule=data)
+    assert [r.name for r in callback.regions.regions] == [data.region.name] and not callback.regions.from_data
+    tags = read_events(trainer.logger.log_dir).Tags()["scalars"]
+    assert f"region_share_{data.region.name}/gae" in tags and f"region_share_{data.region.name}/random" in tags
+
+    class NoRegion(SpuriousReviewsDataModule):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.region = None
+
+    callback = GAECallback(num_samples=4, methods=("gae",), modality=ReviewTokens(),
+                           faithfulness=FaithfulnessOptions(metrics=()), regions=RegionOptions(from_data=True))
+    trainer = make_trainer(tmp_path, [callback], name="no_region", max_epochs=1)
+    with pytest.raises(ValueError, match=r"RegionOptions\(from_data=True\)\): the datamodule \(NoRegion\) has no "
+                                         r"`region` or `regions` attribute"):
+        trainer.fit(ReviewClassifier(max_length=32, dim=32, depth=1, heads=2),
+                    datamodule=NoRegion(num_train=256, num_val=64, max_length=32, batch_size=64, seed=0))

@@ -676,18 +676,24 @@ function historyChart(entry, options = {}) {
     });
   }
   // One dashed line per mark; one "⚠" label per step, half-way up on a white halo (several alerts of a step share it).
+  // Labels of nearby steps go on rows below one another instead of over one another (about 7 px per character).
   const byStep = new Map();
   for (const mark of options.marks || []) byStep.set(mark.step, [...(byStep.get(mark.step) || []), mark]);
-  for (const [step, marks] of byStep) {
+  const rowEnds = [];
+  for (const [step, marks] of [...byStep].sort((a, b) => a[0] - b[0])) {
     const at = x(step);
+    const label = marks.length > 1 ? `⚠ ${marks.length} alerts` : `⚠ ${marks[0].method}`;
+    let row = rowEnds.findIndex((end) => end < at);
+    if (row < 0) row = rowEnds.push(0) - 1;
+    rowEnds[row] = at + 4 + 7 * label.length;
     const tip = `step ${step}: ${marks.map((m) => m.text).join(", ")}`;
     const drawn = marks.map((mark) => svg("line", {x1: String(at), x2: String(at), y1: String(top), y2: String(height - bottom),
                                                    stroke: "#c62828", "stroke-width": "1.5", "stroke-dasharray": "3 3",
                                                    class: "gae-alert-mark", "data-step": String(step), "data-method": mark.method}));
-    const sign = svg("text", {x: String(at + 4), y: String((top + height - bottom) / 2), fill: "#c62828",
+    const sign = svg("text", {x: String(at + 4), y: String((top + height - bottom) / 2 + 14 * row), fill: "#c62828",
                               stroke: "#ffffff", "stroke-width": "3", "paint-order": "stroke", class: "gae-alert-label",
                               "data-step": String(step)});
-    sign.textContent = marks.length > 1 ? `⚠ ${marks.length} alerts` : `⚠ ${marks[0].method}`;
+    sign.textContent = label;
     for (const target of [...drawn, sign]) {
       target.addEventListener("mousemove", (event) => showTip(event, tip));
       target.addEventListener("mouseleave", hideTip);
