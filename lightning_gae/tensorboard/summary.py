@@ -162,30 +162,30 @@ def rank_labels(scalars: Mapping[str, float]) -> dict[str, dict[str, str]]:
     return out
 
 
+def _write_marks(writers: Sequence[Any], step: int, text_tag: str, kind: str, names: tuple[str, str],
+                 entries: Sequence[tuple[str, str, str]]) -> None:
+    """A step's ``entries`` (``(first, second, markdown)``) as one Text tab entry under ``text_tag`` and, for the GAE
+    tab, one ``kind`` tensor each, tagged ``<prefix>/<kind>/<first>/<second>`` with ``names`` as its metadata keys."""
+    if not entries:
+        return
+    values = [_tensor_summary(f"{metadata.TAG_PREFIX}/{kind}/{a}/{b}", np.array([text.encode("utf-8")], dtype=object),
+                              metadata.encode(kind, **{names[0]: a, names[1]: b})) for a, b, text in entries]
+    for writer in writers:
+        writer.add_text(text_tag, "\n\n".join(text for _, _, text in entries), step)
+        writer._get_file_writer().add_summary(Summary(value=values), step)
+        writer.flush()
+
+
 def write_health(writers: Sequence[Any], step: int, flags: Sequence[tuple[str, str, str]]) -> None:
     """A step's flags (``(method, cause, markdown)``: an explanation that is not faithful) as one Text tab entry
     (``gae_health``) and, for the GAE tab, one ``flag`` tensor per method and cause."""
-    if not flags:
-        return
-    values = [_tensor_summary(f"{metadata.TAG_PREFIX}/flag/{method}/{cause}", np.array([text.encode("utf-8")], dtype=object),
-                              metadata.encode("flag", method=method, cause=cause)) for method, cause, text in flags]
-    for writer in writers:
-        writer.add_text("gae_health", "\n\n".join(text for _, _, text in flags), step)
-        writer._get_file_writer().add_summary(Summary(value=values), step)
-        writer.flush()
+    _write_marks(writers, step, "gae_health", "flag", ("method", "cause"), flags)
 
 
 def write_alerts(writers: Sequence[Any], step: int, alerts: Sequence[tuple[str, str, str]]) -> None:
     """A step's alerts (``(region, method, markdown)``: a suspect region took a method's relevance) as one Text tab
     entry (``gae_alerts``; the Text tab keeps one per tag and step) and, for the GAE tab, one ``alert`` tensor each."""
-    if not alerts:
-        return
-    values = [_tensor_summary(f"{metadata.TAG_PREFIX}/alert/{region}/{method}", np.array([text.encode("utf-8")], dtype=object),
-                              metadata.encode("alert", region=region, method=method)) for region, method, text in alerts]
-    for writer in writers:
-        writer.add_text("gae_alerts", "\n\n".join(text for _, _, text in alerts), step)
-        writer._get_file_writer().add_summary(Summary(value=values), step)
-        writer.flush()
+    _write_marks(writers, step, "gae_alerts", "alert", ("region", "method"), alerts)
 
 
 REGION_STATS = ("share", "recall")
