@@ -90,25 +90,28 @@ def _beside_random(metric: str, method: str, by_method: Mapping[str, tuple[float
     return f"{metric} {value:.4g} ± {error:.2g}{floor}"
 
 
-def _below_floor(metric: str, method: str, by_method: Mapping[str, tuple[float, float]]) -> bool:
-    """Not better than random beyond the errors; False where either has no standard error (nothing to tell by)."""
+def _with_floor(method: str, by_method: Mapping[str, tuple[float, float]]) -> tuple[tuple[float, float], ...] | None:
+    """``(method's (value, error), random's)``, or None where either is missing or not finite (nothing to tell by)."""
     if "random" not in by_method or method not in by_method:
-        return False
-    (value, error), (floor, floor_error) = by_method[method], by_method["random"]
-    if not all(math.isfinite(x) for x in (value, error, floor, floor_error)):
-        return False
-    return not_better_than_random(value, error, floor, floor_error, higher_is_better(metric))
+        return None
+    pair = by_method[method], by_method["random"]
+    return pair if all(math.isfinite(x) for x in (*pair[0], *pair[1])) else None
+
+
+def _below_floor(metric: str, method: str, by_method: Mapping[str, tuple[float, float]]) -> bool:
+    """Not better than random beyond the errors; False where either has no standard error."""
+    pair = _with_floor(method, by_method)
+    return pair is not None and not_better_than_random(*pair[0], *pair[1], higher_is_better(metric))
 
 
 def _beats_floor(metric: str, method: str, by_method: Mapping[str, tuple[float, float]]) -> bool:
-    """Better than random beyond the errors (False without standard errors)."""
-    if "random" not in by_method or method not in by_method:
+    """Better than random beyond the errors; False where either has no standard error."""
+    pair = _with_floor(method, by_method)
+    if pair is None:
         return False
-    scored, floor = by_method[method], by_method["random"]
-    if not all(math.isfinite(x) for x in (*scored, *floor)):
-        return False
-    good_side = scored[0] > floor[0] if higher_is_better(metric) else scored[0] < floor[0]
-    return good_side and differs_beyond_stderr(*scored, *floor)
+    (value, _), (floor, _) = pair
+    good_side = value > floor if higher_is_better(metric) else value < floor
+    return good_side and differs_beyond_stderr(*pair[0], *pair[1])
 
 
 def _worse(metric: str, scored: tuple[float, float], floor: tuple[float, float]) -> bool:
