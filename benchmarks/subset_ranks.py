@@ -129,6 +129,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dim", type=int, default=64, help="the ViT's width (the main job's: 64)")
     parser.add_argument("--depth", type=int, default=4, help="its blocks (the main job's: 4)")
+    parser.add_argument("--output", help="add this run's medians to this JSON file ({'subset_ranks': [...]}, one row per "
+                                         "model size, strategy and process count; a row measured again is replaced)")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--train", help=argparse.SUPPRESS)
     parser.add_argument("--weights", help=argparse.SUPPRESS)
@@ -166,6 +168,15 @@ def main() -> None:
     print(f"the same scores and standard errors on both: {same}")
     for tag in sorted(last[1]["scores"]):
         print(f"  {tag}: {last[1]['scores'][tag]:.4f} / {last[args.processes]['scores'][tag]:.4f}")
+    if args.output:
+        row = {"dim": args.dim, "depth": args.depth, "strategy": args.strategy, "processes": n, "repeats": args.repeats,
+               "one": {"seconds": one, "cpu_seconds": one_cpu}, "many": {"seconds": many, "cpu_seconds": many_cpu},
+               "same_scores": same}
+        path = Path(args.output)
+        rows = json.loads(path.read_text())["subset_ranks"] if path.exists() else []
+        key = ("dim", "depth", "strategy", "processes")
+        rows = [r for r in rows if any(r[k] != row[k] for k in key)] + [row]
+        path.write_text(json.dumps({"subset_ranks": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
