@@ -352,6 +352,11 @@ def compare_main(argv: Sequence[str]) -> None:
     for name in ("num_samples", "batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1; got {getattr(args, name)}")
+    if args.config is not None and not Path(args.config).is_file():
+        parser.error(f"--config {args.config}: no such file; give the LightningCLI YAML the model was fit with")
+    if not Path(args.ckpt_path).is_file():
+        parser.error(f"--ckpt_path {args.ckpt_path}: no such file; give a checkpoint of the fit, e.g. "
+                     "<save_dir>/<name>/version_0/checkpoints/last.ckpt")
     bars = _MethodBars(args.methods)
     try:
         _compare(args, bars)

@@ -3,6 +3,7 @@ from the working directory; ``lightning-gae compare`` on checkpoints of the main
 with several token sets, fit briefly here."""
 
 import json
+import re
 import os
 
 import matplotlib.image
@@ -385,3 +386,33 @@ def test_the_cli_compares_the_shortcut_recipes_region(tmp_path, monkeypatch, cap
     with pytest.raises(ValueError, match="--regions callback: the config's GAECallback declares no regions"):
         main(["compare", "--config", str(small), "--ckpt_path", str(checkpoint), "--output", "cb", "--num_samples", "4",
               "--methods", "gae", "--regions", "callback"])
+
+
+# --- issue 34 item 5: compare's arguments at their edges (each exits 2 with argparse's usage and what was wrong) -----
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--ckpt_path", "missing.ckpt"], r"--ckpt_path missing\.ckpt: no such file; give a checkpoint of the fit"),
+    (["--ckpt_path", "x.ckpt", "--methods", "nope"], r"argument --methods: invalid choice: 'nope' \(choose from 'gae'"),
+    (["--ckpt_path", "x.ckpt", "--metrics", "nope"], r"argument --metrics: invalid choice: 'nope' \(choose from"),
+    (["--ckpt_path", "x.ckpt", "--num_samples", "0"], r"--num_samples must be >= 1; got 0"),
+    (["--ckpt_path", "x.ckpt", "--num_samples", "-3"], r"--num_samples must be >= 1; got -3"),
+    (["--ckpt_path", "x.ckpt", "--protocol", "nope"], r"argument --protocol: invalid choice: 'nope' \(choose from 'predicted', 'target'\)"),
+    ([], r"the following arguments are required: --ckpt_path"),
+])
+def test_compare_refuses_bad_arguments_naming_them(arguments, message, tmp_path, monkeypatch, capsys):
+    # A missing checkpoint was a FileNotFoundError traceback after the model and data were built.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main(["compare", "--config", str(ROOT / "configs" / "vit_digits.yaml"), "--output", "out", *arguments])
+    assert stopped.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_compare_and_validate_name_a_config_that_does_not_exist(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    for subcommand in (["compare", "--ckpt_path", "x.ckpt", "--output", "out"], ["validate"]):
+        with pytest.raises(SystemExit) as stopped:
+            main([*subcommand, "--config", "missing.yaml"])
+        assert stopped.value.code == 2
+        assert "missing.yaml" in capsys.readouterr().err

@@ -412,6 +412,10 @@ def explain_methods(
         raise ValueError(f"method={unknown[0] if unknown else methods!r}; choose one of {METHODS + LRP_METHODS}")
     model = _unwrap_compiled(model)
     _pooling_warning(model, query)
+    # A target or query made under torch.inference_mode (an answer row's label) cannot index the graph's tensors:
+    # copies made outside it can (the inputs are copied so by readout.explaining).
+    with torch.inference_mode(False):
+        target, query = (map_tensors(v, lambda t: t.clone() if t.is_inference() else t) for v in (target, query))
     lrp_runs = {"attnlrp": lambda: attnlrp.explain(model, inputs, target, query, embedding_layer),
                 "transformer_attribution": lambda: transformer_attribution.explain(model, inputs, target, query, embedding_layer)}
     found: dict[str, Explanation] = {m: lrp_runs[m]() for m in methods if m in lrp_runs}

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_gae.engine.explain import LRP_METHODS, METHODS, explain
+from lightning_gae.engine.readout import check_inputs
 
 __all__ = ["GenerationExplanation", "explain_generation"]
 
@@ -55,9 +56,15 @@ class GenerationExplanation:
 
 
 def _prompt_mask(inputs: Mapping[str, Any]) -> tuple[Tensor, Tensor]:
-    ids = inputs.get("input_ids")
+    ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else None
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.is_floating_point():
-        raise ValueError("explain_generation(inputs=...) needs a mapping with 'input_ids' [B, P] (a tokenizer's output)")
+        got = type(inputs).__name__ if ids is None else (type(ids).__name__ if not isinstance(ids, Tensor)
+                                                          else f"input_ids {ids.dtype} {list(ids.shape)}")
+        raise ValueError(f"explain_generation(inputs=...) needs a mapping with 'input_ids' [B, P] (a tokenizer's "
+                         f"output, return_tensors='pt'); got {got}")
+    if ids.shape[1] == 0:
+        raise ValueError(f"explain_generation: the prompts hold no token (input_ids {list(ids.shape)}); a decoder "
+                         "generates after the last prompt token, so give each prompt at least one (e.g. the BOS token)")
     mask = inputs.get("attention_mask")
     mask = torch.ones_like(ids) if mask is None else mask.to(ids.device).long()
     if mask.shape != ids.shape:
@@ -95,17 +102,26 @@ def explain_generation(
         ``explain(model, sequence_b, query=positions[b, j], target=generated[b, j]).tokens``.
 
     Raises:
-        ValueError: a model without ``generate``, inputs without ``input_ids``, prompts padded on the
-            right, ``max_new_tokens`` or ``max_batch`` below 1, or an unknown method.
+        ValueError: a model without ``generate`` or with ``generation_config=None``, inputs without ``input_ids``,
+            an empty batch or prompts of no token, prompts padded on the right, ``max_new_tokens`` or ``max_batch``
+            that is no int >= 1, an unknown method, or what :func:`lightning_gae.explain` refuses (a model on the
+            meta device, a model whose output is NaN or inf).
     """
     if method not in METHODS + LRP_METHODS:
         raise ValueError(f"method={method!r}; choose one of {METHODS + LRP_METHODS}")
+    for name, value in (("max_new_tokens", max_new_tokens), ("max_batch", max_batch)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"explain_generation({name}={value!r}): pass an int >= 1")
     if max_new_tokens < 1 or max_batch < 1:
         raise ValueError(f"max_new_tokens ({max_new_tokens}) and max_batch ({max_batch}) must be >= 1")
     if not callable(getattr(model, "generate", None)):
         raise ValueError(f"{type(model).__name__} has no generate(): explain_generation needs a causal LM (e.g. a Hugging "
                          "Face *ForCausalLM); for one given continuation call explain(..., query=position) per token")
     ids, mask = _prompt_mask(inputs)
+    check_inputs(model, {"input_ids": ids})  # the meta device and an empty batch, before generate() fails on them
+    if getattr(model, "generation_config", True) is None:
+        raise ValueError(f"{type(model).__name__}.generation_config is None: generate() needs one; set "
+                         "model.generation_config = transformers.GenerationConfig.from_model_config(model.config)")
     options = {"do_sample": False, **dict(generate_kwargs or {})}
     was_training = model.training
     model.eval()

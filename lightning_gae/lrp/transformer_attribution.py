@@ -460,6 +460,13 @@ def _explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_l
                              f"nn.MultiheadAttention) depending on the inputs of {type(model).__name__}")
         probs = [as_heads(p) for p in capture.probs]
         batch, num_tokens = probs[0].shape[0], probs[0].shape[-1]
+        other = next((i for i, p in enumerate(probs) if p.shape[-2:] != (num_tokens, num_tokens)), None)
+        if other is not None:
+            raise ValueError(
+                f"method={METHOD!r} explains one token set, one sequence's self-attention over {num_tokens} tokens; "
+                f"attention at {capture.paths[other] or '<model>'!r} reads {probs[other].shape[-2]} queries over "
+                f"{probs[other].shape[-1]} keys (a cross-attention or a second token set). Use method='gae' for "
+                "encoder-decoders, two towers and co-attention (docs/troubleshooting.md#lrp-several-token-sets)")
         logits = model_logits(output)
         keep = keep_mask(kwargs, batch, num_tokens)
         keep = torch.ones(batch, num_tokens, dtype=torch.bool, device=probs[0].device) if keep is None else keep.to(probs[0].device)

@@ -24,6 +24,7 @@ from recipes.digits import DigitsDataModule
 from recipes.vit import Block, ViTClassifier
 from tests.helpers.hf_modules import Batches, TextByName, ids_and_mask, tiny_bert
 from tests.helpers.models import RankOneFails, small_vit
+from tests.helpers.processes import TENSOR_PARALLEL_SCRIPT
 from tests.helpers.private import _Failures
 from tests.helpers.trainer import EPOCH_END_STEPS, CPUFSDPStrategy, heatmap_tag, no_skipped_explanation
 
@@ -283,28 +284,6 @@ def test_the_lrp_methods_under_fsdp2_leave_training_as_it_was_on_one_process(tmp
         assert trainer.state.finished
         losses.append(model.losses)
     assert losses[0] == losses[1] and len(losses[0]) == 4
-
-
-TENSOR_PARALLEL_SCRIPT = """
-    import json, sys
-    import torch
-    from lightning.pytorch import Trainer
-    from lightning.pytorch.strategies import ModelParallelStrategy
-    from lightning_gae.callbacks import GAECallback
-    from recipes.digits import DigitsDataModule
-    from tests.helpers.models import RankOneFails, small_vit
-
-    trainer = Trainer(logger=False, callbacks=[GAECallback()], accelerator="cpu", devices=2, max_epochs=1,
-                      strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),
-                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
-    try:
-        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
-        stopped = None
-    except ValueError as err:
-        stopped = str(err)
-    with open(f"{sys.argv[1]}/rank_{trainer.global_rank}.json", "w") as f:
-        json.dump({"stopped": stopped, "steps": trainer.global_step}, f)
-"""
 
 
 @pytest.mark.slow

@@ -18,8 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_gae import ImageTokens, TabularTokens, TextTokens, display
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from recipes.digits import DigitsDataModule
-from recipes.vit import ViTClassifier
-from tests.helpers.models import small_vit
+from tests.helpers.models import MeanPooledViT, small_vit
 from tests.helpers.trainer import EPOCH_END_STEPS, assert_heatmaps_at_steps, no_skipped_explanation
 
 
@@ -212,24 +211,13 @@ def test_tabular_tokens_without_means_and_with_metrics_are_refused_when_the_call
 # --- a ViT without a CLS token -------------------------------------------------------------------
 
 
-class _MeanPooledViT(ViTClassifier):
-    """The recipe ViT without its CLS token: the head reads the mean of the 16 patch tokens."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        vit = self.model
-        tokens = vit.patch_embed(x).flatten(2).transpose(1, 2) + vit.pos_embed[:, 1:]
-        for block in vit.blocks:
-            tokens = block(tokens)
-        return vit.head(vit.norm(tokens).mean(dim=1))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("query", [0, "mean"])
 def test_an_image_modality_without_cls_read_at_token_0_warns_to_use_the_mean(tmp_path, query, make_trainer,
                                                                             read_events):
     # Issue 10 item 17: token 0 of a model without CLS is a patch, not what the head reads.
     seed_everything(0)
-    model = _MeanPooledViT(dim=32, depth=2, heads=2)
+    model = MeanPooledViT(dim=32, depth=2, heads=2)
     callback = GAECallback(num_samples=2, methods=["gae"], query=query,
                            modality=ImageTokens(patch_size=2, prefix_tokens=0),
                            faithfulness=FaithfulnessOptions(metrics=[]))

@@ -14,7 +14,7 @@ import lightning_gae as lg
 from lightning_gae.engine.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.engine.rules import avg_heads
 from tests.helpers.explain import METHODS, assert_matches_reference, logit_score, padded_ids
-from tests.helpers.models import TinyViT, hf_reference, vit_reference
+from tests.helpers.models import PrototypeViT, TinyViT, hf_reference, vit_reference
 from tests.helpers.private import _attended, _relevance_row
 
 transformers = pytest.importorskip("transformers")
@@ -198,25 +198,6 @@ def test_the_no_attention_error_of_a_model_without_softmax_attention():
 
 
 # --- item 13: a softmax -> matmul that is not attention ----------------------------------------
-
-
-class PrototypeViT(TinyViT):
-    """TinyViT whose head soft-assigns features to learned prototypes: ``softmax(f @ P.T) @ M``."""
-
-    def __init__(self, per_token: bool) -> None:
-        super().__init__()
-        self.per_token = per_token
-        self.prototypes = nn.Parameter(torch.randn(6, 32))
-        self.prototype_logits = nn.Parameter(torch.randn(6, 5))
-
-    def forward(self, x):
-        x = self.embed(x).flatten(2).transpose(1, 2)
-        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
-        for block in self.blocks:
-            x = block(x)
-        features = self.norm(x) if self.per_token else self.norm(x)[:, 0]  # [B, N, D] or [B, D]
-        logits = (features @ self.prototypes.T).softmax(dim=-1) @ self.prototype_logits
-        return logits[:, 0] if self.per_token else logits
 
 
 @pytest.mark.parametrize("per_token", [False, True], ids=["cls_feature", "every_token"])

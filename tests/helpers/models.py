@@ -416,3 +416,33 @@ def tiny_hf_bert(device: torch.device | str = "cpu", layers: int = 2):
     mask = torch.ones_like(ids)
     mask[1, -6:] = 0  # padding
     return model, {"input_ids": ids, "attention_mask": mask}
+
+
+class PrototypeViT(TinyViT):
+    """TinyViT whose head soft-assigns features to learned prototypes: ``softmax(f @ P.T) @ M``."""
+
+    def __init__(self, per_token: bool) -> None:
+        super().__init__()
+        self.per_token = per_token
+        self.prototypes = nn.Parameter(torch.randn(6, 32))
+        self.prototype_logits = nn.Parameter(torch.randn(6, 5))
+
+    def forward(self, x):
+        x = self.embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        features = self.norm(x) if self.per_token else self.norm(x)[:, 0]  # [B, N, D] or [B, D]
+        logits = (features @ self.prototypes.T).softmax(dim=-1) @ self.prototype_logits
+        return logits[:, 0] if self.per_token else logits
+
+
+class MeanPooledViT(ViTClassifier):
+    """The recipe ViT without its CLS token: the head reads the mean of the 16 patch tokens."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        vit = self.model
+        tokens = vit.patch_embed(x).flatten(2).transpose(1, 2) + vit.pos_embed[:, 1:]
+        for block in vit.blocks:
+            tokens = block(tokens)
+        return vit.head(vit.norm(tokens).mean(dim=1))

@@ -113,3 +113,27 @@ def run_script(directory: Path, source: str, timeout: float = 240) -> subprocess
     done = run_python([script, directory], cwd=directory, timeout=timeout)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     return done
+
+
+# A Trainer on two CPU processes with tensor parallelism, which GAECallback refuses in setup; each rank writes what
+# stopped it to rank_<r>.json in argv[1].
+TENSOR_PARALLEL_SCRIPT = """
+    import json, sys
+    import torch
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from lightning_gae.callbacks import GAECallback
+    from recipes.digits import DigitsDataModule
+    from tests.helpers.models import RankOneFails, small_vit
+
+    trainer = Trainer(logger=False, callbacks=[GAECallback()], accelerator="cpu", devices=2, max_epochs=1,
+                      strategy=ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=2),
+                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    try:
+        trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+        stopped = None
+    except ValueError as err:
+        stopped = str(err)
+    with open(f"{sys.argv[1]}/rank_{trainer.global_rank}.json", "w") as f:
+        json.dump({"stopped": stopped, "steps": trainer.global_step}, f)
+"""

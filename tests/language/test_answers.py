@@ -107,3 +107,55 @@ def test_bad_inputs_say_what_to_do(llama, batch):
         explain_answers(llama, _inputs(batch), batch["labels"], method="nope")
     with pytest.raises(ValueError, match="target="):
         explain_answers(llama, _inputs(batch), batch["labels"], target="gold")
+
+
+# --- issue 34 item 5: the edges of the arguments ---------------------------------------------------------------
+
+
+def test_empty_batches_and_batches_without_answers_give_empty_rows(llama, batch):
+    inputs, labels = _inputs(batch), batch["labels"]
+    empty = explain_answers(llama, {k: v[:0] for k, v in inputs.items()}, labels[:0])
+    assert empty.relevance.shape == (0, 0, labels.shape[1])
+    none = explain_answers(llama, inputs, torch.full_like(labels, -100))
+    assert none.relevance.shape == (labels.shape[0], 0, labels.shape[1]) and not none.valid.any()
+    padding = explain_answers(llama, {**inputs, "attention_mask": torch.zeros_like(labels)}, torch.full_like(labels, -100))
+    assert padding.relevance.numel() == 0
+
+
+def test_wrong_types_say_what_to_pass(llama, batch):
+    with pytest.raises(ValueError, match=r"labels must be integer \[B, T\].*got list"):
+        explain_answers(llama, _inputs(batch), batch["labels"].tolist())
+    with pytest.raises(ValueError, match=r"labels must be integer \[B, T\]"):
+        explain_answers(llama, _inputs(batch), batch["labels"].float())
+    with pytest.raises(ValueError, match=r"target=1; use 'label'"):
+        explain_answers(llama, _inputs(batch), batch["labels"], target=1)
+    with pytest.raises(ValueError, match=r"max_batch must be >= 1; got 0"):
+        explain_answers(llama, _inputs(batch), batch["labels"], max_batch=0)
+    with pytest.raises(ValueError, match=r"out of range for \d+ classes"):
+        explain_answers(llama, _inputs(batch), torch.where(batch["labels"] >= 0, batch["labels"] + 10_000, -100))
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_inside_no_grad_and_inference_mode_equals_outside(llama, batch, context):
+    # Under inference_mode the answer rows' labels were inference tensors, and explain() raised "Inference tensors
+    # cannot be saved for backward" when it gathered the logits at them.
+    outside = explain_answers(llama, _inputs(batch), batch["labels"])
+    with context():
+        inside = explain_answers(llama, _inputs(batch), batch["labels"])
+    torch.testing.assert_close(inside.relevance, outside.relevance)
+
+
+def test_meta_a_diverged_model_and_half_precision(llama, batch):
+    import copy
+
+    with torch.device("meta"):
+        meta = RecallLM(hidden_size=32, intermediate_size=64).model
+    with pytest.raises(ValueError, match="on the meta device"):
+        explain_answers(meta, _inputs(batch), batch["labels"])
+    broken = copy.deepcopy(llama)
+    with torch.no_grad():
+        next(p for p in broken.parameters() if p.dim() == 2)[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="the model has diverged"):
+        explain_answers(broken, _inputs(batch), batch["labels"])
+    half = explain_answers(copy.deepcopy(llama).to(torch.bfloat16), _inputs(batch), batch["labels"])
+    assert half.relevance.dtype == torch.float32 and half.relevance.isfinite().all()

@@ -95,3 +95,67 @@ def test_bad_inputs_say_what_to_do():
         explain_generation(torch.nn.Linear(2, 2), left_padded(), max_new_tokens=2)
     with pytest.raises(ValueError, match="method='lrp'"):
         explain_generation(model, left_padded(), max_new_tokens=2, method="lrp")
+
+
+# --- issue 34 item 5: the edges of the arguments ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("inputs, max_new_tokens, message", [
+    ({"input_ids": torch.ones(0, 5, dtype=torch.long)}, 2, r"the inputs hold no sample \(a batch of 0"),
+    ({"input_ids": torch.ones(2, 0, dtype=torch.long)}, 2, r"the prompts hold no token \(input_ids \[2, 0\]\).*BOS"),
+    (torch.ones(2, 5, dtype=torch.long), 2, r"needs a mapping with 'input_ids' \[B, P\].*got Tensor"),
+    ({"input_ids": [[3, 4]]}, 2, r"needs a mapping with 'input_ids'.*got list"),
+    (None, 1.5, r"max_new_tokens=1\.5\): pass an int >= 1"),
+    (None, "2", r"max_new_tokens='2'\): pass an int >= 1"),
+    (None, 0, r"max_new_tokens \(0\) and max_batch \(64\) must be >= 1"),
+    (None, -1, r"max_new_tokens \(-1\)"),
+])
+def test_arguments_that_cannot_be_explained_say_what_to_pass(inputs, max_new_tokens, message):
+    # Before: a reshape RuntimeError (0 prompts), an IndexError (prompts of 0 tokens), an AttributeError (a tensor),
+    # a TypeError ('2'), and 1.5 generated and explained as if it were 1.
+    with pytest.raises(ValueError, match=message):
+        explain_generation(llama(), left_padded() if inputs is None else inputs, max_new_tokens=max_new_tokens)
+
+
+def test_a_model_on_meta_or_without_a_generation_config_is_refused_before_generate():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**LLAMA))
+    with pytest.raises(ValueError, match="the model's parameters are on the meta device"):
+        explain_generation(model, left_padded(), max_new_tokens=2)  # a RuntimeError of generate() before
+    model = llama()
+    model.generation_config = None
+    with pytest.raises(ValueError, match=r"generation_config is None.*GenerationConfig\.from_model_config"):
+        explain_generation(model, left_padded(), max_new_tokens=2)  # an AttributeError of generate() before
+
+
+def test_all_padding_a_diverged_model_and_one_token_prompts():
+    mask = left_padded()["attention_mask"].clone()
+    mask[1] = 0
+    with pytest.raises(ValueError, match=r"prompts \[1\] end in padding"):
+        explain_generation(llama(), {**left_padded(), "attention_mask": mask}, max_new_tokens=2)
+    model = llama()
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="the model has diverged"):
+        explain_generation(model, left_padded(), max_new_tokens=2)
+    one = explain_generation(llama(), {"input_ids": torch.tensor([[5]])}, max_new_tokens=2)
+    assert one.relevance.shape == (1, 2, 3) and one.relevance.isfinite().all()
+
+
+@pytest.mark.parametrize("context", [torch.no_grad, torch.inference_mode])
+def test_inside_no_grad_and_inference_mode_equals_outside(context):
+    # Under inference_mode it raised "Inference tensors cannot be saved for backward" before.
+    model, inputs = llama(), left_padded()
+    outside = explain_generation(model, inputs, max_new_tokens=2)
+    with context():
+        inside = explain_generation(model, inputs, max_new_tokens=2)
+    torch.testing.assert_close(inside.relevance, outside.relevance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_is_explained_with_finite_relevance(dtype):
+    model = llama().to(dtype)
+    out = explain_generation(model, left_padded(), max_new_tokens=2)
+    assert out.relevance.dtype == torch.float32 and out.relevance.isfinite().all() and out.relevance.abs().sum() > 0
