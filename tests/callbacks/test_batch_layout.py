@@ -351,3 +351,51 @@ def test_the_forward_signature_decides_how_a_dataclass_is_passed():
     assert _fit_to_forward(TakesImageBatch(nn.Identity()), images) == (images,)
     with pytest.raises(ValueError, match=r"ImagesAsXDC.forward\(x\).*lambda batch: batch.pixel_values"):
         _fit_to_forward(ImagesAsXDC(nn.Identity()), images)
+
+
+class TakesTheTextBatch(HFModule):
+    def forward(self, batch: dict) -> Tensor:
+        return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
+
+def _logged(read_events, trainer) -> tuple[dict, dict]:
+    """Every scalar of the run and every tensor (the token tables with their relevance), read back."""
+    acc = read_events(trainer.logger.log_dir)
+    return acc.scalar_values(), {tag: acc.tensor(tag).tolist() for tag in acc.Tags()["tensors"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("padded", [False, True], ids=["no padding", "padded under the mask"])
+@pytest.mark.parametrize("captum", [()], ids=["attention methods"])
+def test_a_text_forward_taking_the_batch_logs_what_forward_by_name_logs(tmp_path, make_trainer, read_events, padded,
+                                                                        captum):
+    # The same BERT (batch 5, 7 tokens, hidden 32) called as forward(input_ids, attention_mask) and forward(batch):
+    # padding read from the batch's attention mask must leave out the same positions, so every scalar and every token
+    # table is the same. Padded ids are not the pad id: only the mask says they are padding.
+    def make(i):
+        ids = torch.randint(5, 50, (7,), generator=torch.Generator().manual_seed(i))
+        ids[0] = 2
+        mask = torch.ones(7, dtype=torch.long)
+        if padded and i % 3:
+            mask[6 - i % 3:] = 0
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor(i % 2)}
+
+    logged = []
+    for module in (TextByName, TakesTheTextBatch):
+        torch.manual_seed(0)
+        bert = tiny_bert(initializer_range=0.5)  # logits that depend on the tokens
+        callback = GAECallback(num_samples=3, methods=("gae", "raw_attention"), captum_baselines=captum,
+                               faithfulness=FaithfulnessOptions(samples=5), modality=lg.TextTokens(pad_id=0))
+        trainer = make_trainer(tmp_path / module.__name__, [callback], max_epochs=1)
+        loader = DataLoader(Batches(make, n=10), batch_size=5)
+        with no_skipped_explanation():
+            trainer.fit(module(bert), loader, loader)
+        logged.append(_logged(read_events, trainer))
+    (scalars, tables), (scalars_whole, tables_whole) = logged
+    assert set(SCORED) <= set(scalars) and len({v[0] for k, v in scalars.items() if k in SCORED}) > 1
+    assert scalars_whole == scalars
+    assert tables_whole == tables
+    # The token tables list the real tokens only: some tracked samples show fewer than 7 when padded.
+    rows = [sum(line.startswith("| ") for line in table.decode().splitlines()) - 2
+            for tag, table in tables.items() if tag.startswith("gae_tokens/")]
+    assert len(rows) == 3 and (min(rows) < 7 if padded else set(rows) == {7}), rows
