@@ -366,7 +366,8 @@ def _logged(read_events, trainer) -> tuple[dict, dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("padded", [False, True], ids=["no padding", "padded under the mask"])
-@pytest.mark.parametrize("captum", [()], ids=["attention methods"])
+@pytest.mark.parametrize("captum", [(), ("saliency", "input_x_gradient", "integrated_gradients")],
+                         ids=["attention methods", "and Captum baselines"])
 def test_a_text_forward_taking_the_batch_logs_what_forward_by_name_logs(tmp_path, make_trainer, read_events, padded,
                                                                         captum):
     # The same BERT (batch 5, 7 tokens, hidden 32) called as forward(input_ids, attention_mask) and forward(batch):
