@@ -1,13 +1,15 @@
 """Batch plumbing every layer shares: walking nested inputs, calling a model, reading its logits, picking rows.
 
 Inputs are whatever a model takes: a tensor (``model(x)``), a tuple (``model(*x)``) or a mapping of
-keyword arguments (``model(**x)``, Hugging Face style), possibly nested. Everything here works on
-that shape without knowing the model. No other module of the package is imported: every layer
+keyword arguments (``model(**x)``, Hugging Face style), possibly nested; a dataclass instance is walked
+through its fields (as Lightning moves such a batch to the device) and rebuilt with the same class.
+Everything here works on that shape without knowing the model. No other module of the package is imported: every layer
 builds on this one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Union
@@ -42,10 +44,31 @@ def model_logits(output: Any) -> Tensor | None:
     return None
 
 
+def batch_fields(x: Any) -> dict[str, Any] | None:
+    """The fields of a dataclass instance set by its ``__init__``, by name (the values themselves); None for
+    anything else, and for a dataclass that is also a mapping (Hugging Face's ``ModelOutput``), read by its keys."""
+    if not dataclasses.is_dataclass(x) or isinstance(x, (type, Mapping)):
+        return None
+    return {f.name: getattr(x, f.name) for f in dataclasses.fields(x) if f.init}
+
+
+def with_fields(x: Any, values: Mapping[str, Any]) -> Any:
+    """A mapping or dataclass instance ``x`` with the entries ``values`` replaced, the rest and the type kept.
+
+    A dataclass is rebuilt through its ``__init__`` (``dataclasses.replace``), so a frozen one works too.
+    """
+    if batch_fields(x) is not None:
+        return dataclasses.replace(x, **values)
+    return {**x, **values}
+
+
 def map_tensors(x: Any, fn: Callable[[Tensor], Tensor]) -> Any:
-    """``fn`` applied to every tensor of a nested tuple/list/namedtuple/mapping, the structure kept."""
+    """``fn`` applied to every tensor of a nested tuple/list/namedtuple/mapping/dataclass, the structure kept."""
     if isinstance(x, Tensor):
         return fn(x)
+    fields = batch_fields(x)
+    if fields is not None:
+        return with_fields(x, {k: map_tensors(v, fn) for k, v in fields.items()})
     if isinstance(x, Mapping):
         return {k: map_tensors(v, fn) for k, v in x.items()}
     if isinstance(x, (tuple, list)):
@@ -105,8 +128,10 @@ def first_tensor(inputs: Any) -> Tensor:
 
 
 def display_input(inputs: Any) -> Tensor:
-    """The tensor a person looks at: images (``pixel_values``), token ids (``input_ids``) or features; inside a
-    tuple, its first item's (``(batch,)`` for a module whose forward takes the batch mapping itself)."""
+    """The tensor a person looks at: images (``pixel_values``), token ids (``input_ids``) or features, among the
+    keys of a mapping or the fields of a dataclass; inside a tuple, its first item's (``(batch,)`` for a module
+    whose forward takes the batch itself)."""
+    inputs = _as_mapping(inputs)
     if isinstance(inputs, Mapping):
         for key in _DISPLAY_KEYS:
             if key in inputs:
@@ -127,10 +152,18 @@ def input_tensor(inputs: Any) -> Any:
         return inputs
 
 
+def _as_mapping(inputs: Any) -> Any:
+    """A dataclass instance as the mapping of its fields; anything else as it is."""
+    fields = batch_fields(inputs)
+    return inputs if fields is None else fields
+
+
 def keyword_inputs(inputs: Any) -> Mapping[str, Any] | None:
-    """The mapping of keyword inputs (``model(**inputs)``), also inside a one-item tuple (``model(batch)``); else None."""
+    """The mapping of keyword inputs (``model(**inputs)``), also inside a one-item tuple (``model(batch)``); a
+    dataclass batch's fields by name (the batch's own tensors, so :func:`replace_input` finds them); else None."""
     if isinstance(inputs, (tuple, list)) and len(inputs) == 1:
         inputs = inputs[0]
+    inputs = _as_mapping(inputs)
     return inputs if isinstance(inputs, Mapping) else None
 
 
@@ -147,6 +180,9 @@ def concat(parts: list[Any]) -> Any:
             length = max(p.shape[1] for p in parts)
             parts = [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, length - p.shape[1])) for p in parts]
         return torch.cat(parts)
+    fields = batch_fields(first)
+    if fields is not None:
+        return with_fields(first, {k: concat([getattr(p, k) for p in parts]) for k in fields})
     if isinstance(first, Mapping):
         return {k: concat([p[k] for p in parts]) for k in first}
     if isinstance(first, (tuple, list)):
@@ -159,7 +195,11 @@ def nonfinite_inputs(inputs: Any) -> dict[str, int]:
     found: dict[str, int] = {}
 
     def walk(x: Any, where: str) -> None:
-        if isinstance(x, Tensor):
+        fields = batch_fields(x)
+        if fields is not None:
+            for name, value in fields.items():
+                walk(value, f"{where}.{name}")
+        elif isinstance(x, Tensor):
             if x.is_floating_point() or x.is_complex():
                 count = int((~torch.isfinite(x)).sum())
                 if count:

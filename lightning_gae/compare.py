@@ -201,8 +201,9 @@ def compare(
 
     Args:
         model: the classifier (logits ``[B, C]``, a tuple or ``.logits``); it is left in the mode it had.
-        inputs: the samples: a tensor or a mapping of keyword arguments (see :func:`attribute`); a
-            tuple of tensors for a model with several token sets (e.g. ``(src, tgt_in)``).
+        inputs: the samples: a tensor, a mapping of keyword arguments or ``(batch,)`` for a model whose
+            forward takes the batch itself (see :func:`attribute`); a tuple of tensors for a model with
+            several token sets (e.g. ``(src, tgt_in)``).
         target: None, an int, or one class per sample (usually the labels): the class explained
             and scored, or the labels the prediction is checked against (``protocol``). For a model
             with several token sets also ``[N, T]`` classes per target position, or a callable

@@ -586,3 +586,39 @@ def test_compare_reports_the_region_shares_the_callback_logs(tmp_path, read_even
             tag = f"region_{key}_spurious_word/{method}"
             assert tag in logged, sorted(logged)
             assert result.methods[method][f"region_{key}_spurious_word"] == pytest.approx(logged[tag], abs=1e-5)
+
+
+def _text_batch():
+    """5 sequences of 7 token ids (hidden size 32 below), two of them padded under the mask (ids not the pad id)."""
+    ids = torch.randint(5, 50, (5, 7), generator=torch.Generator().manual_seed(0))
+    ids[:, 0] = 2
+    mask = torch.ones(5, 7, dtype=torch.long)
+    mask[1, 5:], mask[3, 3:] = 0, 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+class _TakesTheBatch(nn.Module):
+    def __init__(self, bert: nn.Module) -> None:
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, batch):
+        return self.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
+
+def test_compare_scores_a_model_taking_the_batch_as_the_same_model_by_keyword():
+    # Captum's baselines attribute the batch's input_ids and call the model with the batch rebuilt around them.
+    transformers = pytest.importorskip("transformers")
+    from tests.helpers.hf_modules import tiny_bert
+
+    torch.manual_seed(0)
+    bert = tiny_bert(initializer_range=0.5).eval()
+    batch, text = _text_batch(), TextTokens(pad_id=0, removal="attention")
+    methods = ("gae", "random", "saliency", "input_x_gradient", "integrated_gradients")
+    by_keyword = compare(bert, batch, methods=methods, modality=text, batch_size=2).to_dict()
+    whole = compare(_TakesTheBatch(bert), (batch,), methods=methods, modality=text, batch_size=2).to_dict()
+    for result in (by_keyword, whole):
+        for scores in result["methods"].values():
+            scores.pop("seconds_per_sample")
+    assert whole == by_keyword
+    assert len({scores["positive_perturbation_auc"] for scores in whole["methods"].values()}) > 1

@@ -23,6 +23,8 @@ Which input receives the relevance (``N`` is the number of tokens the model atte
 
 Masks are not attributed: pass ``attention_mask`` in ``additional_forward_args``, as Captum asks
 for every argument that is not explained (and so that ``NoiseTunnel`` does not add noise to it).
+A model whose forward takes the batch itself (a mapping or dataclass) is explained through a
+``forward_func`` that builds the batch from those tensors; ``attribute(batch)`` is refused with that call.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from captum.attr import GradientAttribution, LayerAttribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
+from lightning_gae._structures import input_tensor, keyword_inputs
 from lightning_gae.engine.explain import Query, explain
 from lightning_gae.engine.token_sets import Streams
 from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
@@ -208,6 +211,26 @@ def _set_relevances(
     return out
 
 
+def _not_a_tensor(position: int, x: Any, attribution: str) -> str:
+    """Why input ``position`` cannot be attributed, and for a batch (a mapping or dataclass) the call that can."""
+    keys = keyword_inputs(x)
+    if keys is None:
+        return (f"input {position} is a {type(x).__name__}; inputs must be tensors, pass other arguments in "
+                "additional_forward_args")
+    # The tensor a person looks at (images, token ids) is the one attributed; the others go along unattributed.
+    shown = input_tensor(keys)
+    tensors = sorted((k for k, v in keys.items() if isinstance(v, Tensor)), key=lambda k: keys[k] is not shown)
+    read = (lambda k: f"batch[{k!r}]") if isinstance(x, Mapping) else (lambda k: f"batch.{k}")
+    build = (f"{{{', '.join(f'{k!r}: {k}' for k in tensors)}}}" if isinstance(x, Mapping)
+             else f"{type(x).__name__}({', '.join(f'{k}={k}' for k in tensors)})")
+    first, rest = tensors[0] if tensors else "x", tensors[1:]
+    extra = f", additional_forward_args=({', '.join(read(k) for k in rest)},)" if rest else ""
+    return (f"input {position} is a batch ({type(x).__name__} with {list(keys)}); Captum's contract attributes "
+            f"tensors, so give the tensors and a forward_func that builds the batch the model takes: "
+            f"{attribution}(lambda {', '.join(tensors) or 'x'}: model({build}), model=model)"
+            f".attribute({read(first)}{extra})")
+
+
 def _no_input_matches(inputs: tuple[Tensor, ...], num_tokens: int, modality: Modality | None) -> ValueError:
     shapes = ", ".join(f"input {i}: {tuple(x.shape)}" for i, x in enumerate(inputs))
     if modality is not None:
@@ -298,10 +321,7 @@ class AttentionAttribution(GradientAttribution):
         inputs_tuple: tuple[Tensor, ...] = inputs if is_tuple else (inputs,)
         for position, x in enumerate(inputs_tuple):
             if not isinstance(x, Tensor):
-                raise TypeError(
-                    f"input {position} is a {type(x).__name__}; inputs must be tensors, pass other arguments "
-                    "in additional_forward_args"
-                )
+                raise TypeError(_not_a_tensor(position, x, type(self).__name__))
         if additional_forward_args is None:
             extra: tuple = ()
         else:

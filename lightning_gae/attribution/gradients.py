@@ -8,6 +8,10 @@ hook keeps every Captum method, ``GradientShap`` included, the same class on eve
 ``saliency`` there is the absolute gradient of the embedding (``LayerGradientXActivation`` without
 the multiplication), ``input_x_gradient`` is ``LayerGradientXActivation``, and
 ``integrated_gradients`` is ``LayerIntegratedGradients`` from a zero embedding.
+
+A model whose forward takes the batch itself (``model(batch)``, inputs ``(batch,)`` with a mapping or dataclass
+batch) is attributed at the batch's ``input_ids`` or ``pixel_values``: Captum's forward builds the batch again around
+the tensor it varies, the other entries as the batch holds them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch
 from captum.attr import GradientShap, InputXGradient, IntegratedGradients, Saliency
 from torch import Tensor, nn
 
-from lightning_gae._structures import eval_mode, forward_logits, model_logits
+from lightning_gae._structures import eval_mode, forward_logits, keyword_inputs, model_logits, with_fields
 from lightning_gae.lrp.mode import word_embedding
 
 __all__ = ["CAPTUM_METHODS", "batch_tensor", "captum_attribute", "predict"]
@@ -45,21 +49,34 @@ _SHAP_BASELINES = 8
 def batch_tensor(inputs: Any) -> tuple[Tensor, str | None]:
     """The tensor attributed by Captum's methods and its key (None for a plain tensor).
 
+    Args:
+        inputs: a tensor (``model(x)``), a mapping of keyword arguments (``model(**x)``), or ``(batch,)`` (also a
+            dataclass batch alone) for a model whose forward takes the batch itself.
+
     Raises:
-        ValueError: a mapping without ``input_ids``/``pixel_values``.
-        TypeError: inputs that are neither a tensor nor a mapping.
+        ValueError: a mapping or batch without ``input_ids``/``pixel_values``.
+        TypeError: inputs that are none of these.
     """
     if isinstance(inputs, Tensor):
         return inputs, None
-    if isinstance(inputs, Mapping):
+    keywords = keyword_inputs(inputs)
+    if keywords is not None:
         for key in _ATTRIBUTED_KEYS:
-            if isinstance(inputs.get(key), Tensor):
-                return inputs[key], key
+            if isinstance(keywords.get(key), Tensor):
+                return keywords[key], key
         raise ValueError(
-            f"inputs is a mapping with keys {sorted(inputs)}; the attributed tensor must be one of "
-            f"{list(_ATTRIBUTED_KEYS)} (the rest is passed to the model as keyword arguments)"
+            f"inputs hold the keys {sorted(keywords)}; the attributed tensor must be one of "
+            f"{list(_ATTRIBUTED_KEYS)} (the rest is passed to the model as it is)"
         )
-    raise TypeError(f"inputs must be a tensor or a mapping of keyword arguments (a tokenizer's output); got {type(inputs).__name__}")
+    raise TypeError("inputs must be a tensor, a mapping of keyword arguments (a tokenizer's output), or (batch,) for a "
+                    f"model whose forward takes the batch (a mapping or dataclass) itself; got {type(inputs).__name__}")
+
+
+def _batch_argument(inputs: Any) -> Any:
+    """The batch a model whose forward takes it is called with (``(batch,)`` or a dataclass), else None."""
+    if isinstance(inputs, Mapping):
+        return None
+    return inputs[0] if isinstance(inputs, (tuple, list)) else inputs
 
 
 def _cuda_devices(model: nn.Module) -> list[int]:
@@ -87,20 +104,24 @@ def predict(model: nn.Module, inputs: Any) -> Tensor:
 
 
 class _LogitsForward:
-    """``f(x, *values)``: the model on the attributed tensor, the other keyword inputs positional.
+    """``f(x, *values)``: the model on the attributed tensor, the other inputs positional.
 
     Captum only passes positional arguments and expands the tensors among them with the inputs
-    (IG's steps, GradientSHAP's samples); non-tensor keyword inputs stay fixed here.
+    (IG's steps, GradientSHAP's samples); non-tensor inputs stay fixed here. The model is called with keyword
+    arguments, or, given ``batch``, with that batch rebuilt around them (a forward that takes the batch itself).
     """
 
-    def __init__(self, model: nn.Module, key: str | None, tensor_keys: Sequence[str], fixed: Mapping[str, Any]) -> None:
+    def __init__(self, model: nn.Module, key: str | None, tensor_keys: Sequence[str], fixed: Mapping[str, Any],
+                 batch: Any = None) -> None:
         self.model, self.key, self.tensor_keys, self.fixed = model, key, list(tensor_keys), dict(fixed)
+        self.batch = batch
 
     def __call__(self, x: Tensor, *values: Tensor) -> Tensor:
         if self.key is None:
             output = self.model(x)
         else:
-            output = self.model(**{self.key: x}, **dict(zip(self.tensor_keys, values)), **self.fixed)
+            given = {self.key: x, **dict(zip(self.tensor_keys, values)), **self.fixed}
+            output = self.model(**given) if self.batch is None else self.model(with_fields(self.batch, given))
         logits = model_logits(output)
         if logits is None:
             raise ValueError(f"{type(self.model).__name__} returned no logits (a tensor, a tuple or .logits) for Captum to attribute")
@@ -164,10 +185,11 @@ def captum_attribute(method: str, model: nn.Module, inputs: Any, target: Tensor,
     """
     x, key = batch_tensor(inputs)
     batch, token_ids = x.shape[0], not x.is_floating_point()
-    rest = {k: v for k, v in inputs.items() if k != key} if key is not None else {}
+    rest = {k: v for k, v in keyword_inputs(inputs).items() if k != key} if key is not None else {}
     tensor_keys = [k for k, v in rest.items() if isinstance(v, Tensor)]
     fixed = {k: v for k, v in rest.items() if not isinstance(v, Tensor)}
-    forward: Callable[..., Tensor] = _LogitsForward(model, key, tensor_keys, fixed)
+    given = None if key is None else _batch_argument(inputs)
+    forward: Callable[..., Tensor] = _LogitsForward(model, key, tensor_keys, fixed, given)
     with _seeded(seed, _cuda_devices(model)), eval_mode(model), torch.inference_mode(False), torch.enable_grad():
         # Fresh copies: tensors made under inference mode (a validation loop) cannot enter a graph.
         x, target = x.detach().clone(), target.clone()

@@ -44,8 +44,9 @@ def attribute(
             ``"input_x_gradient"``, ``"integrated_gradients"``, ``"gradient_shap"``.
         model: the classifier (an ``nn.Module`` returning logits ``[B, C]``, a tuple or ``.logits``).
             It runs in eval mode; every module's mode is restored and no parameter's ``.grad`` changes.
-        inputs: a tensor (``model(x)``) or a mapping of keyword arguments (``model(**x)``, e.g. a
-            tokenizer's output); Captum's methods attribute its ``input_ids`` or ``pixel_values``
+        inputs: a tensor (``model(x)``), a mapping of keyword arguments (``model(**x)``, e.g. a
+            tokenizer's output), or ``(batch,)`` for a model whose forward takes the batch (a mapping or
+            dataclass) itself; Captum's methods attribute its ``input_ids`` or ``pixel_values``
             and pass the rest (``attention_mask``, ...) to the model unchanged.
         target: the class explained: None (each sample's prediction), an int, or one class per sample.
         embedding_layer: for token-id inputs and Captum's methods, the layer mapping ids to vectors:
@@ -66,9 +67,9 @@ def attribute(
 
     Raises:
         ValueError: an unknown method (the message lists them), a target that does not fit the
-            batch, a mapping without ``input_ids``/``pixel_values``, or token ids whose embedding
+            batch, a mapping or batch without ``input_ids``/``pixel_values`` (for Captum's methods), or token ids whose embedding
             layer is not found (the message names ``embedding_layer=``).
-        TypeError: inputs that are neither a tensor nor a mapping.
+        TypeError: inputs that are none of these (for Captum's methods).
 
     Example:
         Token relevance and Captum's input-shaped maps of a small ViT-style classifier (8 x 8 images in 2 x 2

@@ -17,7 +17,7 @@ from lightning.pytorch import Trainer
 from torch import Tensor
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler, Subset
 
-from lightning_gae._structures import concat, display_input, map_tensors, take
+from lightning_gae._structures import batch_fields, concat, display_input, map_tensors, take
 
 __all__ = [
     "Samples",
@@ -39,8 +39,15 @@ _TRUTH_KEYS = ("masks", "segmentation", "rationales")
 _ALIGNMENT_KEYS = ("alignment",)
 
 
+def _keyed(batch: Any) -> Any:
+    """A dataclass batch as the mapping of its fields, read by the same names as a mapping batch."""
+    fields = batch_fields(batch)
+    return batch if fields is None else fields
+
+
 def default_batch_inputs(batch: Any) -> Any:
-    """Model inputs of a batch: ``x`` of ``(x, y, ...)``, or every key of a mapping but labels and ground truth."""
+    """Model inputs of a batch: ``x`` of ``(x, y, ...)``, every key of a mapping but labels and ground truth, or a
+    dataclass batch whole (the callback then passes the fields its forward takes by name, or the batch itself)."""
     if isinstance(batch, Mapping):
         return {k: v for k, v in batch.items() if k not in _LABEL_KEYS + _TRUTH_KEYS + _ALIGNMENT_KEYS}
     if isinstance(batch, (tuple, list)):
@@ -49,7 +56,8 @@ def default_batch_inputs(batch: Any) -> Any:
 
 
 def default_batch_labels(batch: Any) -> Tensor | None:
-    """Labels of a batch: ``y`` of ``(x, y, ...)``, or a mapping's ``labels``/``label``; else None."""
+    """Labels of a batch: ``y`` of ``(x, y, ...)``, or a mapping's or dataclass's ``labels``/``label``; else None."""
+    batch = _keyed(batch)
     if isinstance(batch, Mapping):
         return next((batch[k] for k in _LABEL_KEYS if k in batch), None)
     if isinstance(batch, (tuple, list)) and len(batch) > 1 and isinstance(batch[1], Tensor):
@@ -58,8 +66,9 @@ def default_batch_labels(batch: Any) -> Tensor | None:
 
 
 def default_batch_ground_truth(batch: Any) -> Tensor | None:
-    """Ground truth of a batch: a mapping's ``masks``/``segmentation`` (images ``[B, H, W]``) or
+    """Ground truth of a batch: a mapping's (or dataclass's) ``masks``/``segmentation`` (images ``[B, H, W]``) or
     ``rationales`` (tokens ``[B, T]``), or ``z`` of ``(x, y, z)``; else None."""
+    batch = _keyed(batch)
     if isinstance(batch, Mapping):
         return next((batch[k] for k in _TRUTH_KEYS if k in batch), None)
     if isinstance(batch, (tuple, list)) and len(batch) > 2 and isinstance(batch[2], Tensor):
@@ -68,7 +77,9 @@ def default_batch_ground_truth(batch: Any) -> Tensor | None:
 
 
 def keyed_truth(batch: Any) -> dict[str, Tensor]:
-    """Every ground truth a mapping batch carries, by key: what models with several token sets score each set with."""
+    """Every ground truth a mapping (or dataclass) batch carries, by key: what models with several token sets score
+    each set with."""
+    batch = _keyed(batch)
     if not isinstance(batch, Mapping):
         return {}
     return {k: batch[k].detach().cpu().clone() for k in _TRUTH_KEYS + _ALIGNMENT_KEYS if isinstance(batch.get(k), Tensor)}

@@ -22,7 +22,7 @@ from PIL import Image
 from torch import Tensor
 
 from lightning_gae import display
-from lightning_gae._structures import map_tensors
+from lightning_gae._structures import keyword_inputs, map_tensors
 from lightning_gae.engine.explain import Explanation
 from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 
@@ -120,7 +120,7 @@ class StepViews:
     @staticmethod
     def text_flags(modality: TextTokens, shown: Tensor, inputs: Any) -> tuple[Tensor, Tensor]:
         """``(valid, muted)`` ``[B, T]``: real tokens (attention mask, else not padding), and special tokens."""
-        mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) else None
+        mask = (keyword_inputs(inputs) or {}).get("attention_mask")
         ids = {"input_ids": shown, "attention_mask": mask} if isinstance(mask, Tensor) else shown
         return modality.real_tokens(ids), modality.special_tokens(ids)
 

@@ -445,7 +445,7 @@ def _explain(model: nn.Module, inputs: Any, target: Target, methods: tuple[str, 
         single = len(sets.sizes) == 1
         if single:
             num_tokens = layers[0].num_queries
-            keep = keep_mask(kwargs, batch, num_tokens)
+            keep = keep_mask(kwargs, batch, num_tokens, args)
             keeps = {sets.query_set: _attended(layers) if keep is None else keep.to(device)}
         else:
             keeps = {}

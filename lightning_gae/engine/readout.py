@@ -17,7 +17,15 @@ from typing import Any, Literal, Union
 import torch
 from torch import Tensor, nn
 
-from lightning_gae._structures import Target, call_args, eval_mode, first_tensor, map_tensors, nonfinite_inputs
+from lightning_gae._structures import (
+    Target,
+    call_args,
+    eval_mode,
+    first_tensor,
+    keyword_inputs,
+    map_tensors,
+    nonfinite_inputs,
+)
 
 __all__ = ["PADDING_KEYS", "Explanation", "Query", "explaining", "hide_own", "keep_mask", "readout_query",
            "refuse_nonfinite", "resolve_readout", "target_scores", "check_inputs"]
@@ -71,10 +79,12 @@ class Explanation:
         return torch.stack([torch.isfinite(v).flatten(1).all(dim=1) for v in values]).all(dim=0)
 
 
-def keep_mask(kwargs: Mapping[str, Any], batch: int, num_tokens: int) -> Tensor | None:
-    """``[B, N]`` bool, True for real tokens, from a padding mask among the keyword inputs."""
+def keep_mask(kwargs: Mapping[str, Any], batch: int, num_tokens: int, args: Sequence[Any] = ()) -> Tensor | None:
+    """``[B, N]`` bool, True for real tokens, from a padding mask among the keyword inputs, or among the keys or fields
+    of the one positional input of a model whose forward takes the batch itself (``model(batch)``)."""
+    source = kwargs or keyword_inputs(tuple(args)) or {}
     for key, true_keeps in PADDING_KEYS.items():
-        mask = kwargs.get(key)
+        mask = source.get(key)
         if isinstance(mask, Tensor) and mask.shape == (batch, num_tokens):
             return mask != 0 if true_keeps else mask == 0
     return None

@@ -148,7 +148,7 @@ def explain(model: nn.Module, inputs: Any, target: Target, query: Any,
         run = relevance_forward(model, args, kwargs, embedding_layer)
         batch, num_tokens = run.embeddings.shape[0], run.num_tokens
         logits = model_logits(run.output)
-        keep = keep_mask(kwargs, batch, num_tokens)
+        keep = keep_mask(kwargs, batch, num_tokens, args)
         device = run.embeddings.device
         keep = torch.ones(batch, num_tokens, dtype=torch.bool, device=device) if keep is None else keep.to(device)
         query_index = readout_query(resolve_readout(0 if query is None else query, kwargs, args), batch, num_tokens, keep, device)

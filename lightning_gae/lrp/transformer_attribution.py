@@ -468,7 +468,7 @@ def _explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_l
                 f"{probs[other].shape[-1]} keys (a cross-attention or a second token set). Use method='gae' for "
                 "encoder-decoders, two towers and co-attention (docs/troubleshooting.md#lrp-several-token-sets)")
         logits = model_logits(output)
-        keep = keep_mask(kwargs, batch, num_tokens)
+        keep = keep_mask(kwargs, batch, num_tokens, args)
         keep = torch.ones(batch, num_tokens, dtype=torch.bool, device=probs[0].device) if keep is None else keep.to(probs[0].device)
         query_index = readout_query(0 if query is None else query, batch, num_tokens, keep, probs[0].device)
         score, target_index = target_scores(output, logits, target, query_index, batch)

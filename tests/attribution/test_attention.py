@@ -367,6 +367,38 @@ def test_inputs_must_be_tensors(vit, images):
         GenericAttention(WithBias(vit)).attribute((images, 1.0))
 
 
+def test_a_model_taking_the_batch_is_refused_with_a_call_that_works_when_pasted():
+    # Captum's contract attributes tensors: a batch mapping is refused naming the forward_func that builds it.
+    transformers = pytest.importorskip("transformers")
+    from tests.helpers.hf_modules import tiny_bert
+
+    torch.manual_seed(0)
+    bert = tiny_bert(initializer_range=0.5).eval()
+
+    class TakesTheBatch(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, batch):
+            return self.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
+    model = TakesTheBatch()
+    ids = torch.randint(5, 50, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[2, 4:] = 0
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, 0])}
+    with pytest.raises(TypeError, match=r"input 0 is a batch \(dict with \['input_ids', 'attention_mask', 'labels'\]\)"
+                                        r".*GenericAttention\(lambda input_ids, attention_mask, labels: ") as refused:
+        GenericAttention(model).attribute(batch)
+    offered = str(refused.value).split("takes: ", 1)[1]
+    relevance = eval(offered, {"GenericAttention": GenericAttention, "model": model, "batch": batch})
+    by_keyword = GenericAttention(lambda i, m: bert(input_ids=i, attention_mask=m).logits, model=bert).attribute(
+        ids, additional_forward_args=(mask,))
+    torch.testing.assert_close(relevance, by_keyword)
+    assert relevance.shape == (3, 7) and (relevance[2, 4:] == 0).all() and relevance.abs().sum() > 0
+
+
 # --- several token sets ------------------------------------------------------------------------
 
 

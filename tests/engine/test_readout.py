@@ -1,6 +1,7 @@
 """lightning_gae.engine.readout: inputs with NaN or inf are refused (explain() says how many and where) instead of
 returning NaN relevance; an empty batch and a target that is no class index are refused with what to pass; a
-``(loss, logits)`` tuple output is read at its logits."""
+``(loss, logits)`` tuple output is read at its logits; padding is read from the attention mask whether the model takes
+it by keyword or inside the batch it takes whole."""
 
 import re
 
@@ -130,3 +131,32 @@ def test_a_model_or_inputs_on_the_meta_device_are_refused_with_what_to_do(method
         lg.explain(model, torch.rand(2, 1, 8, 8, device="meta"), method=method)
     with pytest.raises(ValueError, match="the model's parameters are on the meta device"):
         lg.explain(model.eval(), torch.rand(2, 1, 8, 8), method=method)
+
+
+@pytest.mark.parametrize("method", ["gae", "attnlrp", "transformer_attribution"])
+def test_padding_is_read_from_the_batch_a_forward_takes_whole(method):
+    # query="last" is the last real token of each row; the LRP methods read padding only from keyword inputs and
+    # took position T - 1, a padded one, for a forward(batch). B=3, T=7, hidden 32: no two sizes alike.
+    transformers = pytest.importorskip("transformers")
+    from tests.helpers.hf_modules import tiny_bert
+
+    torch.manual_seed(0)
+    bert = tiny_bert(transformers.BertForTokenClassification, num_labels=3).eval()
+
+    class TakesTheBatch(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, batch):
+            return self.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
+    ids = torch.randint(5, 50, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[1, 5:], mask[2, 3:] = 0, 0  # padded under the mask, the ids left as they were
+    batch = {"input_ids": ids, "attention_mask": mask}
+    by_keyword = lg.explain(bert, batch, method=method, query="last")
+    whole = lg.explain(TakesTheBatch(), (batch,), method=method, query="last")
+    assert by_keyword.query.tolist() == whole.query.tolist() == [6, 4, 2]
+    torch.testing.assert_close(whole.tokens, by_keyword.tokens)
+    assert (whole.tokens[mask == 0] == 0).all()

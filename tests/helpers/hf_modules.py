@@ -42,10 +42,12 @@ def tiny_vit() -> nn.Module:
         num_labels=3))
 
 
-def tiny_bert() -> nn.Module:
-    return transformers.BertForSequenceClassification(transformers.BertConfig(
-        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=16, num_labels=2))
+def tiny_bert(kind: type = transformers.BertForSequenceClassification, **config) -> nn.Module:
+    """A 2-layer BERT with hidden size 32 (``config`` over that, e.g. ``initializer_range=0.5`` for logits that
+    depend on the tokens at initialisation)."""
+    return kind(transformers.BertConfig(**{
+        "vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+        "max_position_embeddings": 16, "num_labels": 2, **config}))
 
 
 class HFModule(LightningModule):
