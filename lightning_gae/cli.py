@@ -170,6 +170,9 @@ def _compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics", nargs="+", default=None, choices=list(PERTURBATION_METRICS),
                         help=f"default: {' '.join(COMPARE_METRICS)}; none for models with several token sets, whose "
                              "sets are scored against the batches' ground truth instead")
+    parser.add_argument("--inputs", help="a function batch -> model inputs by import path, e.g. my_readers.pixels (the "
+                                         "YAML's GAECallback batches: inputs:); default: the callback's, else each "
+                                         "batch laid out as the module's forward takes it, as the callback does")
     parser.add_argument("--batch_size", type=int, default=64, help="samples per attribution call (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random floor and GradientSHAP")
     parser.add_argument("--protocol", default="predicted", choices=("predicted", "target"),
@@ -239,16 +242,10 @@ def _from_checkpoint(model: str, data: str | None, ckpt_path: str) -> tuple[Any,
     """``(model, datamodule, None)`` of a plain ``Trainer`` project: the classes by import path, built from the
     checkpoint's saved hyper-parameters (``save_hyperparameters()``) as ``load_from_checkpoint`` builds them; without
     ``data``, the module's own validation data."""
-    import importlib
-
     from lightning.pytorch import LightningDataModule, LightningModule
 
     def load(path: str, base: type, flag: str) -> Any:
-        module, _, name = path.rpartition(".")
-        try:
-            found = getattr(importlib.import_module(module), name) if module else None
-        except (ImportError, AttributeError) as err:
-            raise SystemExit(f"lightning-gae compare {flag} {path}: {err}") from None
+        found = _imported(path, flag)
         if not (isinstance(found, type) and issubclass(found, base)):
             raise SystemExit(f"lightning-gae compare {flag} {path}: not a {base.__name__} class (give its import path, "
                              "e.g. my_project.models.MyModel, importable from the working directory)")
@@ -265,11 +262,27 @@ def _from_checkpoint(model: str, data: str | None, ckpt_path: str) -> tuple[Any,
     return module, datamodule, None
 
 
-def _first_validation_samples(datamodule: Any, count: int, callback: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
+def _imported(path: str, flag: str) -> Any:
+    """What the import path ``path`` (``package.module.name``) names, importable from the working directory; an exit
+    naming ``flag`` when it is not there."""
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError) as err:
+        raise SystemExit(f"lightning-gae compare {flag} {path}: {err}") from None
+
+
+def _first_validation_samples(model: Any, datamodule: Any, count: int, callback: Any, reader: str | None,
+                              refuse: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
     """``(inputs, labels, ground truth, ground truth by batch key)`` of the first ``count`` validation samples,
-    collated by the datamodule's own loader and read with the config's callback's batch functions (or their defaults)."""
+    collated by the datamodule's own loader and read with ``--inputs`` and the config's callback's batch functions
+    (or their defaults: the inputs then laid out as ``model``'s forward takes them, as the callback does; what its
+    signature cannot tell goes to ``refuse`` with the callback's advice, put as ``--inputs`` or the YAML's)."""
     from torch.utils.data import DataLoader
 
+    from lightning_gae.callbacks._batch_layout import fit_to_forward
     from lightning_gae.callbacks.samples import (
         default_batch_ground_truth,
         default_batch_inputs,
@@ -284,10 +297,19 @@ def _first_validation_samples(datamodule: Any, count: int, callback: Any) -> tup
     # One batch of `count` straight from the dataset: the first samples, in order, whatever the loader's batch size.
     batch = next(iter(DataLoader(loader.dataset, batch_size=count, collate_fn=loader.collate_fn)))
     given = None if callback is None else callback.batches
-    read_inputs = (given and given.inputs) or default_batch_inputs
+    read_inputs = (reader and _imported(reader, "--inputs")) or (given and given.inputs) or default_batch_inputs
     read_labels = (given and given.labels) or default_batch_labels
     read_truth = (given and given.ground_truth) or default_batch_ground_truth
-    return read_inputs(batch), read_labels(batch), read_truth(batch), keyed_truth(batch)
+    inputs = read_inputs(batch)
+    if read_inputs is default_batch_inputs:
+        try:
+            inputs = fit_to_forward(model, inputs)
+        except ValueError as err:
+            advice = str(err).removeprefix("GAECallback: ")
+            refuse(f"{advice}. Here such a reader is a function of a module importable from the working directory "
+                   "(e.g. my_readers.py: def pixels(batch): return batch[...]), given as --inputs my_readers.pixels or "
+                   "in the YAML as the GAECallback's init_args: {batches: {inputs: my_readers.pixels}}")
+    return inputs, read_labels(batch), read_truth(batch), keyed_truth(batch)
 
 
 def _set_comparison_picture(model: Any, inputs: Any, methods: Sequence[str], layout: dict[str, Any], target: Any,
@@ -359,7 +381,7 @@ def compare_main(argv: Sequence[str]) -> None:
                      "<save_dir>/<name>/version_0/checkpoints/last.ckpt")
     bars = _MethodBars(args.methods)
     try:
-        _compare(args, bars)
+        _compare(args, bars, parser.error)
     except KeyboardInterrupt:
         bars.close()
         done = f"{len(bars.finished)} of {len(args.methods)} methods scored ({', '.join(bars.finished) or 'none'})"
@@ -397,7 +419,7 @@ class _MethodBars:
             self._bar = None
 
 
-def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
+def _compare(args: argparse.Namespace, bars: _MethodBars, refuse: Any) -> None:
     import torch
 
     from lightning_gae.compare import comparison_grid, compare, infer_modality, token_set_inputs
@@ -409,7 +431,8 @@ def _compare(args: argparse.Namespace, bars: _MethodBars) -> None:
     checkpoint = torch.load(args.ckpt_path, map_location="cpu", weights_only=True)
     model.load_state_dict(checkpoint["state_dict"])
     model.eval()
-    inputs, labels, truth, keyed = _first_validation_samples(datamodule, args.num_samples, callback)
+    inputs, labels, truth, keyed = _first_validation_samples(model, datamodule, args.num_samples, callback, args.inputs,
+                                                             refuse)
     given = None if callback is None else callback.modality
     streams = None if callback is None else callback.engine.streams
     explained = callback.target if callback is not None and callable(callback.target) else None

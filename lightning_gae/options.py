@@ -99,7 +99,8 @@ class BatchOptions:
         dataloader_idx: which validation dataloader: its position (as ``validation_step``'s ``dataloader_idx``
             numbers them) or, for a mapping of dataloaders or a ``CombinedLoader`` over one, its key.
         inputs: ``batch -> model inputs``; None: ``x`` of ``(x, y)``, a mapping without its labels and ground truth.
-        labels: ``batch -> labels``; None: ``y`` of ``(x, y)``, a mapping's ``labels``.
+        labels: ``batch -> labels``; None: ``y`` of ``(x, y)``, a mapping's (or dataclass's) ``labels``/``label``,
+            else its one ``y``, ``target`` or ``targets``.
         ground_truth: ``batch -> masks [B, H, W] or rationales [B, T]``; None: a mapping's
             ``masks``/``segmentation``/``rationales``, or ``z`` of ``(x, y, z)``.
         max_scan_batches: at most this many validation batches are read to choose the samples.

@@ -3,8 +3,10 @@ from the working directory; ``lightning-gae compare`` on checkpoints of the main
 with several token sets, fit briefly here."""
 
 import json
+import math
 import re
 import os
+from pathlib import Path
 
 import matplotlib.image
 import pytest
@@ -416,3 +418,95 @@ def test_compare_and_validate_name_a_config_that_does_not_exist(tmp_path, monkey
             main([*subcommand, "--config", "missing.yaml"])
         assert stopped.value.code == 2
         assert "missing.yaml" in capsys.readouterr().err
+
+
+# --- issue 34 items 1 and 4: compare on Hugging Face-style batches, laid out as the callback lays them out ------------
+
+HF = "tests.helpers.hf_modules"
+
+
+@pytest.fixture(scope="module")
+def batch_checkpoints(tmp_path_factory):
+    """Checkpoints of a plain ``Trainer`` fit of a tiny Hugging Face ViT whose forward takes the batch, on mapping and
+    on dataclass batches ``{pixel_values, labels}``."""
+    from lightning.pytorch import Trainer, seed_everything
+
+    from tests.helpers.hf_modules import ImageData, ViTTakesTheBatch
+
+    found = {}
+    for kind in ("mapping", "dataclass"):
+        root = tmp_path_factory.mktemp(kind)
+        seed_everything(0)
+        trainer = Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=1, accelerator="cpu", logger=False,
+                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=root)
+        trainer.fit(ViTTakesTheBatch(), ImageData(as_dataclass=kind == "dataclass"))
+        found[kind] = trainer.checkpoint_callback.best_model_path
+    return found
+
+
+def _batch_compare(output, *arguments):
+    """``comparison.json``'s scores of GAE and saliency on the first 6 samples (6 != 17 tokens != hidden size 32)."""
+    main(["compare", *arguments, "--output", output, "--num_samples", "6", "--methods", "gae", "saliency",
+          "--metrics", "positive_perturbation_auc", "deletion_auc"])
+    report = json.loads((Path(output) / "comparison.json").read_text())
+    scores = {(method, name): value for method, columns in report["methods"].items()
+              for name, value in columns.items() if name != "seconds_per_sample"}
+    assert report["num_samples"] == 6 and len(scores) == 4 and all(math.isfinite(v) for v in scores.values())
+    return scores
+
+
+def _same_scores(found, expected):
+    assert found.keys() == expected.keys()
+    assert all(found[key] == pytest.approx(expected[key], abs=1e-6) for key in expected), (found, expected)
+
+
+def _write_config(path, model, as_dataclass, callback=None):
+    settings = {"trainer": {"logger": False, "callbacks": [] if callback is None else [callback]},
+                "model": {"class_path": f"{HF}.{model}"},
+                "data": {"class_path": f"{HF}.ImageData", "init_args": {"as_dataclass": as_dataclass}}}
+    path.write_text(yaml.safe_dump(settings))
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["mapping", "dataclass"])
+def test_compare_calls_a_forward_that_takes_the_batch_as_the_callback_does(kind, batch_checkpoints, tmp_path,
+                                                                           monkeypatch):
+    # forward(self, batch) was called as model(**{"pixel_values": ...}) (a TypeError); a dataclass batch was passed
+    # as the images, whatever the forward took.
+    monkeypatch.chdir(tmp_path)
+    ckpt = batch_checkpoints[kind]
+    by_name = _batch_compare("by_name", "--model", f"{HF}.ViTByName", "--data", f"{HF}.ImageData", "--ckpt_path", ckpt)
+    whole = _batch_compare("whole", "--model", f"{HF}.ViTTakesTheBatch", "--data", f"{HF}.ImageData",
+                           "--ckpt_path", ckpt)
+    _same_scores(whole, by_name)
+    config = _write_config(tmp_path / "config.yaml", "ViTTakesTheBatch", kind == "dataclass")
+    _same_scores(_batch_compare("yaml", "--config", config, "--ckpt_path", ckpt), by_name)
+
+
+@pytest.mark.slow
+def test_compare_refuses_a_layout_the_forward_cannot_tell_with_the_readers_that_fix_it(batch_checkpoints, tmp_path,
+                                                                                      monkeypatch, capsys):
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    ckpt = batch_checkpoints["mapping"]
+    classes = ["--data", f"{HF}.ImageData", "--ckpt_path", ckpt]
+    by_name = _batch_compare("by_name", "--model", f"{HF}.ViTByName", *classes)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        _batch_compare("as_x", "--model", f"{HF}.ViTImagesAsX", *classes)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and not (tmp_path / "as_x").exists()
+    assert "ViTImagesAsX.forward(x) takes none of them by name" in err, err
+    assert "batches=BatchOptions(inputs=lambda batch: batch['pixel_values'])" in err
+    assert "--inputs my_readers.pixels" in err and "init_args: {batches: {inputs: my_readers.pixels}}" in err
+    # Followed: the reader the message names, in a module of the working directory, by --inputs and by the YAML.
+    (tmp_path / "my_readers.py").write_text("def pixels(batch):\n    return batch['pixel_values']\n")
+    importlib.invalidate_caches()
+    _same_scores(_batch_compare("flag", "--model", f"{HF}.ViTImagesAsX", *classes, "--inputs", "my_readers.pixels"),
+                 by_name)
+    callback = {"class_path": "lightning_gae.callbacks.GAECallback",
+                "init_args": {"batches": {"inputs": "my_readers.pixels"}}}
+    config = _write_config(tmp_path / "config.yaml", "ViTImagesAsX", False, callback)
+    _same_scores(_batch_compare("yaml", "--config", config, "--ckpt_path", ckpt), by_name)

@@ -34,6 +34,9 @@ __all__ = [
 ]
 
 _LABEL_KEYS = ("labels", "label")
+# Labels where a mapping or dataclass has none of _LABEL_KEYS and exactly one of these, as ``y`` of ``(x, y)`` is; they
+# stay among the inputs, which the forward may take by name (the callback leaves out the keys it does not take).
+_LABEL_NAMES = ("y", "target", "targets")
 _TRUTH_KEYS = ("masks", "segmentation", "rationales")
 # Source position of each target token (encoder-decoders): ground truth of the source x target rows.
 _ALIGNMENT_KEYS = ("alignment",)
@@ -56,10 +59,13 @@ def default_batch_inputs(batch: Any) -> Any:
 
 
 def default_batch_labels(batch: Any) -> Tensor | None:
-    """Labels of a batch: ``y`` of ``(x, y, ...)``, or a mapping's or dataclass's ``labels``/``label``; else None."""
+    """Labels of a batch: ``y`` of ``(x, y, ...)``, or a mapping's or dataclass's ``labels``/``label`` (else its one
+    tensor named ``y``, ``target`` or ``targets``: with two of them, which is meant cannot be told); else None."""
     batch = _keyed(batch)
     if isinstance(batch, Mapping):
-        return next((batch[k] for k in _LABEL_KEYS if k in batch), None)
+        named = [batch[k] for k in _LABEL_KEYS if k in batch]
+        others = [batch[k] for k in _LABEL_NAMES if isinstance(batch.get(k), Tensor)]
+        return named[0] if named else (others[0] if len(others) == 1 else None)
     if isinstance(batch, (tuple, list)) and len(batch) > 1 and isinstance(batch[1], Tensor):
         return batch[1]
     return None

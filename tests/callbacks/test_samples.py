@@ -1,5 +1,6 @@
 """GAECallback's tracked samples: which ones it picks, from which validation dataloader, and after a resume."""
 
+import dataclasses
 import warnings
 
 import pytest
@@ -8,9 +9,11 @@ import torch.nn.functional as F
 from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import CombinedLoader
-from torch.utils.data import DataLoader, Subset, SubsetRandomSampler
+from torch import Tensor
+from torch.utils.data import DataLoader, Subset, SubsetRandomSampler, default_collate
 
 from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
+from lightning_gae.callbacks.gae_monitor import default_batch_inputs, default_batch_labels
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
 from tests.helpers.models import small_vit
@@ -118,3 +121,59 @@ def test_a_validation_split_chosen_by_a_sampler_is_where_samples_come_from(tmp_p
     with pytest.warns(UserWarning, match=r"num_samples=20\): there are only the 10 samples of the validation set"):
         make_trainer(tmp_path, [callback]).validate(small_vit(), split)
     assert sorted(callback.sample_indices) == list(range(10))
+
+
+# --- labels named y or target in mapping and dataclass batches (issue 34 item 4) -------------------------------------
+
+
+@dataclasses.dataclass
+class XY:
+    x: Tensor
+    y: Tensor
+
+
+_LAYOUTS = {"tuple": lambda x, y: (x, y), "y": lambda x, y: {"x": x, "y": y},
+            "target": lambda x, y: {"x": x, "target": y}, "dataclass": XY}
+
+
+def test_y_or_target_are_the_labels_of_a_mapping_or_dataclass_that_names_no_labels():
+    x, y, other = torch.rand(3, 1, 8, 8), torch.tensor([0, 1, 2]), torch.tensor([2, 1, 0])
+    for layout in ("y", "target", "dataclass"):
+        assert default_batch_labels(_LAYOUTS[layout](x, y)) is y
+    assert default_batch_labels({"x": x, "targets": y}) is y
+    # labels/label come first; with both y and target, which is meant cannot be told: no labels.
+    assert default_batch_labels({"x": x, "y": other, "labels": y}) is y
+    assert default_batch_labels({"x": x, "y": y, "target": other}) is None
+    # They stay among the inputs: the callback passes a forward only the keys it takes.
+    assert default_batch_inputs({"x": x, "y": y}).keys() == {"x", "y"}
+
+
+class AnyBatch(ViTClassifier):
+    def validation_step(self, batch, batch_idx):
+        return None
+
+
+@pytest.mark.slow
+def test_y_or_target_of_mapping_and_dataclass_batches_are_scored_as_labels_like_y_of_a_tuple(tmp_path, make_trainer,
+                                                                                           read_events):
+    # {"x", "y"} batches had no labels: target="label" stopped the run, and the faithfulness of the prediction was
+    # scored by the target protocol instead of checking the perturbed predictions against the labels.
+    data = DigitsDataModule()
+    data.setup()
+    scored = {}
+    for layout, make in {**_LAYOUTS, "unlabelled": lambda x, y: {"x": x, "digit": y}}.items():
+        loader = DataLoader(Subset(data.val_set, range(32)), batch_size=16,
+                            collate_fn=lambda samples, make=make: make(*default_collate(samples)))
+        for target in ("pred",) if layout == "unlabelled" else ("pred", "label"):
+            seed_everything(0)
+            callback = GAECallback(num_samples=2, methods=("gae",), target=target,
+                                   faithfulness=FaithfulnessOptions(samples=32, metrics=("positive_perturbation_auc",)))
+            trainer = make_trainer(tmp_path / layout / target, [callback])
+            trainer.validate(AnyBatch(dim=32, depth=2, heads=2), loader)
+            scored[layout, target] = read_events(trainer.logger.log_dir).scalar_values()["positive_perturbation_auc/gae"]
+    for layout in ("y", "target", "dataclass"):
+        for target in ("pred", "label"):
+            assert scored[layout, target] == pytest.approx(scored["tuple", target], abs=1e-6), (layout, target)
+    # Without labels (a key named otherwise) the prediction's explanation is scored by the target protocol (the
+    # unperturbed prediction counts as correct): the labels made the difference.
+    assert scored["unlabelled", "pred"] != pytest.approx(scored["tuple", "pred"], abs=1e-3)
