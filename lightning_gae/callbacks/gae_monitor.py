@@ -354,7 +354,7 @@ class GAECallback(Callback):
             # Evolution strips still due (fit ended between the steps they are written at), at their newest column's step.
             try:
                 pictures = self._views.write_strips(writers(trainer), self._last_step)
-                log_pictures(image_loggers(trainer), pictures, self._last_step, self._warn_once)
+                log_pictures(image_loggers(trainer), pictures, self._last_step, self._run.failures)
             except Exception as err:  # noqa: BLE001 - nor may a picture take the end of training down
                 self._warn_once(str(err), f"GAECallback: writing the evolution strips when fit ended failed ({err})")
         # fit's part of the faithfulness subset on the final weights, unless the last explanation step scored them.
@@ -394,7 +394,7 @@ class GAECallback(Callback):
                     pl_module, self._scored_batches(trainer, pl_module, part), len(part), part.groups), step),
                     every_rank=True)
                 if trainer.is_global_zero:
-                    log_scalars(trainer, test_scalars(scalars) if testing else scalars, step, self._warn_once)
+                    log_scalars(trainer, test_scalars(scalars) if testing else scalars, step, self._run.failures)
                     if not testing:
                         self._views.write_scores(writers(trainer), step, scalars, self._curves)
                         self._health.check(trainer, step, scalars)
@@ -563,7 +563,7 @@ class GAECallback(Callback):
              maps: dict[str, Tensor], scalars: dict[str, float], views: dict[str, SetInput] | None = None,
              rows: dict[str, dict[str, Tensor]] | None = None) -> None:
         found, images = writers(trainer), image_loggers(trainer)
-        log_scalars(trainer, scalars, step, self._warn_once)
+        log_scalars(trainer, scalars, step, self._run.failures)
         if found or images:  # the pictures are drawn for TensorBoard and the loggers that take pictures
             shown = display_input(inputs) if views is None else views[next(iter(explanations.values())).query_set].shown
             pictures = self._views.write(
@@ -573,7 +573,7 @@ class GAECallback(Callback):
                 class_names=class_names(trainer), sets=views, rows=rows,
                 last=trainer.state.fn != "fit" or final_explanation(trainer),
             )
-            log_pictures(images, pictures, step, self._warn_once)
+            log_pictures(images, pictures, step, self._run.failures)
 
     # --- checkpointing --------------------------------------------------------------------------
 

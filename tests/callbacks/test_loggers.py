@@ -262,8 +262,8 @@ class _Failing(Logger):
 
 
 @pytest.mark.slow
-def test_a_logger_that_raises_is_warned_about_once_and_tensorboard_gets_everything(tmp_path, make_trainer,
-                                                                                    read_events, capsys):
+def test_a_logger_that_raises_is_warned_about_once_counted_in_the_summary_and_tensorboard_gets_everything(
+        tmp_path, make_trainer, read_events, capsys):
     seed_everything(0)
     tensorboard = TensorBoardLogger(tmp_path, name="tb")
     callback = GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(samples=8, interim_samples=0))
@@ -282,3 +282,10 @@ def test_a_logger_that_raises_is_warned_about_once_and_tensorboard_gets_everythi
     out = capsys.readouterr().out
     assert "GAECallback: the fit ended" in out and f"event files: {tensorboard.log_dir}" in out
     assert "other loggers: _Failing gets the scalars (log_metrics) and the pictures" in out
+    # Counted like the explanation steps' own failures: which logger and call, how many steps, the first.
+    assert ("loggers failed at 2 of 2 explanation steps:\n"
+            "  _Failing.log_metrics: ValueError: metric names may not hold '/': negative_perturbation_auc/gae (2 steps, "
+            "first at step 1)\n"
+            "  _Failing.log_image: ConnectionError: the tracking server is unreachable (2 steps, first at step 1)"
+            ) in callback.summary, callback.summary
+    assert callback.summary in out and trainer.state.finished
