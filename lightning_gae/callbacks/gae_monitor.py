@@ -22,7 +22,8 @@ from typing_extensions import override
 from lightning_gae._structures import display_input, map_tensors
 from lightning_gae.attribution import attribute
 from lightning_gae.callbacks._evaluation import checkpoint_step, logged_step, scorable, test_scalars
-from lightning_gae.callbacks._distributed import Lockstep, RankFailed, check_strategy, from_rank_zero, gather_scores
+from lightning_gae.callbacks._distributed import (Lockstep, RankFailed, check_strategy, from_rank_zero, gather_scores,
+                                                  together)
 from lightning_gae.callbacks._health import Health
 from lightning_gae.callbacks._preflight import check_explanations
 from lightning_gae.callbacks._regions import (RegionAlert, announce, new_alerts, region_masks, region_scalars,
@@ -504,7 +505,8 @@ class GAECallback(Callback):
         else:
             batches = []
         shares = None
-        with run.failures.isolated("scoring", step):  # the pictures are logged whatever scoring does
+        # The pictures are logged whatever scoring does, also when it failed on another rank (it gathers from all).
+        with run.failures.isolated("scoring", step), together():
             scalars.update(self._faithfulness(pl_module, batches, shared, groups))
             if views is not None:
                 scalars.update(set_truth_scalars(explanations, rows, run.sets, views, run.keyed, pl_module,
