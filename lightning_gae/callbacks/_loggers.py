@@ -7,9 +7,9 @@
   as ``<metric>/<method>_stderr`` (its file store cannot keep ``<metric>/<method>/stderr`` beside the value).
 * A logger with an image call gets the pictures (``gae_heatmaps/val_<i>``, ``gae_evolution/val_<i>``) through it
   (:func:`image_loggers`, :func:`log_pictures`): ``WandbLogger.log_image``, ``MLFlowLogger`` as run artifacts
-  ``<tag>/step_<step>.png`` (``MlflowClient.log_image``), ``CometLogger``'s ``Experiment.log_image``,
-  ``NeptuneLogger``'s run (``File.as_image``), and any other logger with a ``log_image(key, images, step)`` as
-  ``WandbLogger`` has it.
+  ``<tag>/step_<step>.png`` (``MlflowClient.log_image``), ``CometLogger``'s ``Experiment.log_image``, and any other
+  logger with a ``log_image(key, images, step)`` as ``WandbLogger`` has it. (Lightning's ``NeptuneLogger`` raises
+  when built since Neptune was sunset; one that runs gets the scalars, as any logger.)
 * What the others cannot show is named once, when a fit starts (:func:`logger_note`).
 
 A logger that raises is warned about once per cause, counted in the run's failures (the summary names the logger, its
@@ -91,12 +91,6 @@ def _image_call(logger: Any) -> tuple[str, ImageCall] | None:
     if "CometLogger" in kinds:  # a PIL image: Comet stretches an array's values to its min and max
         return "through Experiment.log_image", lambda tag, picture, step: logger.experiment.log_image(
             Image.fromarray(picture), name=tag, step=step)
-    if "NeptuneLogger" in kinds:
-        def neptune(tag: str, picture: np.ndarray, step: int) -> None:
-            from neptune.types import File
-
-            logger.experiment[tag].append(File.as_image(Image.fromarray(picture)), step=step)
-        return "through File.as_image", neptune
     if callable(getattr(logger, "log_image", None)):  # WandbLogger's, and loggers written after it
         return "through log_image", lambda tag, picture, step: logger.log_image(key=tag, images=[picture], step=step)
     return None

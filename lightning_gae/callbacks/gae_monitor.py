@@ -81,7 +81,7 @@ class GAECallback(Callback):
     * for the "GAE" tab of TensorBoard: the raw relevance of every sample and method, the inputs, predictions and
       the metrics' curves.
 
-    Other loggers (CSV, W&B, MLflow, Comet, Neptune) get the scalars and, where they have an image call, the
+    Other loggers (CSV, W&B, MLflow, Comet, ...) get the scalars and, where they have an image call, the
     pictures; a warning when a run starts names what only TensorBoard shows.
 
     Everything is logged at the step the module's own ``self.log`` values use at that moment; ``trainer.validate()``
