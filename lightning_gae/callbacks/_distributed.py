@@ -17,15 +17,19 @@ per-iteration state is reset (FSDP2's ``reset_iter_state``; for FSDP1 its end-of
 hand), and every rank raises (the failing one its own error, the others :class:`RankFailed`). What FSDP
 does inside its own collectives (an allocation that fails on one rank only) is beyond this: such a rank
 stops the run as a failing training step would.
+
+A part of the block may fail without ending it (:func:`together`: a step's scoring, whose gather needs every
+rank, while its pictures are still logged): the ranks agree on the part's outcome the same way, and when it
+failed on one rank every rank leaves the part together, raising as above, and goes on with the block.
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -39,12 +43,15 @@ from lightning_gae._structures import map_tensors
 from lightning_gae.callbacks._fsdp1_root import FSDP1
 from lightning_gae.metrics.stderr import SampleScores
 
-__all__ = ["Lockstep", "RankFailed", "check_strategy", "from_rank_zero", "gather_scores", "random_rows", "subset_part"]
+__all__ = ["Lockstep", "RankFailed", "check_strategy", "from_rank_zero", "gather_scores", "random_rows", "subset_part",
+           "together"]
 
 T = TypeVar("T")
 
-# What a rank says at an agreement: it failed, it finished the block, or it is about to run a collective.
-_FAILED, _DONE, _RUN = 0, 1, 2
+# What a rank says at an agreement: it failed or finished the block, failed or finished a part of it (:func:`together`),
+# or is about to run a collective inside a part or outside one. The block's codes are the lowest and the highest, so
+# the lowest and highest said tell whether any rank is outside the part (:meth:`Lockstep._stop`).
+_FAILED, _DONE, _PART_FAILED, _PART_DONE, _RUN_IN_PART, _RUN = range(6)
 _ACTIVE: ContextVar[Lockstep | None] = ContextVar("lightning_gae_lockstep", default=None)
 
 
@@ -116,6 +123,11 @@ class _Stopped(BaseException):
     """
 
 
+class _PartStopped(BaseException):
+    """Raised at an agreement inside a part that another rank failed or left that part (every rank is in it):
+    unwinds this rank's part, and the block goes on."""
+
+
 def _portable(error: BaseException | None) -> BaseException | None:
     """``error`` if it pickles (it travels to the other ranks), else a RuntimeError with its message."""
     if error is None:
@@ -149,6 +161,7 @@ class Lockstep:
         self.roots = _roots(module, self.units)
         # Whether a sharded unit's forward started in the block: FSDP (2 or 1) has state to reset only then.
         self._entered = False
+        self._in_part = False
 
     @property
     def sharded(self) -> bool:
@@ -163,9 +176,38 @@ class Lockstep:
 
     def guard(self) -> None:
         """Before a collective inside the block: go on only if every rank is about to run one too."""
-        low, _ = self._agree(_RUN)
-        if low != _RUN:
-            raise _Stopped
+        code = _RUN_IN_PART if self._in_part else _RUN
+        low, high = self._agree(code)
+        if not low == high == code:
+            self._stop(low, high)
+
+    def _stop(self, low: int, high: int) -> NoReturn:
+        """Leave where the codes said send every rank: the part, when every rank is in it, else the block."""
+        if self._in_part and low >= _PART_FAILED and high <= _RUN_IN_PART:
+            raise _PartStopped
+        raise _Stopped
+
+    @contextmanager
+    def part(self) -> Iterator[None]:
+        """Inside :meth:`run` (``every_rank``): a part of the block that every rank runs, whose failure on any rank
+        every rank raises when it leaves the part (the failing rank its own error, the others :class:`RankFailed`),
+        while the block goes on. A rank that failed outside the part still ends the whole block."""
+        self._in_part = True
+        error: BaseException | None = None
+        try:
+            try:
+                yield
+            except Exception as err:  # noqa: BLE001 - raised below, after the other ranks know
+                error = err
+            low, high = self._agree(_PART_FAILED if error is not None else _PART_DONE)
+            if low == high == _PART_DONE:
+                return
+            self._stop(low, high)
+        except _PartStopped:  # at this rank's agreement or at a collective inside the part
+            pass
+        finally:
+            self._in_part = False
+        self._raise_together(error)
 
     def run(self, work: Callable[[], T], every_rank: bool) -> T:
         """``work()`` on this rank; with ``every_rank``, on every rank as one block (every rank must call it then).
@@ -203,7 +245,10 @@ class Lockstep:
             low, high = self._agree(_FAILED if error is not None else _DONE)
             if low == high == _DONE:
                 return result
-        # Every rank gets here after the same agreement: learn who failed, put FSDP back in order, raise.
+        self._raise_together(error)
+
+    def _raise_together(self, error: BaseException | None) -> NoReturn:
+        """Every rank gets here after the same agreement: learn who failed, put FSDP back in order, raise."""
         errors: list[BaseException | None] = [None] * dist.get_world_size()
         dist.all_gather_object(errors, _portable(error))
         if self._entered:
@@ -247,6 +292,13 @@ class Lockstep:
             return t
 
         map_tensors(output, hook)
+
+
+def together() -> AbstractContextManager[None]:
+    """A part of the block :meth:`Lockstep.run` runs on every rank (:meth:`Lockstep.part`); on one rank, or
+    outside such a block, there is nothing to agree on."""
+    active = _ACTIVE.get()
+    return nullcontext() if active is None else active.part()
 
 
 def guard_collective() -> None:

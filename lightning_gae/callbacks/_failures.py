@@ -2,8 +2,9 @@
 failure is warned once with its step, and the summary counts them all.
 
 A step has parts that fail apart: the explanation itself (nothing of the step can be logged), its scoring (the
-faithfulness metrics, the ground truth and the regions: the pictures are still logged) and its pictures (the scalars
-are still logged and kept for the summary).
+faithfulness metrics, the ground truth and the regions: the pictures are still logged), its pictures (the scalars
+are still logged and kept for the summary) and each logger's share of what is logged (the other loggers get theirs:
+:mod:`._loggers` records it, with the logger's name and call in the reason).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ _WHAT_IS_LOST = {
     "explanation": "was skipped",
     "scoring": "was skipped; the step's pictures were logged",
     "pictures": "were skipped; the step's scalars were logged",
+    "logging": "",  # a logger's failure is said by :mod:`._loggers`, which knows what the logger lost
 }
 
 
@@ -70,14 +72,17 @@ class Failures:
 
     def lines(self) -> list[str]:
         """The summary's lines: per part, how many steps failed and why, e.g. ``explanations failed at 3 of 10
-        steps: ValueError: ... (first at step 4)``; none when nothing failed."""
+        steps: ValueError: ... (first at step 4)``; none when nothing failed. A logger may also fail at a step that
+        scored without explaining (when fit ends, in test): those count among the steps."""
         found = []
         for part in _WHAT_IS_LOST:
             kinds = [k for k in self.kinds.values() if k.part == part]
             if not kinds:
                 continue
-            failed = len({s for k in kinds for s in k.steps})
-            found.append(f"{_noun(part, plural=True)} failed at {failed} of {len(self.steps)} explanation steps:")
+            failed = {s for k in kinds for s in k.steps}
+            steps = len(self.steps | failed)
+            found.append(f"{_noun(part, plural=True)} failed at {len(failed)} of {steps} "
+                         f"{'explanation steps' if failed <= self.steps else 'steps logged at'}:")
             found += [f"  {k.reason} ({len(k.steps)} {'step' if len(k.steps) == 1 else 'steps'}, first at step "
                       f"{k.steps[0]})" for k in kinds]
         return found
@@ -91,4 +96,6 @@ class Failures:
 def _noun(part: str, plural: bool = False) -> str:
     if part == "pictures":
         return "pictures"
+    if part == "logging":
+        return "loggers" if plural else "a logger"
     return part + ("s" if plural and part == "explanation" else "")

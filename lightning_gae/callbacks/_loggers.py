@@ -7,12 +7,13 @@
   as ``<metric>/<method>_stderr`` (its file store cannot keep ``<metric>/<method>/stderr`` beside the value).
 * A logger with an image call gets the pictures (``gae_heatmaps/val_<i>``, ``gae_evolution/val_<i>``) through it
   (:func:`image_loggers`, :func:`log_pictures`): ``WandbLogger.log_image``, ``MLFlowLogger`` as run artifacts
-  ``<tag>/step_<step>.png`` (``MlflowClient.log_image``), ``CometLogger``'s ``Experiment.log_image``,
-  ``NeptuneLogger``'s run (``File.as_image``), and any other logger with a ``log_image(key, images, step)`` as
-  ``WandbLogger`` has it.
+  ``<tag>/step_<step>.png`` (``MlflowClient.log_image``), ``CometLogger``'s ``Experiment.log_image``, and any other
+  logger with a ``log_image(key, images, step)`` as ``WandbLogger`` has it. (Lightning's ``NeptuneLogger`` raises
+  when built since Neptune was sunset; one that runs gets the scalars, as any logger.)
 * What the others cannot show is named once, when a fit starts (:func:`logger_note`).
 
-A logger that raises is warned about once per cause and the others go on: a logger never takes a step or a run down.
+A logger that raises is warned about once per cause, counted in the run's failures (the summary names the logger, its
+call, how many steps and the first) and the others go on: a logger never takes a step or a run down.
 Loggers are matched by class name along their class's MRO, so ``pytorch_lightning``'s twins and subclasses match too.
 """
 
@@ -26,11 +27,11 @@ from lightning.pytorch import Trainer
 from PIL import Image
 from lightning.pytorch.loggers.logger import DummyLogger
 
+from lightning_gae.callbacks._failures import Failures
+
 __all__ = ["NOT_SHOWN", "elsewhere_lines", "event_logs", "experiment_of", "image_loggers", "log_pictures",
            "log_scalars", "logger_note", "only_dummy_loggers", "writers"]
 
-Warn = Callable[[str, str], None]
-"""``warn(key, message)``: warns once per key (GAECallback's ``_warn_once``)."""
 ImageCall = Callable[[str, np.ndarray, int], None]
 """``call(tag, picture, step)``: one uint8 ``[h, w, 3]`` picture to a logger."""
 
@@ -90,12 +91,6 @@ def _image_call(logger: Any) -> tuple[str, ImageCall] | None:
     if "CometLogger" in kinds:  # a PIL image: Comet stretches an array's values to its min and max
         return "through Experiment.log_image", lambda tag, picture, step: logger.experiment.log_image(
             Image.fromarray(picture), name=tag, step=step)
-    if "NeptuneLogger" in kinds:
-        def neptune(tag: str, picture: np.ndarray, step: int) -> None:
-            from neptune.types import File
-
-            logger.experiment[tag].append(File.as_image(Image.fromarray(picture)), step=step)
-        return "through File.as_image", neptune
     if callable(getattr(logger, "log_image", None)):  # WandbLogger's, and loggers written after it
         return "through log_image", lambda tag, picture, step: logger.log_image(key=tag, images=[picture], step=step)
     return None
@@ -125,29 +120,36 @@ def _named_for(logger: Any, scalars: Mapping[str, float]) -> dict[str, float]:
             for tag, value in scalars.items()}
 
 
-def log_scalars(trainer: Trainer, scalars: Mapping[str, float], step: int, warn: Warn) -> None:
-    """``scalars`` to every logger's ``log_metrics``; one that raises is warned about (once) and the others go on."""
+def _failed(failures: Failures, step: int, logger: Any, call: str, err: Exception, lost: str) -> None:
+    """``logger``'s ``call`` raised ``err`` at ``step``: recorded (warned the first time) for the summary."""
+    reason = f"{_name(logger)}.{call}: {type(err).__name__}: {err}"
+    failures.record("logging", step, reason, f"GAECallback: {lost} ({type(err).__name__}: {err}). Fix the logger's "
+                    f"settings or service, or leave it out of Trainer(logger=...); the other loggers and training go "
+                    f"on, and further failures of this kind are counted in the summary")
+
+
+def log_scalars(trainer: Trainer, scalars: Mapping[str, float], step: int, failures: Failures) -> None:
+    """``scalars`` to every logger's ``log_metrics``; one that raises is recorded in ``failures`` (warned once per
+    cause) and the others go on."""
     for logger in trainer.loggers:
         try:
             logger.log_metrics(_named_for(logger, scalars), step=step)
         except Exception as err:  # noqa: BLE001 - a logger never takes the step down
-            warn(f"log_metrics {_name(logger)} {type(err).__name__}",
-                 f"GAECallback: {_name(logger)}.log_metrics failed at step {step} and its scalars were left out "
-                 f"({type(err).__name__}: {err}); the other loggers got them")
+            _failed(failures, step, logger, "log_metrics", err, f"{_name(logger)}.log_metrics failed at step {step} "
+                    "and its scalars were left out; the other loggers got them")
 
 
 def log_pictures(loggers: list[tuple[Any, ImageCall]], pictures: Mapping[str, np.ndarray], step: int,
-                 warn: Warn) -> None:
+                 failures: Failures) -> None:
     """``pictures`` (tag -> uint8 ``[h, w, 3]``) to each of ``loggers`` (:func:`image_loggers`) through its own image
-    call; a logger that raises is warned about (once) and left for this step."""
+    call; a logger that raises is recorded in ``failures`` (warned once per cause) and left for this step."""
     for logger, call in loggers:
         try:
             for tag, picture in pictures.items():
                 call(tag, picture, step)
         except Exception as err:  # noqa: BLE001 - a logger never takes the step down
-            warn(f"log_image {_name(logger)} {type(err).__name__}",
-                 f"GAECallback: logging the pictures to {_name(logger)} failed at step {step} "
-                 f"({type(err).__name__}: {err}); its scalars are logged all the same")
+            _failed(failures, step, logger, "log_image", err, f"logging the pictures to {_name(logger)} failed at step "
+                    f"{step}; its scalars are logged all the same")
 
 
 def _gets(logger: Any) -> str:

@@ -22,7 +22,8 @@ from typing_extensions import override
 from lightning_gae._structures import display_input, map_tensors
 from lightning_gae.attribution import attribute
 from lightning_gae.callbacks._evaluation import checkpoint_step, logged_step, scorable, test_scalars
-from lightning_gae.callbacks._distributed import Lockstep, RankFailed, check_strategy, from_rank_zero, gather_scores
+from lightning_gae.callbacks._distributed import (Lockstep, RankFailed, check_strategy, from_rank_zero, gather_scores,
+                                                  together)
 from lightning_gae.callbacks._health import Health
 from lightning_gae.callbacks._preflight import check_explanations
 from lightning_gae.callbacks._regions import (RegionAlert, announce, new_alerts, region_masks, region_scalars,
@@ -80,7 +81,7 @@ class GAECallback(Callback):
     * for the "GAE" tab of TensorBoard: the raw relevance of every sample and method, the inputs, predictions and
       the metrics' curves.
 
-    Other loggers (CSV, W&B, MLflow, Comet, Neptune) get the scalars and, where they have an image call, the
+    Other loggers (CSV, W&B, MLflow, Comet, ...) get the scalars and, where they have an image call, the
     pictures; a warning when a run starts names what only TensorBoard shows.
 
     Everything is logged at the step the module's own ``self.log`` values use at that moment; ``trainer.validate()``
@@ -354,7 +355,7 @@ class GAECallback(Callback):
             # Evolution strips still due (fit ended between the steps they are written at), at their newest column's step.
             try:
                 pictures = self._views.write_strips(writers(trainer), self._last_step)
-                log_pictures(image_loggers(trainer), pictures, self._last_step, self._warn_once)
+                log_pictures(image_loggers(trainer), pictures, self._last_step, self._run.failures)
             except Exception as err:  # noqa: BLE001 - nor may a picture take the end of training down
                 self._warn_once(str(err), f"GAECallback: writing the evolution strips when fit ended failed ({err})")
         # fit's part of the faithfulness subset on the final weights, unless the last explanation step scored them.
@@ -394,7 +395,7 @@ class GAECallback(Callback):
                     pl_module, self._scored_batches(trainer, pl_module, part), len(part), part.groups), step),
                     every_rank=True)
                 if trainer.is_global_zero:
-                    log_scalars(trainer, test_scalars(scalars) if testing else scalars, step, self._warn_once)
+                    log_scalars(trainer, test_scalars(scalars) if testing else scalars, step, self._run.failures)
                     if not testing:
                         self._views.write_scores(writers(trainer), step, scalars, self._curves)
                         self._health.check(trainer, step, scalars)
@@ -504,7 +505,8 @@ class GAECallback(Callback):
         else:
             batches = []
         shares = None
-        with run.failures.isolated("scoring", step):  # the pictures are logged whatever scoring does
+        # The pictures are logged whatever scoring does, also when it failed on another rank (it gathers from all).
+        with run.failures.isolated("scoring", step), together():
             scalars.update(self._faithfulness(pl_module, batches, shared, groups))
             if views is not None:
                 scalars.update(set_truth_scalars(explanations, rows, run.sets, views, run.keyed, pl_module,
@@ -563,7 +565,7 @@ class GAECallback(Callback):
              maps: dict[str, Tensor], scalars: dict[str, float], views: dict[str, SetInput] | None = None,
              rows: dict[str, dict[str, Tensor]] | None = None) -> None:
         found, images = writers(trainer), image_loggers(trainer)
-        log_scalars(trainer, scalars, step, self._warn_once)
+        log_scalars(trainer, scalars, step, self._run.failures)
         if found or images:  # the pictures are drawn for TensorBoard and the loggers that take pictures
             shown = display_input(inputs) if views is None else views[next(iter(explanations.values())).query_set].shown
             pictures = self._views.write(
@@ -573,7 +575,7 @@ class GAECallback(Callback):
                 class_names=class_names(trainer), sets=views, rows=rows,
                 last=trainer.state.fn != "fit" or final_explanation(trainer),
             )
-            log_pictures(images, pictures, step, self._warn_once)
+            log_pictures(images, pictures, step, self._run.failures)
 
     # --- checkpointing --------------------------------------------------------------------------
 

@@ -416,6 +416,18 @@ def test_failures_are_warned_once_per_kind_and_counted_per_step():
                                 "  RuntimeError: perturbed forward broke (3 steps, first at step 3)"]
 
 
+def test_a_logger_failing_where_nothing_was_explained_counts_among_the_steps_logged_at():
+    # A logger fails at an explanation step and at fit's end-of-run scoring (no explanation step): both are counted.
+    failures = _Failures()
+    with failures.attempt(1):
+        pass
+    with pytest.warns(UserWarning, match=r"^GAECallback: the tracking server is down$"):
+        for step in (1, 4):
+            failures.record("logging", step, "Remote.log_metrics: OSError: down", "GAECallback: the tracking server is down")
+    assert failures.lines() == ["loggers failed at 2 of 2 steps logged at:",
+                                "  Remote.log_metrics: OSError: down (2 steps, first at step 1)"]
+
+
 def _token_ids(i):
     ids, mask = ids_and_mask(i)
     return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor(i % 2)}

@@ -1,7 +1,7 @@
-"""Any Lightning logger (lightning_gae/callbacks/_loggers.py): TensorBoard gets everything; CSV, MLflow and W&B, alone
-or beside TensorBoard, get the scalars through log_metrics and (those with an image call) the pictures, read back from
-the files each logger wrote; a one-time note names what they cannot show; no logger, or one that raises, fails
-neither a step nor the run, and the summary is printed."""
+"""Any Lightning logger (lightning_gae/callbacks/_loggers.py): TensorBoard gets everything; CSV, MLflow, W&B and Comet
+(offline), alone or beside TensorBoard, get the scalars through log_metrics and (those with an image call) the
+pictures, read back from the files each logger wrote; a one-time note names what they cannot show; no logger, or one
+that raises, fails neither a step nor the run, and the summary is printed and counts the logger's failures."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import io
 import json
 import struct
 import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 from lightning.pytorch import seed_everything
-from lightning.pytorch.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import CometLogger, CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from PIL import Image
 
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
@@ -216,6 +217,47 @@ def test_a_wandb_offline_logger_gets_the_scalars_and_the_pictures(tmp_path, make
     assert len(notes) == 1 and "WandbLogger gets the scalars (log_metrics) and the pictures" in notes[0]
 
 
+def _comet_archive(directory: Path) -> tuple[list[dict], dict[str, bytes]]:
+    """The messages of the offline archive in ``directory`` (``<key>-<id>.zip``: ``messages.json``, one JSON message
+    a line) and its other files, by name (what ``file_upload`` messages point at)."""
+    (archive,) = directory.glob("*.zip")
+    with zipfile.ZipFile(archive) as z:
+        messages = [json.loads(line) for line in z.read("messages.json").decode().splitlines()]
+        return messages, {name: z.read(name) for name in z.namelist() if name != "messages.json"}
+
+
+@pytest.mark.slow
+def test_a_comet_offline_logger_beside_tensorboard_gets_the_scalars_and_the_pictures(tmp_path, make_trainer,
+                                                                                     monkeypatch, read_events):
+    pytest.importorskip("comet_ml")
+    # Lightning's CometLogger(online=False) builds a disabled experiment (it writes nothing); Comet's own setting for
+    # starting offline keeps it enabled and writes the archive. No key, no service, nothing sent.
+    for name, value in {"COMET_START_ONLINE": "false", "COMET_CONFIG": str(tmp_path / "comet.config"),
+                        "COMET_ERROR_TRACKING_ENABLE": "false", "COMET_DISABLE_ANNOUNCEMENT": "true"}.items():
+        monkeypatch.setenv(name, value)
+    logger = CometLogger(project="gae", offline_directory=str(tmp_path / "comet"), log_code=False,
+                         log_git_metadata=False, log_git_patch=False, log_env_details=False, log_env_gpu=False,
+                         log_env_host=False, log_env_cpu=False, log_env_network=False, log_env_disk=False,
+                         auto_output_logging=False, display_summary_level=0)
+    tensorboard = TensorBoardLogger(tmp_path, name="tb")
+    trainer, callback, messages = _fit(tmp_path, make_trainer, [tensorboard, logger])
+    logger.experiment.end()  # writes the archive
+    found, files = _comet_archive(tmp_path / "comet")
+    metrics = [m["payload"]["metric"] for m in found if m["type"] == "metric_msg"]
+    for tag in SCALARS:
+        assert [m["step"] for m in metrics if m["metricName"] == tag] == EPOCH_END_STEPS
+    images = [m["payload"] for m in found if m["type"] == "file_upload" and m["payload"]["upload_type"] == "visualization"]
+    acc = read_events(tensorboard.log_dir)
+    for sample in callback.sample_indices:
+        shown = [p for p in images if p["additional_params"]["figName"] == heatmap_tag(sample)]
+        assert [p["additional_params"]["step"] for p in shown] == EPOCH_END_STEPS
+        for picture, event in zip(shown, acc.Images(heatmap_tag(sample))):  # pixel for pixel TensorBoard's
+            np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(files[picture["file_path"]]))),
+                                          np.asarray(Image.open(io.BytesIO(event.encoded_image_string))))
+    notes = _notes(messages)
+    assert len(notes) == 1 and "CometLogger gets the scalars (log_metrics) and the pictures" in notes[0]
+
+
 @pytest.mark.parametrize("logger", ["none", "csv"])
 @pytest.mark.slow
 def test_no_logger_or_a_csv_logger_fails_nothing_and_fit_and_validate_print_their_summaries(tmp_path, make_trainer,
@@ -262,8 +304,8 @@ class _Failing(Logger):
 
 
 @pytest.mark.slow
-def test_a_logger_that_raises_is_warned_about_once_and_tensorboard_gets_everything(tmp_path, make_trainer,
-                                                                                    read_events, capsys):
+def test_a_logger_that_raises_is_warned_about_once_counted_in_the_summary_and_tensorboard_gets_everything(
+        tmp_path, make_trainer, read_events, capsys):
     seed_everything(0)
     tensorboard = TensorBoardLogger(tmp_path, name="tb")
     callback = GAECallback(num_samples=2, faithfulness=FaithfulnessOptions(samples=8, interim_samples=0))
@@ -282,3 +324,10 @@ def test_a_logger_that_raises_is_warned_about_once_and_tensorboard_gets_everythi
     out = capsys.readouterr().out
     assert "GAECallback: the fit ended" in out and f"event files: {tensorboard.log_dir}" in out
     assert "other loggers: _Failing gets the scalars (log_metrics) and the pictures" in out
+    # Counted like the explanation steps' own failures: which logger and call, how many steps, the first.
+    assert ("loggers failed at 2 of 2 explanation steps:\n"
+            "  _Failing.log_metrics: ValueError: metric names may not hold '/': negative_perturbation_auc/gae (2 steps, "
+            "first at step 1)\n"
+            "  _Failing.log_image: ConnectionError: the tracking server is unreachable (2 steps, first at step 1)"
+            ) in callback.summary, callback.summary
+    assert callback.summary in out and trainer.state.finished

@@ -1,8 +1,8 @@
 """GAECallback under several processes: DDP, FSDP2 (ModelParallelStrategy with fully_shard), FSDP1 (FSDPStrategy)
 and ddp_spawn on two CPU processes. Rank zero alone logs; every rank tracks the samples one process would pick and
 scores its half of the faithfulness subset, which one process with the same weights scores alike; under FSDP2 and
-FSDP1 every rank takes part in each explanation, and one that fails on rank 1 only is skipped by all. Also the
-pickling ddp_spawn needs."""
+FSDP1 every rank takes part in each explanation, and one that fails on rank 1 only is skipped by all; a scoring that
+fails on rank 1 only is skipped by all, the step's pictures logged. Also the pickling ddp_spawn needs."""
 
 import json
 import pickle
@@ -596,16 +596,22 @@ DDP_SPAWN_SCRIPT = """
 _SPAWN_ABORT = "terminate called without an active exception"
 
 
-@pytest.mark.slow
-def test_ddp_spawn_on_two_cpu_processes(tmp_path, read_events):
+def _spawned(tmp_path, source, name="run"):
+    """``source`` run as a script under ``tmp_path/<name><attempt>``, which it gets as argv[1]; once more if a spawned
+    rank aborted as it exited (above). The run's folder and what it printed; fails unless it succeeded."""
     for attempt in (1, 2):
-        root = tmp_path / f"run{attempt}"
+        root = tmp_path / f"{name}{attempt}"
         root.mkdir()
-        (root / "script.py").write_text(textwrap.dedent(DDP_SPAWN_SCRIPT))
+        (root / "script.py").write_text(textwrap.dedent(source))
         done = processes.run_python([root / "script.py", root], cwd=root)
         if done.returncode == 0:
-            break
+            return root, done
         assert attempt == 1 and _SPAWN_ABORT in done.stderr, (done.stdout + done.stderr)[-4000:]
+
+
+@pytest.mark.slow
+def test_ddp_spawn_on_two_cpu_processes(tmp_path, read_events):
+    root, _ = _spawned(tmp_path, DDP_SPAWN_SCRIPT)
     event_dirs = {p.parent for p in root.rglob("events.out.tfevents.*") if p.parent.parent.name != "methods"}
     assert len(event_dirs) == 1
     acc = read_events(event_dirs.pop())
@@ -613,3 +619,73 @@ def test_ddp_spawn_on_two_cpu_processes(tmp_path, read_events):
     for sample in (0, 5):
         assert sorted(s for (t, s) in counts if t == heatmap_tag(sample)) == [1, 3]
     assert set(counts.values()) == {1}, "rank zero alone logs"
+
+
+SCORING_FAILS_ON_RANK_ONE_SCRIPT = """
+    import sys
+    import torch
+    import torch.distributed as dist
+    from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
+    from recipes.digits import DigitsDataModule
+    from recipes.vit import ViTClassifier
+
+    class ScoringFailsOnRankOne(ViTClassifier):
+        \"\"\"From the second epoch on, rank 1's forwards without gradients outside its validation steps fail: those
+        are the callback's perturbed inputs (its scoring); training, validation and the explanations run.\"\"\"
+
+        validating = False
+
+        def validation_step(self, batch, batch_idx):
+            self.validating = True
+            try:
+                return super().validation_step(batch, batch_idx)
+            finally:
+                self.validating = False
+
+        def forward(self, x):
+            if (dist.is_initialized() and dist.get_rank() == 1 and self.current_epoch >= 1 and not self.validating
+                    and not torch.is_grad_enabled()):
+                raise RuntimeError("a perturbed forward failed on rank 1")
+            return super().forward(x)
+
+    def fit(root, callbacks):
+        seed_everything(0)
+        model = ScoringFailsOnRankOne(dim=32, depth=2, heads=2)
+        trainer = Trainer(default_root_dir=root, logger=TensorBoardLogger(root, name="tb") if callbacks else False,
+                          callbacks=callbacks, max_epochs=2, limit_train_batches=2, limit_val_batches=1,
+                          accelerator="cpu", strategy="ddp_spawn", devices=2, enable_progress_bar=False,
+                          enable_model_summary=False, enable_checkpointing=False)
+        trainer.fit(model, DigitsDataModule(batch_size=16))  # the weights come back from rank zero
+        assert trainer.state.finished
+        return model.state_dict()
+
+    if __name__ == "__main__":  # spawned processes import this file again
+        root = sys.argv[1]
+        explained = fit(root, [GAECallback(num_samples=2, batches=BatchOptions(sample_indices=[0, 5]),
+                                           faithfulness=FaithfulnessOptions(samples=8, max_batch=4))])
+        plain = fit(root, [])
+        print("same weights:", all(torch.equal(explained[k], plain[k]) for k in plain))
+"""
+
+
+@pytest.mark.slow
+def test_ddp_spawn_a_scoring_failure_on_rank_one_skips_that_steps_scoring_on_every_rank(tmp_path, read_events):
+    # Scoring gathers the subset's states from every rank: the ranks agree before the gather that rank 1 failed, and
+    # every rank skips the step's scoring alone (it used to skip the whole step, its pictures too, on every rank).
+    root, done = _spawned(tmp_path, SCORING_FAILS_ON_RANK_ONE_SCRIPT)
+    assert "same weights: True" in done.stdout  # training is as without the callback
+    warned = ("GAECallback: scoring at step 3 failed and was skipped; the step's pictures were logged (on rank 1: "
+              "RuntimeError: a perturbed forward failed on rank 1)")
+    assert done.stderr.count(warned) == 1, done.stderr[-4000:]
+    assert "explanation at step" not in done.stderr
+    assert done.stdout.count("GAECallback: the fit ended") == 1
+    assert ("scoring failed at 1 of 2 explanation steps:\n  on rank 1: RuntimeError: a perturbed forward failed on "
+            "rank 1 (1 step, first at step 3)") in done.stdout, done.stdout[-4000:]
+    event_dirs = {p.parent for p in root.rglob("events.out.tfevents.*") if p.parent.parent.name != "methods"}
+    acc = read_events(event_dirs.pop())
+    for sample in (0, 5):
+        assert acc.image_steps(heatmap_tag(sample)) == [1, 3]  # rank zero's pictures of the failed step too
+    assert acc.scalar_steps("relevance_concentration/gae") == [1, 3]
+    assert acc.scalar_steps("positive_perturbation_auc/gae") == [1]
