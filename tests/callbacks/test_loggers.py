@@ -198,6 +198,9 @@ def test_a_wandb_offline_logger_gets_the_scalars_and_the_pictures(tmp_path, make
         run_dir = Path(logger.experiment.dir).parent
     finally:
         wandb.finish()
+        # Waits for W&B's service process to finish writing the run's transaction log before the test reads it
+        # (the history was once found without scalars, as if read before the service had flushed).
+        wandb.teardown()
     rows = _wandb_history(run_dir)
     steps = {tag: [r["trainer/global_step"] for r in rows if tag in r] for tag in SCALARS}
     assert steps["relevance_concentration/gae"] == EPOCH_END_STEPS
