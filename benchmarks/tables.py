@@ -36,11 +36,24 @@ _CASES = {"vit": "ViT", "bert": "BERT", "llama": "Llama (decoder)"}
 
 def bench_table(rows: Sequence[dict]) -> str:
     """Markdown (MyST, the right-aligned ``numbers`` style): per model case, one training step's time and peak memory, then each method's time and memory as
-    multiples of it (``time x / memory x``); ``-`` where the run did not measure a method on that case."""
+    multiples of it (``time x / memory x``); ``-`` where the run did not measure a method on that case. More than
+    :data:`_WIDEST` methods make several tables of at most three, GAE's forms first, so that none scrolls on a page."""
     found = {(r["case"], r["batch"], r["tokens"], r["method"]): r for r in rows}
     settings = sorted({(r["case"], r["batch"], r["tokens"]) for r in rows if r["case"] in _CASES},
                       key=lambda s: (list(_CASES).index(s[0]), s[2], s[1]))
     methods = [m for m in _COLUMNS if any((*s, m) in found for s in settings)]
+    groups = [methods]
+    if len(methods) > _WIDEST:
+        family = [m for m in methods if m.startswith("gae") or m == "per_sample_loop"]
+        others = [m for m in methods if m not in family]
+        groups = [part[i:i + 3] for part in (family, others) for i in range(0, len(part), 3)]
+    return "\n".join(_bench_rows(found, settings, group) for group in groups)
+
+
+_WIDEST = 4
+
+
+def _bench_rows(found: dict, settings: Sequence[tuple], methods: Sequence[str]) -> str:
     lines = ["{.numbers}", "| model | batch | N | training step | " + " | ".join(_COLUMNS[m] for m in methods) + " |",
              "| --- | ---: | ---: | ---: |" + " ---: |" * len(methods)]
     for case, batch, tokens in settings:
