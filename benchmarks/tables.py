@@ -101,11 +101,12 @@ def _memory(megabytes: float) -> str:
 
 
 def faithfulness_table(folder: Path) -> str:
-    """The faithfulness table of one recipe from its two ``lightning-gae compare`` runs (``folder/predicted`` and
+    """The faithfulness tables of one recipe from its two ``lightning-gae compare`` runs (``folder/predicted`` and
     ``folder/target``, each a ``comparison.json``), as :func:`recipes.faithfulness_tables.table` makes it."""
     from recipes.faithfulness_tables import table
 
-    return "{.numbers}\n" + table(Path(folder))
+    parts = table(Path(folder)).split("\n\n")
+    return "\n".join("{.numbers}\n" + part.rstrip("\n") + "\n" for part in parts)
 
 
 def token_set_tables(scores: dict) -> dict[str, str]:

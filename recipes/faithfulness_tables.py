@@ -8,7 +8,7 @@ Run ``lightning-gae compare`` twice on the same checkpoint, once per protocol::
         --protocol target --metrics positive_perturbation_auc negative_perturbation_auc
     python -m recipes.faithfulness_tables runs/compare/text_rationales
 
-The table has a row per method and, each as ``value ± standard error``: positive and negative
+The tables have a row per method and, each as ``value ± standard error``: positive and negative
 perturbation AUC under both protocols, deletion and insertion, and whatever ground-truth scores
 the run measured (segmentation, rationale, feature recovery), all from the ``predicted`` run but
 the ``target`` protocol's two columns. Nothing is computed here; the best value of a column is bold.
@@ -53,6 +53,15 @@ def table(folder: Path) -> str:
     for heading, metric, run in columns:
         values = [scores[metric] for scores in run["methods"].values()]
         best[heading] = min(values) if metric in _LOWER else max(values)
+    # Three tables of the same rows, so that none is wider than a page: the perturbation AUCs of both protocols;
+    # deletion, insertion and ABPC; the ground-truth scores (where the recipe knows the answer).
+    groups = [[c for c in columns if c[1] in _PERTURBATION],
+              [c for c in columns if c[1] in ("deletion_auc", "insertion_auc", "abpc")]]
+    groups.append([c for c in columns if not any(c in g for g in groups)])
+    return "\n".join(_rows(predicted, group, best) for group in groups if group)
+
+
+def _rows(predicted: dict[str, Any], columns: list[tuple[str, str, dict[str, Any]]], best: dict[str, float]) -> str:
     arrows = ["↓" if metric in _LOWER else "↑" for _, metric, _ in columns]
     lines = ["| method | " + " | ".join(f"{h} {a}" for (h, _, _), a in zip(columns, arrows)) + " |",
              "| --- |" + " ---: |" * len(columns)]
