@@ -128,7 +128,7 @@ _LLAMA = {"hidden": 256, "layers": 4, "heads": 8, "kv_heads": 2}
 
 
 def full_cases(config: str | Path = _MAIN_CONFIG) -> list[Case]:
-    """The cases of issue 13: ViT batch 1/16/64 at N = 65/257, BERT at N = 257/1025/2049, the main job."""
+    """The CPU cases: ViT batch 1/16/64 at N = 65/257, BERT at N = 257/1025/2049, the main job."""
     vit = [Case("vit", batch, tokens, dict(_VIT)) for tokens in (65, 257) for batch in (1, 16, 64)]
     # Batches sized so that the dense matrix forms (every layer's N x N maps kept) fit a 24 GiB device.
     bert = [Case("bert", batch, tokens, dict(_BERT)) for batch, tokens in ((8, 257), (2, 1025), (1, 2049))]
@@ -562,7 +562,7 @@ def _settings(rows: Sequence[dict], name: str) -> list[tuple[int, int]]:
 
 
 def ratio_report(rows: Sequence[dict]) -> str:
-    """Markdown: time and peak memory of every method relative to ``forward_backward``, then the targets of issue 13."""
+    """Markdown: time and peak memory of every method relative to ``forward_backward``, then the performance targets."""
     found = _lookup(rows)
     others = MODEL_METHODS[1:]
     lines = ["| case | batch | N | forward_backward | " + " | ".join(others) + " |",
@@ -728,7 +728,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", default=str(_MAIN_CONFIG), help="the main job's LightningCLI config")
     parser.add_argument("--device", default="cpu", help="device of the model cases (default cpu)")
     parser.add_argument("--sizes", choices=("cpu", "gpu"), default="cpu",
-                        help="the model sizes: this project's CPU cases (default), or issue 24's GPU sizes (ViT-B/16 at "
+                        help="the model sizes: this project's CPU cases (default), or GPU sizes (ViT-B/16 at "
                              "batch 64, BERT-base at N = 512 and 4096, a Llama-style decoder at 8192 tokens)")
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:

@@ -5,7 +5,7 @@ SDPA's own at the four attention shapes of ``lightning-gae bench --sizes gpu``. 
 so that the script is known to run before a GPU is lent; its numbers mean nothing).
 
 Errors: each output (dq, dk, dv, the row update) against a float64 reference computed here from the whole score
-matrix, as the largest error over the largest value. Float32 variants are held to 1e-4 (issue 35, item 2; plain tf32
+matrix, as the largest error over the largest value. Float32 variants are held to 1e-4 (plain tf32
 is shown to miss it); bfloat16 to FlashAttention's rule: at most twice the error of PyTorch's eager bf16 attention plus
 1e-5 of the largest value, and the update's Spearman rank correlation with float32's >= 0.99.
 

@@ -1,4 +1,4 @@
-"""Known-answer scores of GAE and its attention baselines on the token-set recipes (issue 9).
+"""Known-answer scores of GAE and its attention baselines on the token-set recipes.
 
 * ``seq2seq``: for every decoder position ``j`` that copies a source token, is the argmax of the
   encoder relevance that source position (:class:`lightning_gae.metrics.AlignmentAccuracy`)?
@@ -136,8 +136,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(lightning_gae.METHODS))
     parser.add_argument("--output", help="write the scores as JSON here too")
     args = parser.parse_args(argv)
-    if not hasattr(lightning_gae, "Streams"):
-        parser.exit(2, "this lightning_gae has no token sets yet (lightning_gae.Streams); merge the engine of issue 9\n")
     results: dict[str, Any] = {}
     if args.seq2seq:
         results["seq2seq_alignment_accuracy"] = seq2seq_alignment(args.seq2seq, args.num_samples, args.methods)

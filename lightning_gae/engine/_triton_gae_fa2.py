@@ -1,4 +1,4 @@
-"""GAE's attention step as a FlashAttention-2-shaped Triton backward (issue 35), beside :mod:`._triton_gae` for an A/B.
+"""GAE's attention step as a FlashAttention-2-shaped Triton backward, beside :mod:`._triton_gae` for an A/B.
 
 The same quantities as the first kernel: the gradients of ``q``, ``k``, ``v`` of ``softmax(scale · q kᵀ + key_bias) v``
 and GAE's row update ``u = r · E_h[(∇A ⊙ A)⁺]`` (Eq. 5-6 in row form, ``∇A = dO · Vᵀ``), from the forward's per-query
