@@ -5,6 +5,10 @@ A step has parts that fail apart: the explanation itself (nothing of the step ca
 faithfulness metrics, the ground truth and the regions: the pictures are still logged), its pictures (the scalars
 are still logged and kept for the summary) and each logger's share of what is logged (the other loggers get theirs:
 :mod:`._loggers` records it, with the logger's name and call in the reason).
+
+The scoring of the whole faithfulness subset outside an explanation step (when a fit ends, in a test) is recorded as
+a scoring failure of the step it would have logged at (:meth:`Failures.subset_failed`): warned once, counted in the
+summary like the others, and its reason is what the summary's "not scored (...)" line says.
 """
 
 from __future__ import annotations
@@ -26,6 +30,13 @@ _WHAT_IS_LOST = {
     "pictures": "were skipped; the step's scalars were logged",
     "logging": "",  # a logger's failure is said by :mod:`._loggers`, which knows what the logger lost
 }
+# The steps a part's failures are counted among when some are not explanation steps (fit's end, a test's scoring).
+_OTHER_STEPS = {"logging": "steps logged at", "scoring": "steps explained or scored at"}
+
+
+def describe(err: Exception) -> str:
+    """How a failure is named in warnings and the summary: ``Type: message``, or a failed rank's own account."""
+    return str(err) if isinstance(err, RankFailed) else f"{type(err).__name__}: {err}"
 
 
 @dataclass
@@ -57,7 +68,34 @@ class Failures:
         try:
             yield
         except Exception as err:  # noqa: BLE001 - a failing part of an explanation step never stops training
-            self.record(part, step, str(err) if isinstance(err, RankFailed) else f"{type(err).__name__}: {err}")
+            self.record(part, step, describe(err))
+
+    def subset_failed(self, step: int, when: str, err: Exception) -> str:
+        """The scoring of the faithfulness subset ``when`` (e.g. ``"when fit ended"``, ``"in test"``) failed with
+        ``err``: recorded as a scoring failure at ``step`` (warned once per kind, counted in the summary).
+
+        Args:
+            step: the step its scalars would have been logged at.
+            when: when it scored, as the warning and the summary say it.
+            err: what the scoring raised.
+
+        Returns:
+            Why the summary has no faithfulness from it, e.g. ``"scoring failed in test: RuntimeError: ..."``.
+        """
+        reason = describe(err)
+        self.record("scoring", step, reason, f"GAECallback: scoring the faithfulness subset {when} (step {step}) "
+                                             f"failed and was skipped ({reason}); further failures of this kind are "
+                                             f"counted in the summary")
+        return f"scoring failed {when}: {reason}"
+
+    def last(self, part: str) -> str | None:
+        """The latest failure of ``part`` as the summary's "not scored" line gives it, e.g. ``"scoring failed at
+        step 4: RuntimeError: ..."``; None when ``part`` never failed in this run."""
+        kinds = [k for k in self.kinds.values() if k.part == part]
+        if not kinds:
+            return None
+        latest = max(kinds, key=lambda k: max(k.steps))
+        return f"{part} failed at step {max(latest.steps)}: {latest.reason}"
 
     def record(self, part: str, step: int, reason: str, message: str | None = None) -> None:
         """A failure of ``part`` at ``step``; a kind not seen before in this run is warned (``message``, or the
@@ -72,8 +110,8 @@ class Failures:
 
     def lines(self) -> list[str]:
         """The summary's lines: per part, how many steps failed and why, e.g. ``explanations failed at 3 of 10
-        steps: ValueError: ... (first at step 4)``; none when nothing failed. A logger may also fail at a step that
-        scored without explaining (when fit ends, in test): those count among the steps."""
+        steps: ValueError: ... (first at step 4)``; none when nothing failed. A logger or the subset's scoring may
+        also fail at a step that scored without explaining (when fit ends, in test): those count among the steps."""
         found = []
         for part in _WHAT_IS_LOST:
             kinds = [k for k in self.kinds.values() if k.part == part]
@@ -82,7 +120,7 @@ class Failures:
             failed = {s for k in kinds for s in k.steps}
             steps = len(self.steps | failed)
             found.append(f"{_noun(part, plural=True)} failed at {len(failed)} of {steps} "
-                         f"{'explanation steps' if failed <= self.steps else 'steps logged at'}:")
+                         f"{'explanation steps' if failed <= self.steps else _OTHER_STEPS.get(part, 'steps')}:")
             found += [f"  {k.reason} ({len(k.steps)} {'step' if len(k.steps) == 1 else 'steps'}, first at step "
                       f"{k.steps[0]})" for k in kinds]
         return found

@@ -132,7 +132,8 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
 def run_summary(trainer: Trainer, reported: tuple[str, Mapping[str, float]] | None, not_scored: str | None,
                 run: RunState, metrics: Sequence[str], after: Sequence[str] = (), elsewhere: Sequence[str] = ()) -> str:
     """The summary of the run that ended (``trainer.state.fn``): the module's metrics, ``reported`` (what the last
-    faithfulness scalars were scored on, and them) or why none (``not_scored``: a failure), where the logs are; after
+    faithfulness scalars were scored on, and them) or why none (``not_scored``: a failure of the whole subset's
+    scoring, else the run's latest scoring failure at an explanation step), where the logs are; after
     a fit whose last scores were a part of the subset, how to score all of it; then ``after``, what the loggers
     other than TensorBoard got (``elsewhere``) and the failures."""
     stage = trainer.state.fn.value
@@ -143,5 +144,7 @@ def run_summary(trainer: Trainer, reported: tuple[str, Mapping[str, float]] | No
     subset = None if run.scored is None else len(run.scored)
     hint = whole_subset_hint(trainer, subset, scores, logs) if stage == "fit" else []
     has_truth = run.truth is not None or bool(run.keyed)
-    return fit_report(values, scores, scored_on, why_not_scored(trainer, not_scored, metrics, has_truth), logs,
+    # A scoring that failed at an explanation step (a validation's) is why, as much as one of the whole subset.
+    failure = not_scored if not_scored is not None else run.failures.last("scoring")
+    return fit_report(values, scores, scored_on, why_not_scored(trainer, failure, metrics, has_truth), logs,
                       why_no_logs(trainer), [*hint, *after], stage, elsewhere) + run.failures.summary()

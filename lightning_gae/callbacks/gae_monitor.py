@@ -22,7 +22,7 @@ from typing_extensions import override
 from lightning_gae._structures import display_input, map_tensors
 from lightning_gae.attribution import attribute
 from lightning_gae.callbacks._evaluation import checkpoint_step, logged_step, scorable, test_scalars
-from lightning_gae.callbacks._distributed import (Lockstep, RankFailed, check_strategy, from_rank_zero, gather_scores,
+from lightning_gae.callbacks._distributed import (Lockstep, check_strategy, from_rank_zero, gather_scores,
                                                   together)
 from lightning_gae.callbacks._health import Health
 from lightning_gae.callbacks._preflight import check_explanations
@@ -401,10 +401,7 @@ class GAECallback(Callback):
                         self._health.check(trainer, step, scalars)
                 self._remember(scalars, f"{len(part)} {what} at step {step}")
             except Exception as err:  # noqa: BLE001 - nor may scoring take the end of a run down
-                reason = str(err) if isinstance(err, RankFailed) else f"{type(err).__name__}: {err}"
-                self._not_scored = f"scoring failed {when}: {reason}"
-                self._warn_once(reason, f"GAECallback: scoring the faithfulness subset {when} (step {step}) "
-                                        f"failed and was skipped ({reason})")
+                self._not_scored = self._run.failures.subset_failed(step, when, err)  # warned once, counted
 
     @override
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -489,6 +489,69 @@ def test_a_scoring_failure_keeps_the_steps_pictures_and_every_step_is_counted(tm
             f"step {EPOCH_END_STEPS[1]})") in callback.summary
 
 
+class BreakScoringWhenTrainingEnds(Callback):
+    """Before GAECallback: the perturbed forwards fail once training is over (fit's end-of-run scoring)."""
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        pl_module.breaks = True
+
+
+@pytest.mark.slow
+def test_a_failure_of_the_end_of_fit_scoring_is_counted_with_its_step(tmp_path, make_trainer):
+    # Explained after step 3 (logged at 2); fit ends at step 4, between explanation steps, and scores the subset
+    # there, which fails.
+    callback = GAECallback(num_samples=2, every_n_epochs=None, every_n_train_steps=3,
+                           faithfulness=FaithfulnessOptions(samples=8))
+    trainer = make_trainer(tmp_path, [BreakScoringWhenTrainingEnds(), callback], max_epochs=1, limit_train_batches=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(PerturbedForwardBreaks(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    said = [str(w.message) for w in caught if "failed" in str(w.message)]
+    assert said == ["GAECallback: scoring the faithfulness subset when fit ended (step 4) failed and was skipped "
+                    "(RuntimeError: perturbed forward broke); further failures of this kind are counted in the "
+                    "summary"], said
+    # The summary's scores are those of the last step that scored (step 2), said with their step.
+    assert "faithfulness (8 validation samples at step 2;" in callback.summary
+    assert callback.summary.endswith("scoring failed at 1 of 2 steps explained or scored at:\n  RuntimeError: "
+                                     "perturbed forward broke (1 step, first at step 4)"), callback.summary
+
+
+class BreakScoringInEvaluation(Callback):
+    """Before GAECallback: the perturbed forwards fail once the validation or test batches have run."""
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        pl_module.breaks = False
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        pl_module.breaks = not trainer.sanity_checking
+
+    on_test_epoch_start = on_validation_epoch_start
+    on_test_epoch_end = on_validation_epoch_end
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["validate", "test"])
+def test_a_failure_of_the_whole_subsets_scoring_in_validate_and_test_is_counted_with_its_step(tmp_path, make_trainer,
+                                                                                             stage):
+    callback = GAECallback(num_samples=2, methods=("gae",), faithfulness=FaithfulnessOptions(samples=8))
+    trainer = make_trainer(tmp_path, [BreakScoringInEvaluation(), callback], limit_test_batches=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        getattr(trainer, stage)(PerturbedForwardBreaks(dim=32, depth=2, heads=2), DigitsDataModule(batch_size=32))
+    said = [str(w.message) for w in caught if "failed" in str(w.message)]
+    # validate explains and scores at its explanation step; test scores the whole subset of the test data alone.
+    warned = {"validate": "scoring at step 0 failed and was skipped; the step's pictures were logged",
+              "test": "scoring the faithfulness subset in test (step 0) failed and was skipped"}[stage]
+    assert said == [f"GAECallback: {warned} (RuntimeError: perturbed forward broke); further failures of this kind "
+                    "are counted in the summary"], said
+    why = {"validate": "at step 0", "test": "in test"}[stage]
+    assert f"faithfulness: not scored (scoring failed {why}: RuntimeError: perturbed forward broke)" \
+        in callback.summary, callback.summary
+    steps = {"validate": "explanation steps", "test": "steps explained or scored at"}[stage]  # test explains nothing
+    assert callback.summary.endswith(f"scoring failed at 1 of 1 {steps}:\n  RuntimeError: perturbed forward broke "
+                                     "(1 step, first at step 0)"), callback.summary
+
+
 class BrokenPictures(ImageTokens):
     """Draws at fit start (the check), then fails every picture (``broken`` is set when training starts)."""
 
