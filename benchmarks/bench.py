@@ -745,7 +745,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows = run(cases, repeats=repeats, budget=args.budget, device=args.device)
     except Interrupted as stop:
         measured = len({(r["case"], r["batch"], r["tokens"]) for r in stop.rows})
-        print(f"lightning-gae bench: interrupted in {stop.label}; {measured} of {len(cases)} cases measured before it "
+        # "\r": a case's process stopped inside tqdm's first draw leaves that bar's line open; the message writes over it.
+        print(f"\rlightning-gae bench: interrupted in {stop.label}; {measured} of {len(cases)} cases measured before it "
               f"(their lines are above); nothing was written and no table printed (they wait for every case)",
               file=sys.stderr)
         raise SystemExit(130) from None

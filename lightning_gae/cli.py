@@ -387,7 +387,8 @@ def compare_main(argv: Sequence[str]) -> None:
         done = f"{len(bars.finished)} of {len(args.methods)} methods scored ({', '.join(bars.finished) or 'none'})"
         written = (f"writing to {args.output} was under way, its files may be incomplete" if bars.writing else
                    f"nothing was written to {args.output} (the files are written once every method is scored)")
-        print(f"lightning-gae compare: interrupted; {done}; {written}", file=sys.stderr)
+        # "\r": a Ctrl-C inside tqdm's first draw leaves that bar's line open; the message writes over it.
+        print(f"\rlightning-gae compare: interrupted; {done}; {written}", file=sys.stderr)
         raise SystemExit(130) from None
 
 
