@@ -379,7 +379,9 @@ def compare_main(argv: Sequence[str]) -> None:
     if not Path(args.ckpt_path).is_file():
         parser.error(f"--ckpt_path {args.ckpt_path}: no such file; give a checkpoint of the fit, e.g. "
                      "<save_dir>/<name>/version_0/checkpoints/last.ckpt")
-    bars = _MethodBars(args.methods)
+    from lightning_gae.display.progress import MethodBars
+
+    bars = MethodBars(args.methods)
     try:
         _compare(args, bars, parser.error)
     except KeyboardInterrupt:
@@ -392,35 +394,7 @@ def compare_main(argv: Sequence[str]) -> None:
         raise SystemExit(130) from None
 
 
-class _MethodBars:
-    """``compare``'s progress (:data:`lightning_gae.compare.Progress`) as one tqdm bar per method on stderr: samples
-    scored, their rate and the time left; remembers which methods finished."""
-
-    def __init__(self, methods: Sequence[str]) -> None:
-        self.methods = list(methods)
-        self.finished: list[str] = []
-        self.writing = False
-        self._bar: Any = None
-
-    def __call__(self, method: str, done: int, total: int) -> None:
-        from tqdm import tqdm
-
-        if done == 0:
-            self.close()
-            where = f"[{self.methods.index(method) + 1}/{len(self.methods)}]"
-            self._bar = tqdm(total=total, desc=f"{method} {where}", unit="sample", file=sys.stderr, dynamic_ncols=True)
-        self._bar.update(done - self._bar.n)
-        if done == total:
-            self.finished.append(method)
-            self.close()
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
-
-def _compare(args: argparse.Namespace, bars: _MethodBars, refuse: Any) -> None:
+def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
     import torch
 
     from lightning_gae.compare import comparison_grid, compare, infer_modality, token_set_inputs
