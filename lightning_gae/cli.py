@@ -33,6 +33,7 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
     from lightning.pytorch.cli import LightningCLI
 
     from lightning_gae.callbacks import GAECallback
+    from lightning_gae.callbacks._evaluation import continue_fit_steps
 
     class GAECLI(LightningCLI):
         def _parse_ckpt_path(self) -> None:
@@ -54,7 +55,7 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
 
         def before_validate(self) -> None:
             if self._run_version is not None:
-                _continue_fit_steps(self.trainer, self.config[self.subcommand].get("ckpt_path"))
+                continue_fit_steps(self.trainer, self.config[self.subcommand].get("ckpt_path"))
 
         def before_test(self) -> None:
             self.before_validate()
@@ -131,22 +132,6 @@ def _into_saved_run(config: Any) -> str | None:
             args.version = run.name
             return run.name
     return None
-
-
-def _continue_fit_steps(trainer: Any, ckpt_path: Any) -> None:
-    """The fit loop's counters as the checkpoint holds them, and the logging step at the fit's last (where it logged
-    its final faithfulness): what the validation or test logs lands there, not at 0."""
-    import torch
-
-    from lightning_gae.callbacks._evaluation import checkpoint_step
-
-    if not ckpt_path or not Path(str(ckpt_path)).is_file():
-        return
-    checkpoint = torch.load(str(ckpt_path), map_location="cpu", weights_only=True, mmap=True)
-    loop, step = (checkpoint.get("loops") or {}).get("fit_loop"), checkpoint_step(checkpoint)
-    if loop and step is not None:
-        loop["epoch_loop.state_dict"] = {**loop.get("epoch_loop.state_dict", {}), "_batches_that_stepped": step}
-        trainer.fit_loop.load_state_dict(loop)
 
 
 def _compare_parser() -> argparse.ArgumentParser:
