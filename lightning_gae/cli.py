@@ -29,11 +29,21 @@ _GRID_SAMPLES = 4  # rows of comparison.png
 
 
 def _lightning_cli(args: Sequence[str] | None) -> None:
+    import dataclasses
+
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
 
     from lightning_gae.callbacks import GAECallback
+    from lightning_gae.callbacks._batch_layout import LayoutUnclear
     from lightning_gae.callbacks._evaluation import continue_fit_steps
+
+    given = list(sys.argv[1:] if args is None else args)
+    subcommand = given[0] if given else None
+    reader = None
+    if subcommand in ("validate", "test"):  # --inputs MODULE.FUNCTION: the GAECallback's batches.inputs
+        given, reader = _inputs_reader(given)
+        args = None if args is None and reader is None else given
 
     class GAECLI(LightningCLI):
         def _parse_ckpt_path(self) -> None:
@@ -54,6 +64,13 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
                     self.save_config_callback = None
 
         def before_validate(self) -> None:
+            found = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback)]
+            if reader is not None and not found:
+                print(f"lightning-gae {self.subcommand}: error: --inputs reads the batches of a GAECallback; add one "
+                      "(--trainer.callbacks+=lightning_gae.callbacks.GAECallback)", file=sys.stderr)
+                raise SystemExit(2)
+            for callback in found if reader is not None else []:
+                callback.batches = dataclasses.replace(callback.batches, inputs=reader)
             if self._run_version is not None:
                 continue_fit_steps(self.trainer, self.config[self.subcommand].get("ckpt_path"))
 
@@ -79,15 +96,22 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
             for root in sorted(r for r in roots if r):
                 print(f"tensorboard --logdir {root}")
 
-    GAECLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        # None lets LightningCLI read sys.argv itself; explicit args are for calls from Python.
-        args=None if args is None else list(args),
-    )
+    try:
+        GAECLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            # None lets LightningCLI read sys.argv itself; explicit args are for calls from Python.
+            args=None if args is None else list(args),
+        )
+    except LayoutUnclear as err:
+        if subcommand not in ("validate", "test"):
+            raise
+        # The callback's advice is a Python reader; here it is --inputs (or the YAML's batches: inputs:).
+        print(f"lightning-gae {subcommand}: error: {_reader_advice(err)}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _plain_checkpoint_model(config: Any) -> dict[str, Any] | None:
@@ -247,16 +271,36 @@ def _from_checkpoint(model: str, data: str | None, ckpt_path: str) -> tuple[Any,
     return module, datamodule, None
 
 
-def _imported(path: str, flag: str) -> Any:
+def _imported(path: str, flag: str, command: str = "compare") -> Any:
     """What the import path ``path`` (``package.module.name``) names, importable from the working directory; an exit
-    naming ``flag`` when it is not there."""
+    naming ``command`` and ``flag`` when it is not there."""
     import importlib
 
     module, _, name = path.rpartition(".")
     try:
         return getattr(importlib.import_module(module), name) if module else None
     except (ImportError, AttributeError) as err:
-        raise SystemExit(f"lightning-gae compare {flag} {path}: {err}") from None
+        raise SystemExit(f"lightning-gae {command} {flag} {path}: {err}") from None
+
+
+def _reader_advice(err: ValueError) -> str:
+    """The callback's advice on a batch layout its forward cannot tell (a Python reader), put as the command's."""
+    return (f"{str(err).removeprefix('GAECallback: ')}. Here such a reader is a function of a module importable from "
+            "the working directory (e.g. my_readers.py: def pixels(batch): return batch[...]), given as --inputs "
+            "my_readers.pixels or in the YAML as the GAECallback's init_args: {batches: {inputs: my_readers.pixels}}")
+
+
+def _inputs_reader(args: list[str]) -> tuple[list[str], Any]:
+    """``args`` of validate/test without ``--inputs MODULE.FUNCTION``, and that function (None without the flag)."""
+    for i, arg in enumerate(args):
+        if arg == "--inputs" or arg.startswith("--inputs="):
+            path = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            reader = _imported(path, "--inputs", args[0])
+            if not callable(reader):
+                raise SystemExit(f"lightning-gae {args[0]} --inputs {path}: not a function batch -> model inputs (give "
+                                 "its import path, e.g. my_readers.pixels for my_readers.py of the working directory)")
+            return args[:i] + args[i + (1 if "=" in arg else 2):], reader
+    return args, None
 
 
 def _first_validation_samples(model: Any, datamodule: Any, count: int, callback: Any, reader: str | None,
@@ -290,10 +334,7 @@ def _first_validation_samples(model: Any, datamodule: Any, count: int, callback:
         try:
             inputs = fit_to_forward(model, inputs)
         except ValueError as err:
-            advice = str(err).removeprefix("GAECallback: ")
-            refuse(f"{advice}. Here such a reader is a function of a module importable from the working directory "
-                   "(e.g. my_readers.py: def pixels(batch): return batch[...]), given as --inputs my_readers.pixels or "
-                   "in the YAML as the GAECallback's init_args: {batches: {inputs: my_readers.pixels}}")
+            refuse(_reader_advice(err))
     return inputs, read_labels(batch), read_truth(batch), keyed_truth(batch)
 
 
