@@ -29,10 +29,21 @@ _GRID_SAMPLES = 4  # rows of comparison.png
 
 
 def _lightning_cli(args: Sequence[str] | None) -> None:
+    import dataclasses
+
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
 
     from lightning_gae.callbacks import GAECallback
+    from lightning_gae.callbacks._batch_layout import LayoutUnclear
+    from lightning_gae.callbacks._evaluation import continue_fit_steps
+
+    given = list(sys.argv[1:] if args is None else args)
+    subcommand = given[0] if given else None
+    reader = None
+    if subcommand in ("validate", "test"):  # --inputs MODULE.FUNCTION: the GAECallback's batches.inputs
+        given, reader = _inputs_reader(given)
+        args = None if args is None and reader is None else given
 
     class GAECLI(LightningCLI):
         def _parse_ckpt_path(self) -> None:
@@ -53,8 +64,15 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
                     self.save_config_callback = None
 
         def before_validate(self) -> None:
+            found = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback)]
+            if reader is not None and not found:
+                print(f"lightning-gae {self.subcommand}: error: --inputs reads the batches of a GAECallback; add one "
+                      "(--trainer.callbacks+=lightning_gae.callbacks.GAECallback)", file=sys.stderr)
+                raise SystemExit(2)
+            for callback in found if reader is not None else []:
+                callback.batches = dataclasses.replace(callback.batches, inputs=reader)
             if self._run_version is not None:
-                _continue_fit_steps(self.trainer, self.config[self.subcommand].get("ckpt_path"))
+                continue_fit_steps(self.trainer, self.config[self.subcommand].get("ckpt_path"))
 
         def before_test(self) -> None:
             self.before_validate()
@@ -78,15 +96,22 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
             for root in sorted(r for r in roots if r):
                 print(f"tensorboard --logdir {root}")
 
-    GAECLI(
-        LightningModule,
-        LightningDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        save_config_kwargs={"overwrite": True},
-        # None lets LightningCLI read sys.argv itself; explicit args are for calls from Python.
-        args=None if args is None else list(args),
-    )
+    try:
+        GAECLI(
+            LightningModule,
+            LightningDataModule,
+            subclass_mode_model=True,
+            subclass_mode_data=True,
+            save_config_kwargs={"overwrite": True},
+            # None lets LightningCLI read sys.argv itself; explicit args are for calls from Python.
+            args=None if args is None else list(args),
+        )
+    except LayoutUnclear as err:
+        if subcommand not in ("validate", "test"):
+            raise
+        # The callback's advice is a Python reader; here it is --inputs (or the YAML's batches: inputs:).
+        print(f"lightning-gae {subcommand}: error: {_reader_advice(err)}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _plain_checkpoint_model(config: Any) -> dict[str, Any] | None:
@@ -131,22 +156,6 @@ def _into_saved_run(config: Any) -> str | None:
             args.version = run.name
             return run.name
     return None
-
-
-def _continue_fit_steps(trainer: Any, ckpt_path: Any) -> None:
-    """The fit loop's counters as the checkpoint holds them, and the logging step at the fit's last (where it logged
-    its final faithfulness): what the validation or test logs lands there, not at 0."""
-    import torch
-
-    from lightning_gae.callbacks._evaluation import checkpoint_step
-
-    if not ckpt_path or not Path(str(ckpt_path)).is_file():
-        return
-    checkpoint = torch.load(str(ckpt_path), map_location="cpu", weights_only=True, mmap=True)
-    loop, step = (checkpoint.get("loops") or {}).get("fit_loop"), checkpoint_step(checkpoint)
-    if loop and step is not None:
-        loop["epoch_loop.state_dict"] = {**loop.get("epoch_loop.state_dict", {}), "_batches_that_stepped": step}
-        trainer.fit_loop.load_state_dict(loop)
 
 
 def _compare_parser() -> argparse.ArgumentParser:
@@ -262,16 +271,36 @@ def _from_checkpoint(model: str, data: str | None, ckpt_path: str) -> tuple[Any,
     return module, datamodule, None
 
 
-def _imported(path: str, flag: str) -> Any:
+def _imported(path: str, flag: str, command: str = "compare") -> Any:
     """What the import path ``path`` (``package.module.name``) names, importable from the working directory; an exit
-    naming ``flag`` when it is not there."""
+    naming ``command`` and ``flag`` when it is not there."""
     import importlib
 
     module, _, name = path.rpartition(".")
     try:
         return getattr(importlib.import_module(module), name) if module else None
     except (ImportError, AttributeError) as err:
-        raise SystemExit(f"lightning-gae compare {flag} {path}: {err}") from None
+        raise SystemExit(f"lightning-gae {command} {flag} {path}: {err}") from None
+
+
+def _reader_advice(err: ValueError) -> str:
+    """The callback's advice on a batch layout its forward cannot tell (a Python reader), put as the command's."""
+    return (f"{str(err).removeprefix('GAECallback: ')}. Here such a reader is a function of a module importable from "
+            "the working directory (e.g. my_readers.py: def pixels(batch): return batch[...]), given as --inputs "
+            "my_readers.pixels or in the YAML as the GAECallback's init_args: {batches: {inputs: my_readers.pixels}}")
+
+
+def _inputs_reader(args: list[str]) -> tuple[list[str], Any]:
+    """``args`` of validate/test without ``--inputs MODULE.FUNCTION``, and that function (None without the flag)."""
+    for i, arg in enumerate(args):
+        if arg == "--inputs" or arg.startswith("--inputs="):
+            path = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
+            reader = _imported(path, "--inputs", args[0])
+            if not callable(reader):
+                raise SystemExit(f"lightning-gae {args[0]} --inputs {path}: not a function batch -> model inputs (give "
+                                 "its import path, e.g. my_readers.pixels for my_readers.py of the working directory)")
+            return args[:i] + args[i + (1 if "=" in arg else 2):], reader
+    return args, None
 
 
 def _first_validation_samples(model: Any, datamodule: Any, count: int, callback: Any, reader: str | None,
@@ -305,10 +334,7 @@ def _first_validation_samples(model: Any, datamodule: Any, count: int, callback:
         try:
             inputs = fit_to_forward(model, inputs)
         except ValueError as err:
-            advice = str(err).removeprefix("GAECallback: ")
-            refuse(f"{advice}. Here such a reader is a function of a module importable from the working directory "
-                   "(e.g. my_readers.py: def pixels(batch): return batch[...]), given as --inputs my_readers.pixels or "
-                   "in the YAML as the GAECallback's init_args: {batches: {inputs: my_readers.pixels}}")
+            refuse(_reader_advice(err))
     return inputs, read_labels(batch), read_truth(batch), keyed_truth(batch)
 
 
@@ -379,7 +405,9 @@ def compare_main(argv: Sequence[str]) -> None:
     if not Path(args.ckpt_path).is_file():
         parser.error(f"--ckpt_path {args.ckpt_path}: no such file; give a checkpoint of the fit, e.g. "
                      "<save_dir>/<name>/version_0/checkpoints/last.ckpt")
-    bars = _MethodBars(args.methods)
+    from lightning_gae.display.progress import MethodBars
+
+    bars = MethodBars(args.methods)
     try:
         _compare(args, bars, parser.error)
     except KeyboardInterrupt:
@@ -392,35 +420,7 @@ def compare_main(argv: Sequence[str]) -> None:
         raise SystemExit(130) from None
 
 
-class _MethodBars:
-    """``compare``'s progress (:data:`lightning_gae.compare.Progress`) as one tqdm bar per method on stderr: samples
-    scored, their rate and the time left; remembers which methods finished."""
-
-    def __init__(self, methods: Sequence[str]) -> None:
-        self.methods = list(methods)
-        self.finished: list[str] = []
-        self.writing = False
-        self._bar: Any = None
-
-    def __call__(self, method: str, done: int, total: int) -> None:
-        from tqdm import tqdm
-
-        if done == 0:
-            self.close()
-            where = f"[{self.methods.index(method) + 1}/{len(self.methods)}]"
-            self._bar = tqdm(total=total, desc=f"{method} {where}", unit="sample", file=sys.stderr, dynamic_ncols=True)
-        self._bar.update(done - self._bar.n)
-        if done == total:
-            self.finished.append(method)
-            self.close()
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
-
-def _compare(args: argparse.Namespace, bars: _MethodBars, refuse: Any) -> None:
+def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
     import torch
 
     from lightning_gae.compare import comparison_grid, compare, infer_modality, token_set_inputs

@@ -510,3 +510,37 @@ def test_compare_refuses_a_layout_the_forward_cannot_tell_with_the_readers_that_
                 "init_args": {"batches": {"inputs": "my_readers.pixels"}}}
     config = _write_config(tmp_path / "config.yaml", "ViTImagesAsX", False, callback)
     _same_scores(_batch_compare("yaml", "--config", config, "--ckpt_path", ckpt), by_name)
+
+
+@pytest.mark.slow
+def test_validate_refuses_a_layout_the_forward_cannot_tell_and_scores_with_the_inputs_it_names(batch_checkpoints,
+                                                                                               tmp_path, monkeypatch,
+                                                                                               capsys, read_events):
+    # validate --model/--data ended with the callback's ValueError, whose advice (a Python lambda) no command line
+    # can give; and it took no --inputs.
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+
+    def validate(*extra):
+        main(["validate", "--model", f"{HF}.ViTImagesAsX", "--data", f"{HF}.ImageData",
+              "--ckpt_path", batch_checkpoints["mapping"], "--trainer.callbacks+=lightning_gae.callbacks.GAECallback",
+              "--trainer.callbacks.faithfulness.samples=8", "--trainer.limit_val_batches=1",
+              "--trainer.enable_progress_bar=false", *extra])
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        validate()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2, err[-2000:]
+    assert "lightning-gae validate: error:" in err and "ViTImagesAsX.forward(x) takes none of them by name" in err
+    assert "--inputs my_readers.pixels" in err and "init_args: {batches: {inputs: my_readers.pixels}}" in err
+    # Followed: the reader the message names, in a module of the working directory, given as --inputs.
+    (tmp_path / "my_readers.py").write_text("def pixels(batch):\n    return batch['pixel_values']\n")
+    importlib.invalidate_caches()
+    validate("--inputs", "my_readers.pixels")
+    out = capsys.readouterr().out
+    assert "faithfulness (8 validation samples" in out, out[-2000:]
+    runs = sorted({p.parent for p in tmp_path.glob("lightning_logs/version_*/events.out.tfevents.*")})
+    scalars = {tag for run in runs for tag in read_events(run).scalar_values()}
+    assert "positive_perturbation_auc/gae" in scalars, sorted(scalars)

@@ -19,10 +19,15 @@ from torch import Tensor, nn
 from lightning_gae._structures import batch_fields
 from lightning_gae.callbacks.samples import default_batch_inputs
 
-__all__ = ["fit_to_forward", "forward_hint"]
+__all__ = ["LayoutUnclear", "fit_to_forward", "forward_hint"]
 
 # A forward's only parameter by one of these names (or annotated as a mapping) takes the batch itself.
 _BATCH_NAMES = ("batch", "inputs", "sample", "samples", "data")
+
+
+class LayoutUnclear(ValueError):
+    """The forward's signature cannot tell how to pass the batches (the message names readers that work when passed):
+    the command catches it to put that advice as its own ``--inputs``."""
 
 
 def _forward_parameters(module: nn.Module) -> list[inspect.Parameter] | None:
@@ -65,7 +70,7 @@ def fit_to_forward(module: nn.Module, inputs: Any) -> Any:
         ground truth left out), or ``(inputs,)`` for a forward that takes the batch itself.
 
     Raises:
-        ValueError: a mapping or dataclass the forward's parameters do not tell how to pass; the message names
+        LayoutUnclear: a mapping or dataclass the forward's parameters do not tell how to pass; the message names
             ``batches=BatchOptions(inputs=...)`` with readers that work when passed.
     """
     parameters = _forward_parameters(module)
@@ -85,7 +90,7 @@ def fit_to_forward(module: nn.Module, inputs: Any) -> Any:
         return taken
     if len(required) == 1 and not taken and _takes_mapping(next(p for p in parameters if p.name == required[0])):
         return (inputs,)
-    raise ValueError(_refusal(module, inputs, required or names[:1]))
+    raise LayoutUnclear(_refusal(module, inputs, required or names[:1]))
 
 
 def _fit_dataclass(module: nn.Module, batch: Any, fields: Mapping[str, Any],
@@ -102,7 +107,7 @@ def _fit_dataclass(module: nn.Module, batch: Any, fields: Mapping[str, Any],
     if len(required) == 1 and not taken and _takes_dataclass(next(p for p in parameters if p.name == required[0]),
                                                               type(batch)):
         return (batch,)
-    raise ValueError(_refusal(module, fields, required or names[:1], kind=type(batch).__name__))
+    raise LayoutUnclear(_refusal(module, fields, required or names[:1], kind=type(batch).__name__))
 
 
 def _refusal(module: nn.Module, inputs: Mapping[str, Any], wanted: list[str], kind: str | None = None) -> str:

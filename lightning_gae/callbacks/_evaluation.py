@@ -14,13 +14,15 @@ scoring a fit's checkpoint afterwards lands at that fit's step, not at 0.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import Trainer
 
 from lightning_gae.callbacks._state import RunState
 
-__all__ = ["TEST_PREFIX", "checkpoint_step", "logged_step", "scorable", "test_scalars"]
+__all__ = ["TEST_PREFIX", "checkpoint_step", "continue_fit_steps", "logged_step", "scorable", "test_scalars"]
 
 TEST_PREFIX = "test_"
 
@@ -35,6 +37,19 @@ def checkpoint_step(checkpoint: Mapping[str, Any]) -> int | None:
     except (KeyError, TypeError, ValueError):
         return None if step is None else int(step)
     return stepped if step is None else min(stepped, int(step))
+
+
+def continue_fit_steps(trainer: Trainer, ckpt_path: Any) -> None:
+    """The fit loop's counters as the checkpoint at ``ckpt_path`` holds them, and the logging step at the fit's last
+    (where it logged its final faithfulness): what ``lightning-gae validate``/``test`` of a run's own config logs
+    lands there, not at 0."""
+    if not ckpt_path or not Path(str(ckpt_path)).is_file():
+        return
+    checkpoint = torch.load(str(ckpt_path), map_location="cpu", weights_only=True, mmap=True)
+    loop, step = (checkpoint.get("loops") or {}).get("fit_loop"), checkpoint_step(checkpoint)
+    if loop and step is not None:
+        loop["epoch_loop.state_dict"] = {**loop.get("epoch_loop.state_dict", {}), "_batches_that_stepped": step}
+        trainer.fit_loop.load_state_dict(loop)
 
 
 def logged_step(trainer: Trainer, loaded: int | None) -> int:
