@@ -216,8 +216,9 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
         metrics = sorted({d["metric"] for d in curves.values()})
         payload = {"run": run, "steps": steps, "methods": methods, "metrics": metrics, "curve_steps": curve_steps,
                    "samples": samples, "ranges": ranges, "summary": self._summary(scores, data, methods),
-                   "flags": self._flags(flags, data), "regions": self._regions(regions, data, methods),
-                   "alerts": self._alerts(alerts, data)}
+                   "flags": self._text_entries(flags, data, ("method", "cause")),
+                   "regions": self._regions(regions, data, methods),
+                   "alerts": self._text_entries(alerts, data, ("region", "method"))}
         return http_util.Respond(request, payload, "application/json")
 
     @staticmethod
@@ -241,17 +242,6 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
                 entry[stat] = {"steps": steps, "methods": {m: [by_method[m].get(s) for s in steps] for m in ranked}}
             out.append(entry)
         return out
-
-    @staticmethod
-    def _alerts(alerts: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]]) -> list[dict[str, Any]]:
-        """The alerts of suspect regions: step, region, method and the alert's markdown, by step."""
-        out = []
-        for tag, d in alerts.items():
-            for datum in data.get(tag, []):
-                text = datum.numpy.reshape(-1)[0]
-                out.append({"step": datum.step, "region": d["region"], "method": d["method"],
-                            "text": text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)})
-        return sorted(out, key=lambda a: (a["step"], a["region"], a["method"]))
 
     @staticmethod
     def _summary(scores: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]],
@@ -303,15 +293,17 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
         return out
 
     @staticmethod
-    def _flags(flags: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]]) -> list[dict[str, Any]]:
-        """The explanations flagged as not faithful: step, method, cause and the flag's markdown, by step."""
+    def _text_entries(entries: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]],
+                      keys: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Text entries (the flags of unfaithful explanations, the alerts of suspect regions): each one's step, its
+        ``keys`` and its markdown, by step and then those keys."""
         out = []
-        for tag, d in flags.items():
+        for tag, d in entries.items():
             for datum in data.get(tag, []):
                 text = datum.numpy.reshape(-1)[0]
-                out.append({"step": datum.step, "method": d["method"], "cause": d["cause"],
+                out.append({"step": datum.step, **{k: d[k] for k in keys},
                             "text": text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)})
-        return sorted(out, key=lambda f: (f["step"], f["method"], f["cause"]))
+        return sorted(out, key=lambda e: (e["step"], *(e[k] for k in keys)))
 
     @wrappers.Request.application
     def _serve_step(self, request: wrappers.Request) -> wrappers.Response:
