@@ -259,6 +259,8 @@ _TEST_CONCERNS = {
     "lrp": {"transformer_attribution_autocast"},
     "engine": {"attention_flow", "attn_gradcam_vit", "capture_models", "lora", "tiled_reference"},
     "metrics": {"abpc", "dtypes", "harness", "torchmetrics", "unscorable"},
+    # a modality defined outside the package, run through the callback
+    "modalities": {"new_modality"},
     "tensorboard": {"token_sets_tab"},
     # tests/recipes/ tests the repository's recipes/, not the package.
     "recipes": {"known_answers", "recipes", "several_token_sets"},
