@@ -4,6 +4,8 @@ faithfulness scores, and a declared time window's share of relevance."""
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -172,6 +174,11 @@ def test_the_modality_maps_removes_and_finds_its_window():
     assert modality.token_units(in_window[None], signal).shape == (1, 2, 8)
     with pytest.raises(ValueError, match="does not fit SignalPatches"):
         modality.region_tokens(Region("w", "suspect", token_ids=[3]), signal)
+
+
+def test_the_guide_shows_this_modality_as_the_test_runs_it():
+    guide = Path(__file__).resolve().parents[2] / "docs" / "guides" / "add-a-modality.md"
+    assert inspect.getsource(SignalPatches) in guide.read_text()
 
 
 def test_its_picture_changes_with_the_relevance():
