@@ -16,7 +16,7 @@ Prefix tokens (CLS, registers) belong to no region.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
