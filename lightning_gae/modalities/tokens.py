@@ -14,9 +14,9 @@ hold, so a new kind of input is one subclass (``docs/guides/add-a-modality.md``)
   followed by one token per removal unit, drawn with :meth:`~Modality.render`; override the ones
   your input needs otherwise (:meth:`~Modality.region_tokens` to score declared regions).
 
-The package's own: :class:`~lightning_gae.modalities.image.ImageTokens` (ViT patches),
-:class:`~lightning_gae.modalities.text.TextTokens` (token ids) and
-:class:`~lightning_gae.modalities.tabular.TabularTokens` (one token per feature). They are plain classes
+The package's own: :class:`~lightning_gae.ImageTokens` (ViT patches),
+:class:`~lightning_gae.TextTokens` (token ids) and
+:class:`~lightning_gae.TabularTokens` (one token per feature). They are plain classes
 with typed ``__init__`` arguments, so LightningCLI builds them from YAML::
 
     modality:
@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import matplotlib
 import numpy as np
@@ -65,16 +66,21 @@ def spread(relevance: Tensor, x: Tensor) -> Tensor:
     return relevance.reshape(relevance.shape + (1,) * (x.dim() - lead)).expand(x.shape)
 
 
-class MethodMap(NamedTuple):
-    """One method's map of one sample, as the GAE pictures draw it."""
+@dataclass(frozen=True)
+class MethodMap:
+    """One method's map of one sample, as the GAE pictures draw it.
+
+    Attributes:
+        method: the method's name.
+        values: the sample's map in the units :meth:`Modality.token_map` or :meth:`Modality.input_map` gave.
+        vrange: ``(vmin, vmax)``, the colour scale's ends.
+        saturated: whether values lie past the scale (a fixed scale set at an earlier step), marked on the colour bar.
+    """
 
     method: str
     values: np.ndarray
-    """The sample's map in the units :meth:`Modality.token_map` or :meth:`Modality.input_map` gave."""
     vrange: tuple[float, float]
-    """The colour scale's ends."""
     saturated: bool
-    """Whether values lie past the scale (a fixed scale set at an earlier step), marked on the colour bar."""
 
 
 class Modality(ABC):
