@@ -72,7 +72,8 @@ class MethodMap:
 
     Attributes:
         method: the method's name.
-        values: the sample's map in the units :meth:`Modality.token_map` or :meth:`Modality.input_map` gave.
+        values: the sample's map in the units :meth:`~lightning_gae.Modality.token_map` or
+            :meth:`~lightning_gae.Modality.input_map` gave.
         vrange: ``(vmin, vmax)``, the colour scale's ends.
         saturated: whether values lie past the scale (a fixed scale set at an earlier step), marked on the colour bar.
     """
