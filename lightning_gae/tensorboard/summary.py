@@ -257,7 +257,7 @@ def _writer_key(writer: Any) -> str:
 
 class TensorBoardViews(StepViews):
     """Writes each explanation step of :class:`~lightning_gae.callbacks.GAECallback` to TensorBoard writers,
-    as :class:`~lightning_gae.display.views.StepViews` draws it (the arguments are its own). Each writer gets the
+    as :class:`~lightning_gae.tensorboard.views.StepViews` draws it (the arguments are its own). Each writer gets the
     tracked samples' inputs once and a Custom Scalars layout whenever a metric first appears in it.
     """
 
