@@ -6,7 +6,7 @@ from lightning_gae.engine.readout import Explanation
 from lightning_gae.engine.token_sets import Streams
 from lightning_gae.language.generation import GenerationExplanation, explain_generation
 from lightning_gae.language.answers import AnswerExplanation, NextTokenLogits, answer_rows, explain_answers
-from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae import metrics  # noqa: E402  (after explain/modalities, which it builds on)
 
 __all__ = [

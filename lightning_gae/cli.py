@@ -487,7 +487,7 @@ def _answer_rows(model: Any, inputs: Any, labels: Any, truth: Any, callback: Any
     from lightning_gae.language.answers import NextTokenLogits
     from lightning_gae.callbacks.answer_samples import answer_samples, has_answer_labels, holds_causal_lm, keep_readout
     from lightning_gae.callbacks.samples import Samples
-    from lightning_gae.modalities.tokens import TextTokens
+    from lightning_gae.modalities import TextTokens
 
     wanted = None if callback is None else callback.engine.answer_tokens
     samples = Samples(inputs=inputs, labels=labels, truth=truth, keyed={})

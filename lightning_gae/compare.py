@@ -33,7 +33,7 @@ from lightning_gae.metrics.regions import score_regions
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional.perturbation import Protocol, check_protocol
 from lightning_gae.modalities.regions import Region, region_token_mask, region_valid_tokens, token_relevance
-from lightning_gae.modalities.tokens import ImageTokens, Modality
+from lightning_gae.modalities.tokens import Modality
 from lightning_gae.options import EngineOptions, FaithfulnessOptions, RegionOptions
 from lightning_gae.engine.token_sets import Streams
 from lightning_gae.language.decoder_rows import is_sequence_output, last_positions, sequence_rows
@@ -568,11 +568,8 @@ def comparison_grid(
     for method in methods:
         options = {} if query is None or method in CAPTUM_METHODS else {"query": query}
         attributions = attribute(method, model, inputs, classes, embedding_layer=embedding_layer, seed=seed, **options)
-        # Pixels for images; one value per token or feature otherwise.
-        if isinstance(modality, ImageTokens):
-            columns.append(modality.pixel_map(attributions, display))
-        else:
-            columns.append(modality.unit_scores(attributions, inputs))
+        # In the units the modality draws: pixels for images; one value per token or feature otherwise.
+        columns.append(modality.input_map(attributions, display, inputs))
     cells = [[modality.render(display[i], None, ""), *(modality.render(display[i], maps[i], "") for maps in columns)]
              for i in range(display.shape[0])]
     rows = [f"#{i}: class {int(c)}" for i, c in enumerate(classes)]

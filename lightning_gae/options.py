@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import Tensor
 
-from lightning_gae.display.views import Scale
+from lightning_gae.display import Scale
 from lightning_gae.engine.token_sets import Streams
 from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.modalities.regions import Region

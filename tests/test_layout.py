@@ -41,7 +41,7 @@ _PUBLIC = {
     "lightning_gae.compare": ['ATTRIBUTION_METHODS', 'Comparison', 'DEFAULT_METHODS', 'attribute', 'compare',
                               'comparison_grid', 'infer_modality', 'last_positions', 'sequence_rows', 'token_set_input',
                               'token_set_inputs'],
-    "lightning_gae.display": ['DIVERGING_CMAP', 'SEQUENTIAL_CMAP', 'colorbar', 'colorize', 'colormap_lut',
+    "lightning_gae.display": ['DIVERGING_CMAP', 'SEQUENTIAL_CMAP', 'Scale', 'colorbar', 'colorize', 'colormap_lut',
                               'evolution_grid', 'feature_bars', 'feature_table', 'figure_to_array', 'grid',
                               'heatmap_panel', 'matrix_panel', 'normalize', 'overlay', 'panel_row', 'side_by_side',
                               'stack', 'text_line', 'titled_image', 'token_rows', 'token_strip', 'value_range'],
@@ -84,12 +84,17 @@ _PUBLIC = {
     "lightning_gae.metrics.perturbation": ['AOPC', 'Comprehensiveness', 'DeletionAUC', 'InsertionAUC',
                                            'NegativePerturbationAUC', 'PerturbationAUC', 'PositivePerturbationAUC',
                                            'Sufficiency'],
-    "lightning_gae.modalities": ['ImageTokens', 'Modality', 'TabularTokens', 'TextTokens', 'infer_modality',
+    "lightning_gae.modalities": ['ImageTokens', 'MethodMap', 'Modality', 'TabularTokens', 'TextTokens', 'infer_modality',
                                  'token_set_input', 'token_set_inputs'],
+    "lightning_gae.modalities.image": ['ImageTokens'],
+    "lightning_gae.modalities.tabular": ['TabularTokens'],
+    "lightning_gae.modalities.text": ['TextTokens'],
+    "lightning_gae.modalities.tokens": ['MethodMap', 'Modality'],
     "lightning_gae.options": ['BatchOptions', 'DisplayOptions', 'EngineOptions', 'FaithfulnessOptions'],
     "lightning_gae.tensorboard": ['PLUGIN_NAME', 'RELEVANCE_SCALARS', 'SetInput', 'TensorBoardViews',
                                   'custom_scalars_layout', 'faithfulness_table', 'sample_tag', 'scalar_tag'],
     "lightning_gae.tensorboard.plugin": ['GAEDashboardLoader', 'GAEDashboardPlugin'],
+    "lightning_gae.tensorboard.views": ['MAX_IMAGE_SIDE', 'SetInput', 'StepViews', 'bounded', 'markdown_cell'],
     "lightning_gae.tensorboard.summary": ['RELEVANCE_SCALARS', 'SetInput', 'TensorBoardViews', 'custom_scalars_layout',
                                           'faithfulness_table', 'sample_tag', 'scalar_tag'],
 }
@@ -186,6 +191,37 @@ def test_the_wheel_has_no_upward_import_into_the_repository():
     assert found == {("cli.py", "benchmarks.bench")}
 
 
+def test_no_code_outside_the_modalities_switches_on_a_concrete_modality():
+    # A modality owns its behaviour (Modality's methods); a switch on its class elsewhere is an edit a new modality
+    # would need there too.
+    assert layout.modality_switches(PACKAGE) == {}
+
+
+def test_the_modality_switch_check_sees_each_form_in_a_probe_module(tmp_path):
+    copy = tmp_path / "lightning_gae"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "compare_probe.py").write_text(
+        "from lightning_gae import modalities\n"
+        "from lightning_gae.modalities import ImageTokens, TextTokens\n"
+        "def f(m):\n"
+        "    a = isinstance(m, ImageTokens)\n"
+        "    b = isinstance(m, (modalities.TabularTokens, int))\n"
+        "    c = type(m) is TextTokens\n"
+        "    d = m.__class__ == ImageTokens\n"
+        "    e = issubclass(type(m), TextTokens)\n"
+        "    match m:\n"
+        "        case TextTokens():\n"
+        "            pass\n"
+        "    return isinstance(m, modalities.Modality) and type(m) is int\n"
+    )
+    # The modalities themselves may: a probe there is not reported.
+    (copy / "modalities" / "probe.py").write_text("from lightning_gae.modalities.image import ImageTokens\n"
+                                                   "def f(m):\n    return isinstance(m, ImageTokens)\n")
+    found = layout.modality_switches(copy)
+    assert list(found) == ["lightning_gae.compare_probe"]
+    assert [hit.split(":")[0] for hit in found["lightning_gae.compare_probe"]] == ["4", "5", "6", "7", "8", "10"]
+
+
 @pytest.mark.parametrize("module", sorted(_PUBLIC))
 def test_public_names_have_their_import_paths(module):
     imported = importlib.import_module(module)
@@ -223,6 +259,8 @@ _TEST_CONCERNS = {
     "lrp": {"transformer_attribution_autocast"},
     "engine": {"attention_flow", "attn_gradcam_vit", "capture_models", "lora", "tiled_reference"},
     "metrics": {"abpc", "dtypes", "harness", "torchmetrics", "unscorable"},
+    # a modality defined outside the package, run through the callback
+    "modalities": {"new_modality"},
     "tensorboard": {"token_sets_tab"},
     # tests/recipes/ tests the repository's recipes/, not the package.
     "recipes": {"known_answers", "recipes", "several_token_sets"},

@@ -34,14 +34,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal, Union
 
 import torch
-from captum.attr import GradientAttribution, LayerAttribution
+from captum.attr import GradientAttribution
 from captum.log import log_usage
 from torch import Tensor, nn
 
 from lightning_gae._structures import input_tensor, keyword_inputs
 from lightning_gae.engine.explain import Query, explain
 from lightning_gae.engine.token_sets import Streams
-from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities import ImageTokens, Modality
+from lightning_gae.modalities.tokens import spread
 
 __all__ = ["AttentionAttribution", "AttentionFlow", "AttnLRP", "AttentionGradCAM", "AttentionRollout", "GenericAttention", "RawAttention",
            "TransformerAttribution"]
@@ -121,54 +122,26 @@ def _is_image(x: Tensor) -> bool:
     return x.dim() == 4 and x.is_floating_point()
 
 
-def _broadcast(relevance: Tensor, x: Tensor) -> Tensor:
-    """``relevance [B, K]`` repeated over the trailing dims of ``x [B, K, ...]``."""
-    lead = relevance.dim()
-    if tuple(relevance.shape) != tuple(x.shape[:lead]):
-        raise ValueError(
-            f"the modality mapped the tokens to shape {tuple(relevance.shape)}, which is not the leading part "
-            f"of the input's shape {tuple(x.shape)}"
-        )
-    return relevance.reshape(relevance.shape + (1,) * (x.dim() - lead)).expand(x.shape)
-
-
-def _patch_pixels(image: ImageTokens, tokens: Tensor, x: Tensor, mode: InterpolateMode) -> Tensor:
-    """Patch relevance ``[B, N]`` on the pixels of ``x``: ``[B, H, W]``."""
-    rows, cols = x.shape[-2] // image.patch_size, x.shape[-1] // image.patch_size
-    if mode == "bilinear" or tokens.shape[1] != image.prefix_tokens + rows * cols:
-        # The modality's display upsampling, which also explains a token count that does not fit.
-        return image.to_input(tokens, x)
-    grid = tokens[:, image.prefix_tokens :].float().reshape(-1, 1, rows, cols)
-    return LayerAttribution.interpolate(grid, tuple(x.shape[-2:]), interpolate_mode=mode)[:, 0]
-
-
 def _relevance_on(
     x: Tensor, tokens: Tensor, modality: Modality | None, position: int, mode: InterpolateMode = "nearest"
 ) -> Tensor | None:
-    """Token relevance ``[B, N]`` in the shape of input ``x``, or None when ``x`` is not laid out like the tokens."""
+    """Token relevance ``[B, N]`` in the shape of input ``x``, or None when ``x`` is not laid out like the tokens.
+
+    The modality maps (:meth:`~lightning_gae.Modality.relevance_on`); without one, images get the patch grid
+    :meth:`~lightning_gae.ImageTokens.infer` finds, any other input with ``N`` entries in dim 1 the tokens' values.
+    """
     num_tokens = tokens.shape[1]
-    if isinstance(modality, ImageTokens) or (modality is None and _is_image(x)):
-        if not _is_image(x):
-            return None
-        image = modality if modality is not None else ImageTokens.infer(x, num_tokens)
-        if image is None:
+    if modality is None and _is_image(x):
+        modality = ImageTokens.infer(x, num_tokens)
+        if modality is None:
             raise ValueError(
                 f"input {position} looks like images {tuple(x.shape)}, but how {num_tokens} tokens tile "
                 f"{x.shape[-2]}x{x.shape[-1]} pixels cannot be inferred (square images with 0, 1 or 2 prefix "
                 "tokens are); pass modality=ImageTokens(patch_size=..., prefix_tokens=...)"
             )
-        return _patch_pixels(image, tokens, x, mode)[:, None].expand(x.shape)
-    if isinstance(modality, TabularTokens):
-        if x.dim() < 2 or x.shape[1] != len(modality.feature_names):
-            return None
-        return _broadcast(modality.to_input(tokens, x), x)
-    if modality is None or isinstance(modality, TextTokens):
-        if x.dim() < 2 or x.shape[1] != num_tokens:
-            return None
-        if isinstance(modality, TextTokens) and x.dim() == 2 and not x.is_floating_point():
-            return modality.to_input(tokens, x)
-        return _broadcast(tokens, x)
-    return _broadcast(modality.to_input(tokens, x), x)
+    if modality is None:
+        return spread(tokens, x) if x.dim() >= 2 and x.shape[1] == num_tokens else None
+    return modality.relevance_on(x, tokens, mode)
 
 
 def _set_relevances(
@@ -273,7 +246,7 @@ class AttentionAttribution(GradientAttribution):
         self.attention_modules = attention_modules
         self.interpolate_mode = interpolate_mode
         self.streams = streams
-        if isinstance(modality, ImageTokens) and modality.prefix_tokens == 0 and (query is None or (isinstance(query, int) and query == 0)):
+        if isinstance(modality, Modality) and modality.first_token_is_input and (query is None or (isinstance(query, int) and query == 0)):
             warnings.warn(
                 f"{modality!r} has no CLS token, so query=0 explains the first patch, not the prediction; "
                 "explain the pooled patches with query=\"mean\"",

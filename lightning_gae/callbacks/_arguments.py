@@ -7,7 +7,7 @@ from typing import Any
 
 from lightning_gae.attribution import CAPTUM_METHODS
 from lightning_gae.engine.explain import LRP_METHODS, METHODS
-from lightning_gae.modalities.tokens import Modality, TabularTokens
+from lightning_gae.modalities.tokens import Modality
 from lightning_gae.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions, RegionOptions
 
 __all__ = ["check_arguments"]
@@ -52,7 +52,7 @@ def check_arguments(callback: Any) -> None:
         raise ValueError(f"GAECallback(captum_baselines={list(callback.captum_baselines)}): choose from "
                          f"{list(CAPTUM_METHODS)}")
     tabular = callback.modality.values() if isinstance(callback.modality, Mapping) else [callback.modality]
-    if any(isinstance(m, TabularTokens) and m.means is None for m in tabular) and callback.faithfulness.metrics:
+    if any(isinstance(m, Modality) and not m.can_remove for m in tabular) and callback.faithfulness.metrics:
         raise ValueError(
             f"GAECallback(faithfulness=FaithfulnessOptions(metrics={list(callback.faithfulness.metrics)})) removes "
             f"features, but modality={callback.modality!r} has no value to put in their place: build it with "

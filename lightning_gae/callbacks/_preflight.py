@@ -24,7 +24,7 @@ from lightning_gae.options import EngineOptions
 from lightning_gae.callbacks.samples import class_names
 from lightning_gae.engine.readout import Explanation
 from lightning_gae.metrics.ground_truth import scored_truth
-from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.tensorboard.summary import TensorBoardViews
 
 __all__ = ["check_explanations", "check_removal", "infer_modality"]
@@ -63,7 +63,7 @@ def check_explanations(run: RunState, trainer: Trainer, pl_module: LightningModu
             "GAECallback: cannot infer the modality of these inputs; pass modality=ImageTokens(patch_size=...), "
             "TextTokens(tokenizer=...) or TabularTokens(feature_names=[...])"
         )
-    if isinstance(modality, ImageTokens) and modality.prefix_tokens == 0 and query == 0:
+    if modality.first_token_is_input and query == 0:
         rank_zero_warn(
             f"GAECallback: {modality!r} has no CLS token, so query=0 explains the first patch, not the "
             "prediction; pass GAECallback(query=\"mean\") to explain the pooled patches",

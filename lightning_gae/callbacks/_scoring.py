@@ -24,7 +24,7 @@ from lightning_gae.callbacks.samples import Samples
 from lightning_gae.metrics import AlignmentAccuracy, perturbation_metric
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional import explanation_stability
-from lightning_gae.modalities.tokens import Modality, TextTokens
+from lightning_gae.modalities.tokens import Modality
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, scalar_tag
 from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore, scored_truth, truth_score
 
@@ -132,9 +132,7 @@ def set_truth_scalars(explanations: Mapping[str, Any], rows: Mapping[str, Mappin
     if alignment is not None and rows is not None:
         source = next(x for x in first.relevance if x != first.query_set)
         view = views[source]
-        valid = None
-        if isinstance(view.modality, TextTokens):
-            valid = view.modality.real_tokens(map_tensors(view.inputs, lambda t: t.cpu()))
+        valid = view.modality.real_tokens(map_tensors(view.inputs, lambda t: t.cpu()))
         for method, by_set in rows.items():
             metric = cached_metric(cache, "alignment", module, lambda: AlignmentAccuracy(sync_on_compute=False))
             metric.update(by_set[source], alignment, valid)

@@ -17,7 +17,7 @@ from lightning_gae._structures import map_tensors
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.options import EngineOptions
 from lightning_gae.callbacks.samples import class_names
-from lightning_gae.display.views import SetInput
+from lightning_gae.tensorboard.views import SetInput
 from lightning_gae.engine.readout import Explanation
 from lightning_gae.language.decoder_rows import is_sequence_output, last_positions, sequence_rows
 from lightning_gae.modalities.inputs import token_set_input, token_set_inputs

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from lightning_gae.language.answers import IGNORE_INDEX, answer_rows
 from lightning_gae.callbacks.samples import Samples
-from lightning_gae.modalities.tokens import Modality, TextTokens
+from lightning_gae.modalities import Modality, TextTokens
 
 __all__ = ["answer_samples", "has_answer_labels", "holds_causal_lm", "keep_readout", "row_name"]
 
@@ -89,7 +89,7 @@ def keep_readout(modality: Modality) -> TextTokens:
     Raises:
         ValueError: ``modality`` is not a :class:`~lightning_gae.modalities.TextTokens`.
     """
-    if not isinstance(modality, TextTokens):
+    if not isinstance(modality, Modality) or modality.vocabulary(0) is None:
         raise ValueError(f"GAECallback: a causal LM's answer tokens are explained over text; modality={modality!r} is not "
                          "a TextTokens (pass modality=TextTokens(tokenizer=...) or TextTokens(vocab=[...]))")
     base = type(modality)

@@ -21,6 +21,7 @@ from lightning_gae.display.figures import (
 from lightning_gae.display.panels import (
     DIVERGING_CMAP,
     SEQUENTIAL_CMAP,
+    Scale,
     colorbar,
     colorize,
     colormap_lut,

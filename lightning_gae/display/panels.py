@@ -23,6 +23,7 @@ from lightning_gae.display._common import PAD_PX, WHITE, ArrayLike, as_numpy, as
 __all__ = [
     "DIVERGING_CMAP",
     "SEQUENTIAL_CMAP",
+    "Scale",
     "colorbar",
     "colorize",
     "colormap_lut",
@@ -42,6 +43,9 @@ SEQUENTIAL_CMAP = "inferno"
 """Colormap of non-negative relevance: perceptually uniform, black for none."""
 DIVERGING_CMAP = "RdBu_r"
 """Colormap of signed relevance: white at 0, red for positive, blue for negative."""
+Scale = Literal["per_map", "fixed"]
+"""How the colours of a map span its values over pictures: ``"per_map"``, each map's own :func:`value_range`;
+``"fixed"``, a range set once and kept, so that maps of successive steps compare."""
 
 _TEXT_PX = 13
 _INK = (0, 0, 0)

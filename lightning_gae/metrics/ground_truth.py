@@ -15,7 +15,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from lightning_gae.metrics.segmentation import RationaleAgreement, RationaleRecall, RelevanceSegmentation
-from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 
 __all__ = ["GROUND_TRUTH", "RECALL", "SET_TRUTH", "TruthScore", "scored_truth", "truth_score"]
 

@@ -17,7 +17,7 @@ from lightning_gae.metrics.functional.segmentation import (
     _relevance_segmentation_compute,
     _relevance_segmentation_update,
 )
-from lightning_gae.modalities.tokens import ImageTokens
+from lightning_gae.modalities import ImageTokens
 
 __all__ = ["RationaleAgreement", "RationaleRecall", "RelevanceSegmentation"]
 

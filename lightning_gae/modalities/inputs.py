@@ -14,7 +14,8 @@ from torch import Tensor, nn
 
 from lightning_gae._structures import display_input, take
 from lightning_gae.engine.explain import explain
-from lightning_gae.modalities.tokens import ImageTokens, Modality
+from lightning_gae.modalities.image import ImageTokens
+from lightning_gae.modalities.tokens import Modality
 
 __all__ = ["infer_modality", "token_set_input", "token_set_inputs"]
 

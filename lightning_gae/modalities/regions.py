@@ -2,7 +2,8 @@
 
 A shortcut (a watermark, a border, a spurious token) is a region of the input. :class:`Region` names one,
 for any modality, and :func:`region_token_mask` turns it into the boolean mask over the model's tokens that
-the region metrics (:mod:`lightning_gae.metrics.functional.regions`) score relevance against:
+the region metrics (:mod:`lightning_gae.metrics.functional.regions`) score relevance against. Each modality
+says which form of region it takes (:meth:`~lightning_gae.Modality.region_tokens`):
 
 - images (:class:`~lightning_gae.ImageTokens`): a pixel mask ``[H, W]`` (every sample) or ``[B, H, W]`` (one
   per sample); a patch token is in the region when at least half of its pixels are (:data:`PATCH_SHARE`);
@@ -15,15 +16,14 @@ Prefix tokens (CLS, registers) belong to no region.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities.tokens import Modality
 
 __all__ = ["PATCH_SHARE", "REGION_KINDS", "Region", "region_token_mask", "region_valid_tokens", "regions_of",
            "token_relevance"]
@@ -110,6 +110,10 @@ class Region:
                                  f"got {self.features!r}")
             self.features = tuple(features)
 
+    def mismatch(self, modality: Modality, wanted: str) -> ValueError:
+        """The error for a region of the wrong form for ``modality``, saying the form it ``wanted``."""
+        return ValueError(f"Region {self.name!r} does not fit {type(modality).__name__}: it needs {wanted}")
+
     @property
     def suspect(self) -> bool:
         """Whether relevance on the region is a warning sign (a shortcut) rather than the evidence wanted."""
@@ -122,8 +126,8 @@ def region_token_mask(region: Region, modality: Modality, inputs: Any) -> Tensor
     Args:
         region: the declared region; its form must fit the modality (a mask for images, ids or a
             predicate for text, features for tabular data).
-        modality: the :class:`~lightning_gae.ImageTokens`, :class:`~lightning_gae.TextTokens` or
-            :class:`~lightning_gae.TabularTokens` of the model (its subclasses too).
+        modality: the model's modality; it says which form of region it takes
+            (:meth:`~lightning_gae.Modality.region_tokens`).
         inputs: the batch: images ``[B, C, H, W]``; ``input_ids [B, T]`` or a mapping with ``input_ids``;
             features ``[B, F]``.
 
@@ -142,26 +146,18 @@ def region_token_mask(region: Region, modality: Modality, inputs: Any) -> Tensor
     >>> region_token_mask(Region("corner", "suspect", mask=mask), ImageTokens(patch_size=2), torch.zeros(1, 1, 4, 4))
     tensor([[False,  True, False, False, False]])
     """
-    if isinstance(modality, ImageTokens):
-        return _image_tokens(region, modality, inputs)
-    if isinstance(modality, TextTokens):
-        return _text_tokens(region, modality, inputs)
-    if isinstance(modality, TabularTokens):
-        return _tabular_tokens(region, modality, inputs)
-    raise ValueError(f"region_token_mask knows ImageTokens, TextTokens and TabularTokens; got {type(modality).__name__}")
+    return modality.region_tokens(region, inputs)
 
 
 def region_valid_tokens(modality: Modality, inputs: Any, tokens: int) -> Tensor | None:
-    """The tokens a region's share and recall count: a text modality's real tokens (no padding), else None (all).
+    """The tokens a region's share and recall count: the modality's real tokens (no padding,
+    :meth:`~lightning_gae.Modality.real_tokens`), else None (all).
 
     The callback and :func:`lightning_gae.compare.compare` both pass it as ``valid`` to the region metrics, so that
     they score the same tokens; ``tokens`` is the relevance's token count (a mismatch counts every token).
     """
-    real = getattr(modality, "real_tokens", None)
-    if not callable(real):
-        return None
     try:
-        valid = real(inputs)
+        valid = modality.real_tokens(inputs)
     except Exception:  # noqa: BLE001 - a modality that cannot tell: every token counts
         return None
     return valid.cpu() if isinstance(valid, Tensor) and valid.shape[-1] == tokens else None
@@ -170,92 +166,12 @@ def region_valid_tokens(modality: Modality, inputs: Any, tokens: int) -> Tensor 
 def token_relevance(modality: Modality, attributions: Tensor, inputs: Any, tokens: int) -> Tensor | None:
     """An attribution as token relevance ``[B, tokens]`` on the CPU, for the region metrics; None when it cannot be one.
 
-    Token relevance (``explain(...).tokens``) is kept; Captum's maps become tokens: an image map (``[B, C, H, W]``
-    or ``[B, H, W]``) its mean per patch, a table's ``[B, F]`` its features, a text map ``[B, T, D]`` its sum over
-    ``D``; the prefix tokens (CLS, registers) get 0.
+    Token relevance (``explain(...).tokens``) is kept; Captum's maps become tokens as the modality says
+    (:meth:`~lightning_gae.Modality.token_relevance`): an image map (``[B, C, H, W]`` or ``[B, H, W]``) its mean per
+    patch, a table's ``[B, F]`` its features, a text map ``[B, T, D]`` its sum over ``D``; the prefix tokens (CLS,
+    registers) get 0.
     """
-    found = attributions.detach().float().cpu()
-    if found.dim() == 3 and not isinstance(modality, ImageTokens):
-        found = found.sum(dim=-1)
-    if found.dim() == 2 and found.shape[1] == tokens:
-        return found
-    prefix = 0
-    if isinstance(modality, ImageTokens):
-        try:
-            pixels = modality.pixel_map(found, inputs)
-        except ValueError:  # not a map of these images
-            return None
-        p = modality.patch_size
-        rows, cols = pixels.shape[-2] // p, pixels.shape[-1] // p
-        found = F.avg_pool2d(pixels[:, None, : rows * p, : cols * p], p)[:, 0].flatten(1)
-        prefix = modality.prefix_tokens
-    elif isinstance(modality, TabularTokens) and found.dim() == 2:
-        prefix = modality.prefix_tokens
-    found = torch.cat([torch.zeros(found.shape[0], prefix), found], dim=1) if found.dim() == 2 else found
-    return found if found.dim() == 2 and found.shape[1] == tokens else None
-
-
-def _wrong_form(region: Region, modality: Modality, wanted: str) -> ValueError:
-    return ValueError(f"Region {region.name!r} does not fit {type(modality).__name__}: it needs {wanted}")
-
-
-def _image_tokens(region: Region, modality: ImageTokens, images: Any) -> Tensor:
-    if region.mask is None:
-        raise _wrong_form(region, modality, "mask= (pixels [H, W] or [B, H, W])")
-    if not isinstance(images, Tensor) or images.dim() != 4:
-        raise ValueError(f"ImageTokens regions need images [B, C, H, W]; got {getattr(images, 'shape', type(images).__name__)}")
-    batch, height, width = images.shape[0], *images.shape[-2:]
-    mask = region.mask
-    if tuple(mask.shape[-2:]) != (height, width) or (mask.dim() == 3 and mask.shape[0] != batch):
-        raise ValueError(f"Region {region.name!r}: mask of shape {tuple(mask.shape)} does not fit images "
-                         f"{tuple(images.shape)}; give [{height}, {width}] or [{batch}, {height}, {width}]")
-    # The patch grid as ImageTokens makes it: row-major, pixels past the last whole patch belong to none.
-    p = modality.patch_size
-    rows, cols = height // p, width // p
-    pixels = (mask != 0).float().to(images.device).expand(batch, height, width)[:, None, : rows * p, : cols * p]
-    inside = F.avg_pool2d(pixels, p)[:, 0].flatten(1) >= PATCH_SHARE
-    prefix = torch.zeros(batch, modality.prefix_tokens, dtype=torch.bool, device=images.device)
-    return torch.cat([prefix, inside], dim=1)
-
-
-def _text_tokens(region: Region, modality: TextTokens, inputs: Any) -> Tensor:
-    # TextTokens' own reader of input_ids is private; the rule it follows is this one line.
-    ids = inputs.get("input_ids") if isinstance(inputs, Mapping) else inputs
-    if not isinstance(ids, Tensor) or ids.dim() != 2:
-        raise ValueError("TextTokens regions need input_ids [B, T]: a tensor, or a mapping with 'input_ids'")
-    if region.token_ids is not None:
-        inside = torch.isin(ids, torch.tensor(region.token_ids, dtype=ids.dtype, device=ids.device))
-    elif region.predicate is not None:
-        inside = torch.as_tensor(region.predicate(ids), device=ids.device)
-        if inside.shape != ids.shape:
-            raise ValueError(f"Region {region.name!r}: predicate returned shape {tuple(inside.shape)} for input_ids "
-                             f"{tuple(ids.shape)}; it must return one bool per token")
-        inside = inside.bool()
-    else:
-        raise _wrong_form(region, modality, "token_ids= or predicate=")
-    return inside & modality.real_tokens(inputs).to(ids.device)
-
-
-def _tabular_tokens(region: Region, modality: TabularTokens, features: Any) -> Tensor:
-    if region.features is None:
-        raise _wrong_form(region, modality, "features= (indices or names of the features)")
-    names = modality.feature_names
-    if not isinstance(features, Tensor) or features.dim() != 2 or features.shape[1] != len(names):
-        raise ValueError(f"TabularTokens regions need features [B, {len(names)}]; "
-                         f"got {getattr(features, 'shape', type(features).__name__)}")
-    index = []
-    for f in region.features:
-        if isinstance(f, str):
-            if f not in names:
-                raise ValueError(f"Region {region.name!r}: feature {f!r} is not one of feature_names {names}")
-            index.append(names.index(f))
-        elif not 0 <= f < len(names):
-            raise ValueError(f"Region {region.name!r}: feature index {f} is out of range for {len(names)} features")
-        else:
-            index.append(f)
-    inside = torch.zeros(features.shape[0], modality.prefix_tokens + len(names), dtype=torch.bool, device=features.device)
-    inside[:, [modality.prefix_tokens + i for i in index]] = True
-    return inside
+    return modality.token_relevance(attributions, inputs, tokens)
 
 
 def regions_of(source: Any) -> list[Region]:

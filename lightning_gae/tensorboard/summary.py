@@ -36,10 +36,11 @@ from tensorboard.util import tensor_util
 from torch import Tensor
 
 from lightning_gae._structures import map_tensors
+from lightning_gae.display import Scale
 from lightning_gae.engine.explain import Explanation
 from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.metrics.functional.health import tied_groups
-from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities.tokens import Modality
 from lightning_gae.tensorboard import metadata
 from lightning_gae.tensorboard.method_runs import (
     FAITHFULNESS_GROUP,
@@ -50,7 +51,7 @@ from lightning_gae.tensorboard.method_runs import (
     is_faithfulness,
     scalar_group,
 )
-from lightning_gae.display.views import Scale, SetInput, StepViews, bounded, markdown_cell
+from lightning_gae.tensorboard.views import SetInput, StepViews, bounded, markdown_cell
 
 __all__ = ["FAITHFULNESS_SAMPLES", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout",
            "faithfulness_rows", "faithfulness_table", "higher_is_better", "rank_labels", "sample_tag", "scalar_tag",
@@ -256,7 +257,7 @@ def _writer_key(writer: Any) -> str:
 
 class TensorBoardViews(StepViews):
     """Writes each explanation step of :class:`~lightning_gae.callbacks.GAECallback` to TensorBoard writers,
-    as :class:`~lightning_gae.display.views.StepViews` draws it (the arguments are its own). Each writer gets the
+    as :class:`~lightning_gae.tensorboard.views.StepViews` draws it (the arguments are its own). Each writer gets the
     tracked samples' inputs once and a Custom Scalars layout whenever a metric first appears in it.
     """
 
@@ -329,8 +330,8 @@ class TensorBoardViews(StepViews):
         for method, attributions in (maps or {}).items():
             raw[method] = (self.input_space(modality, attributions.detach().float().cpu(), shown, inputs), "input")
         shown_maps = {m: self.display_maps(modality, values, space, shown, inputs) for m, (values, space) in raw.items()}
-        scored = self.scored_units(modality, shown, inputs)
-        ranges = self.ranges(shown_maps, scored)
+        flags = self.unit_flags(modality, shown, inputs)
+        ranges = self.ranges(shown_maps, None if flags is None else flags[0] & ~flags[1])
         predictions = self.predictions(first, len(sample_indices))
 
         values: list[Summary.Value] = []
@@ -342,20 +343,19 @@ class TensorBoardViews(StepViews):
             label = None if labels is None else _label(labels[k])
             header = self.header(index, label, predictions[k], class_names)
             name = sample_tag(index)
-            images = {f"gae_heatmaps/{name}": self.picture(modality, shown, inputs, k, shown_maps, ranges, header, scored)}
-            if isinstance(modality, ImageTokens):
-                self.add_column(modality, shown[k], index, step, shown_maps, ranges, k, header)
-                if self.strip_due(index, last):
-                    images[f"gae_evolution/{name}"] = self.evolution(index)
+            images = {f"gae_heatmaps/{name}": self.picture(modality, shown, inputs, k, shown_maps, ranges, header, flags)}
+            if self.add_column(modality, shown[k], index, step, shown_maps, ranges, k, header) and self.strip_due(index, last):
+                images[f"gae_evolution/{name}"] = self.evolution(index)
             images = {tag: bounded(picture) for tag, picture in images.items()}
             pictures.update(images)
             values.extend(_image_value(tag, picture) for tag, picture in images.items())
-            if not isinstance(modality, ImageTokens):
+            table = self.markdown(modality, shown, inputs, k, shown_maps, header, flags)
+            if table is not None:
                 # TensorBoard's own text summary: SummaryWriter.add_text would append "/text_summary" to the tag.
-                table = self.markdown(modality, shown, inputs, k, shown_maps, header)
                 values.extend(text_summary.text_pb(f"gae_tokens/{name}", table).value)
             if need_inputs:
-                inputs_values.append(self._input_value(modality, shown, inputs, k, index, label, class_names))
+                inputs_values.append(self._input_value(modality, shown, flags, first.tokens.shape[1], k, index, label,
+                                                       class_names))
             values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/prediction/{name}", predictions[k],
                                           metadata.encode("prediction", sample=index)))
             for order, (method, (tensor, space)) in enumerate(raw.items()):
@@ -447,16 +447,16 @@ class TensorBoardViews(StepViews):
         """Every token set's pictures and text, the dashboard's tensors and the inputs' tensors; and the pictures."""
         first = next(iter(explanations.values()))
         query_modality = sets[first.query_set].modality if first.query_set in sets else None
-        if (class_names is None and rows is not None and isinstance(query_modality, TextTokens)
-                and first.logits is not None):
+        if class_names is None and rows is not None and query_modality is not None and first.logits is not None:
             # A decoder's classes are its vocabulary: name them by their tokens, not their ids.
-            class_names = query_modality.token_strings(list(range(first.logits.shape[-1])))
+            class_names = query_modality.vocabulary(first.logits.shape[-1])
         drawn = self.set_drawing(sets, sample_indices, explanations, rows, labels, class_names)
         sets, raw, predictions, query_set = drawn["sets"], drawn["raw"], drawn["predictions"], drawn["query_set"]
         values: list[Summary.Value] = []
         inputs_values: list[Summary.Value] = []
         pictures: dict[str, np.ndarray] = {}
         need_inputs = any(_writer_key(w) not in self._inputs_written for w in writers)
+        flags = {x: self.unit_flags(s.modality, s.shown, s.inputs) for x, s in sets.items()}
         for k, index in enumerate(sample_indices):
             label = None if labels is None or labels.dim() != 1 else int(labels[k])
             name = sample_tag(index)
@@ -466,11 +466,13 @@ class TensorBoardViews(StepViews):
             if table:
                 values.extend(text_summary.text_pb(f"gae_tokens/{name}", table).value)
             if need_inputs:
+                counts = {x: tensor.shape[1] for x, tensor in next(iter(raw.values())).items()}
                 query = sets[query_set]
-                inputs_values.append(self._input_value(query.modality, query.shown, query.inputs, k, index, label, class_names))
+                inputs_values.append(self._input_value(query.modality, query.shown, flags[query_set], counts[query_set], k,
+                                                       index, label, class_names))
                 for order, (x, s) in enumerate(sets.items()):
-                    inputs_values.append(self._input_value(s.modality, s.shown, s.inputs, k, index, label, class_names,
-                                                           token_set=x, order=order, query=x == query_set))
+                    inputs_values.append(self._input_value(s.modality, s.shown, flags[x], counts[x], k, index, label,
+                                                           class_names, token_set=x, order=order, query=x == query_set))
             if drawn["outputs"] is not None:
                 predicted = np.array([t.encode("utf-8") for t in drawn["outputs"][k]], dtype=object)
                 values.append(_tensor_summary(f"{metadata.TAG_PREFIX}/row_labels/{name}", predicted,
@@ -496,30 +498,18 @@ class TensorBoardViews(StepViews):
 
     # --- the dashboard's input summary ----------------------------------------------------------
 
-    def _input_value(self, modality: Modality, shown: Tensor, inputs: Any, k: int, index: int, label: int | list[int] | None,
-                     class_names: Sequence[str] | None, token_set: str | None = None, order: int = 0,
-                     query: bool = False) -> Summary.Value:
-        """The ``input`` summary of sample ``k``, or with ``token_set`` that set's ``set_input`` summary (``order``:
-        its place among the sets; ``query``: whether it is the query set)."""
+    def _input_value(self, modality: Modality, shown: Tensor, flags: tuple[np.ndarray, np.ndarray] | None, count: int,
+                     k: int, index: int, label: int | list[int] | None, class_names: Sequence[str] | None,
+                     token_set: str | None = None, order: int = 0, query: bool = False) -> Summary.Value:
+        """The ``input`` summary of sample ``k`` (:meth:`~lightning_gae.Modality.dashboard_input`; ``flags``:
+        :meth:`unit_flags`, ``count``: the set's token count), or with ``token_set`` that set's ``set_input`` summary
+        (``order``: its place among the sets; ``query``: whether it is the query set)."""
         fields: dict[str, Any] = {"sample": index, "position": k, "label": label,
                                   "class_names": None if class_names is None else [str(c) for c in class_names]}
         if token_set is not None:
             fields.update(set=token_set, order=order, query=query)
-        if isinstance(modality, ImageTokens):
-            pixels = (modality.display_image(shown[k]).numpy() * 255.0 + 0.5).astype(np.uint8)
-            rows, cols = shown.shape[-2] // modality.patch_size, shown.shape[-1] // modality.patch_size
-            fields.update(modality="image", prefix_tokens=modality.prefix_tokens, grid=[rows, cols],
-                          patch_size=modality.patch_size)
-            value = pixels
-        elif isinstance(modality, TextTokens):
-            valid, muted = self.text_flags(modality, shown, inputs)
-            fields.update(modality="text", valid=valid[k].tolist(), muted=muted[k].tolist())
-            value = np.array([t.encode("utf-8") for t in modality.token_strings(shown[k])], dtype=object)
-        elif isinstance(modality, TabularTokens):
-            fields.update(modality="tabular", prefix_tokens=modality.prefix_tokens, feature_names=modality.feature_names)
-            value = shown[k].double().numpy()
-        else:
-            raise ValueError(f"TensorBoardViews draws ImageTokens, TextTokens and TabularTokens; got {type(modality).__name__}")
+        described, value = modality.dashboard_input(shown[k], None if flags is None else (flags[0][k], flags[1][k]), count)
+        fields.update(described)
         if token_set is None:
             return _tensor_summary(f"{metadata.TAG_PREFIX}/input/{sample_tag(index)}", value, metadata.encode("input", **fields))
         return _tensor_summary(f"{metadata.TAG_PREFIX}/set_input/{token_set}/{sample_tag(index)}", value,

@@ -21,19 +21,23 @@ LAZY_IMPORTS = {
 # The layers of the data flow, lowest first: a module imports from its own layer or lower ones, never higher.
 # A name is a module or a package prefix; the longest prefix that matches a module decides its layer.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # plumbing and plain drawing (display's figures and panels, which its __init__ re-exports): they import
-    # nothing of the package but each other
+    # batch plumbing and the drawing primitives (display's figures, panels and colour maps): they import nothing of
+    # the package but each other
     ("lightning_gae._structures", "lightning_gae.display"),
     # the engine's parts below explain(), and the LRP mode they share with it
     ("lightning_gae.engine",),
     ("lightning_gae.lrp",),
     # explain(): the engine's top, which runs the LRP methods too
     ("lightning_gae.engine.explain",),
-    # what builds on explanations: what a token is, metrics, Captum classes, language models
-    ("lightning_gae.modalities", "lightning_gae.metrics", "lightning_gae.attribution", "lightning_gae.language"),
-    # consumers that draw or compare
-    ("lightning_gae.compare", "lightning_gae.display.views", "lightning_gae.options"),
-    # the faces: TensorBoard, the callback, the command, the package's own re-exports
+    # what a token is in the input (each modality maps, removes and draws its own, with display's primitives), and
+    # language models
+    ("lightning_gae.modalities", "lightning_gae.language"),
+    # what scores explanations through a modality, and the Captum classes
+    ("lightning_gae.metrics", "lightning_gae.attribution"),
+    # consumers that compare, and the options they share with the callback
+    ("lightning_gae.compare", "lightning_gae.options"),
+    # the faces: TensorBoard (its views lay out what the modalities draw), the callback, the command, the package's
+    # own re-exports
     ("lightning_gae.tensorboard", "lightning_gae.callbacks", "lightning_gae.cli", "lightning_gae"),
 )
 
@@ -213,6 +217,54 @@ def function_imports(package: Path) -> dict[str, list[str]]:
                 hidden = [n for n in names if n.startswith("lightning_gae")]
                 if hidden:
                     found.setdefault(name, []).extend(hidden)
+    return found
+
+
+# The package's own modalities: code outside lightning_gae/modalities/ asks a modality (its methods), never which one it is.
+CONCRETE_MODALITIES = ("ImageTokens", "TextTokens", "TabularTokens")
+
+
+def _names(node: ast.AST) -> set[str]:
+    """The names a class test mentions: ``A``, ``m.A``, ``(A, B)``."""
+    if isinstance(node, ast.Tuple):
+        return set().union(*(_names(e) for e in node.elts)) if node.elts else set()
+    if isinstance(node, ast.Name):
+        return {node.id}
+    if isinstance(node, ast.Attribute):
+        return {node.attr}
+    return set()
+
+
+def _is_type_of(node: ast.AST) -> bool:
+    """``type(x)`` or ``x.__class__``."""
+    return ((isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type"
+             and len(node.args) == 1) or (isinstance(node, ast.Attribute) and node.attr == "__class__"))
+
+
+def modality_switches(package: Path, allowed: str = "modalities") -> dict[str, list[str]]:
+    """``module -> ["<line>: <code>", ...]`` for every test of a value against a concrete modality class outside the
+    ``allowed`` folder: ``isinstance``/``issubclass`` naming one, ``type(x) is/== ImageTokens``, ``x.__class__ ...``,
+    and ``match`` cases ``ImageTokens()``."""
+    found: dict[str, list[str]] = {}
+    for name, path in modules(package).items():
+        if name.startswith(f"{package.name}.{allowed}"):
+            continue
+        hits = []
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: set[str] = set()
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("isinstance", "issubclass") and len(node.args) == 2):
+                names = _names(node.args[1])
+            elif isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(_is_type_of(side) for side in sides):
+                    names = set().union(*(_names(side) for side in sides))
+            elif isinstance(node, ast.MatchClass):
+                names = _names(node.cls)
+            if names & set(CONCRETE_MODALITIES):
+                hits.append(f"{node.lineno}: {ast.unparse(node)}")
+        if hits:
+            found[name] = hits
     return found
 
 

@@ -14,7 +14,7 @@ from lightning_gae.callbacks.samples import balanced_choice as _balanced_choice
 from lightning_gae.engine.explain import _attended, _explain, _relevance_row
 from lightning_gae.engine.lean import _chunks, _LeanAttention
 from lightning_gae.metrics.stderr import value_and_stderr as _value_and_stderr
-from lightning_gae.display.views import MAX_IMAGE_SIDE as _MAX_IMAGE_SIDE
+from lightning_gae.tensorboard.views import MAX_IMAGE_SIDE as _MAX_IMAGE_SIDE
 
 __all__ = ["_Failures", "_MAX_IMAGE_SIDE", "_Layer", "_LeanAttention", "_attended", "_balanced_choice", "_chunks", "_explain",
            "_fit_to_forward",

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from lightning_gae.metrics.functional._removal import Target, perturbed_scores
-from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities.tokens import Modality
 
 __all__ = ["RegionRemoval", "region_recall", "region_removal_drop", "region_share"]
 
@@ -175,41 +175,12 @@ class RegionRemoval(NamedTuple):
 
 def _removable_tokens(modality: Modality, inputs: Any) -> Tensor:
     """bool ``[B, N]``: the tokens whose input the modality can remove (no prefix, special or padded token)."""
-    if isinstance(modality, ImageTokens):
-        if not isinstance(inputs, Tensor) or inputs.dim() != 4:
-            raise ValueError(f"ImageTokens needs images [B, C, H, W]; got {getattr(inputs, 'shape', type(inputs).__name__)}")
-        batch, _, height, width = inputs.shape
-        cells = (height // modality.patch_size) * (width // modality.patch_size)
-        patches = torch.ones(batch, cells, dtype=torch.bool, device=inputs.device)
-        return torch.cat([torch.zeros(batch, modality.prefix_tokens, dtype=torch.bool, device=inputs.device), patches], 1)
-    if isinstance(modality, TextTokens):
-        return modality.removable(inputs)
-    if isinstance(modality, TabularTokens):
-        features = modality.removable(inputs)
-        prefix = torch.zeros(features.shape[0], modality.prefix_tokens, dtype=torch.bool, device=features.device)
-        return torch.cat([prefix, features], dim=1)
-    raise ValueError(f"region_removal_drop knows ImageTokens, TextTokens and TabularTokens; got {type(modality).__name__}")
+    return modality.removable_tokens(inputs)
 
 
 def _token_units(modality: Modality, tokens: Tensor, inputs: Any) -> Tensor:
-    """Token masks ``[S, B, N]`` as the modality's removal units ``[S, B, U]``.
-
-    Images: a patch token is its patch (``removal="patch"``) or all its pixels (``"pixel"``), nearest,
-    never blended: ImageTokens' pixel map upsamples bilinearly, which spills a patch onto its neighbours.
-    """
-    if isinstance(modality, ImageTokens):
-        height, width = inputs.shape[-2:]
-        p = modality.patch_size
-        rows, cols = height // p, width // p
-        grid = tokens[..., modality.prefix_tokens :].reshape(*tokens.shape[:2], rows, cols)
-        if modality.removal == "patch":
-            return grid.flatten(2)
-        pixels = torch.zeros(*tokens.shape[:2], height, width, dtype=torch.bool, device=tokens.device)
-        pixels[..., : rows * p, : cols * p] = grid.repeat_interleave(p, dim=2).repeat_interleave(p, dim=3)
-        return pixels.flatten(2)
-    if isinstance(modality, TabularTokens):
-        return tokens[..., modality.prefix_tokens :]
-    return tokens
+    """Token masks ``[S, B, N]`` as the modality's removal units ``[S, B, U]`` (:meth:`~lightning_gae.Modality.token_units`)."""
+    return modality.token_units(tokens, inputs)
 
 
 def region_removal_drop(

@@ -1,4 +1,4 @@
-"""lightning_gae.display.views: what StepViews draws for one explanation step of an image, text and tabular model, with
+"""lightning_gae.tensorboard.views: what StepViews draws for one explanation step of an image, text and tabular model, with
 no writer: the pictures and their bounded size, the evolution strip's columns, the fixed colour range kept across steps,
 and the markdown tables."""
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lightning_gae import Explanation, ImageTokens, TabularTokens, TextTokens, display
-from lightning_gae.display.views import MAX_IMAGE_SIDE, SetInput, StepViews, bounded
+from lightning_gae.tensorboard.views import MAX_IMAGE_SIDE, SetInput, StepViews, bounded
 from tests.helpers.pictures import find
 
 VOCAB = ["[CLS]", "[SEP]", "[PAD]", "the", "cat", "sat", "on", "a", "mat"]
@@ -24,19 +24,19 @@ def _explanation(tokens, classes=3):
 def _draw(views, modality, shown, inputs, explanations, step, indices):
     """One step of single-set samples drawn the way TensorBoardViews.write draws it: (pictures, strips, tables)."""
     shown_maps = {m: views.display_maps(modality, e.tokens, "tokens", shown, inputs) for m, e in explanations.items()}
-    scored = views.scored_units(modality, shown, inputs)
-    ranges = views.ranges(shown_maps, scored)
+    flags = views.unit_flags(modality, shown, inputs)
+    ranges = views.ranges(shown_maps, views.scored_units(modality, shown, inputs))
     predictions = views.predictions(next(iter(explanations.values())), len(indices))
     pictures, strips, tables = [], {}, []
     for k, index in enumerate(indices):
         header = views.header(index, None, predictions[k], None)
-        pictures.append(views.picture(modality, shown, inputs, k, shown_maps, ranges, header, scored))
-        if isinstance(modality, ImageTokens):
-            views.add_column(modality, shown[k], index, step, shown_maps, ranges, k, header)
+        pictures.append(views.picture(modality, shown, inputs, k, shown_maps, ranges, header, flags))
+        if views.add_column(modality, shown[k], index, step, shown_maps, ranges, k, header):
             if views.strip_due(index, last=False):
                 strips[index] = views.evolution(index)
-        else:
-            tables.append(views.markdown(modality, shown, inputs, k, shown_maps, header))
+        table = views.markdown(modality, shown, inputs, k, shown_maps, header, flags)
+        if table is not None:
+            tables.append(table)
     return pictures, strips, tables, ranges
 
 

@@ -6,6 +6,11 @@ for models with several token sets every set, or a target x source matrix per de
 what makes successive steps comparable: each method's fixed colour range (``scale="fixed"``) and the
 last steps of every evolution strip. :class:`lightning_gae.tensorboard.TensorBoardViews` writes what
 it draws to TensorBoard.
+
+Everything that depends on the kind of input is the modality's (:class:`~lightning_gae.Modality`'s drawing
+hooks: :meth:`~lightning_gae.Modality.picture`, :meth:`~lightning_gae.Modality.set_panels`,
+:meth:`~lightning_gae.Modality.evolution_cells`, :meth:`~lightning_gae.Modality.table_units`); these views lay
+the pieces out, keep the colour ranges and the strips' history.
 """
 
 from __future__ import annotations
@@ -15,22 +20,20 @@ import re
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from PIL import Image
 from torch import Tensor
 
 from lightning_gae import display
-from lightning_gae._structures import keyword_inputs, map_tensors
+from lightning_gae._structures import map_tensors
+from lightning_gae.display import Scale
 from lightning_gae.engine.explain import Explanation
-from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities.tokens import MethodMap, Modality
 
 __all__ = ["MAX_IMAGE_SIDE", "Scale", "SetInput", "StepViews", "bounded", "markdown_cell"]
 
-Scale = Literal["per_map", "fixed"]
-
-_EVOLUTION_PX = 128
 MAX_IMAGE_SIDE = 4096
 """Longest side of a drawn picture: larger PNGs make TensorBoard's image panel and the browser stall
 (a long text or a long evolution_length would otherwise grow a picture without bound)."""
@@ -55,7 +58,7 @@ class SetInput:
     """One token set of a model with several (encoder and decoder, image and text towers), as it is drawn.
 
     Attributes:
-        modality: how the set's tokens map onto its input (``ImageTokens``, ``TextTokens``, ``TabularTokens``).
+        modality: how the set's tokens map onto its input (``ImageTokens``, ``TextTokens``, ``TabularTokens``, ...).
         shown: the set's input as a person sees it: images ``[B, C, H, W]``, token ids ``[B, T]`` or features.
         inputs: what ``modality`` maps with: ``shown``, or a mapping with ``input_ids`` and its ``attention_mask``.
     """
@@ -99,37 +102,32 @@ class StepViews:
     @staticmethod
     def input_space(modality: Modality, attributions: Tensor, shown: Tensor, inputs: Any) -> Tensor:
         """A Captum-style map in input units: pixels ``[B, H, W]``, or one value per token or feature."""
-        if isinstance(modality, ImageTokens):
-            return modality.pixel_map(attributions, shown)
-        return modality.unit_scores(attributions, inputs)
+        return modality.input_map(attributions, shown, inputs)
 
     @staticmethod
     def display_maps(modality: Modality, values: Tensor, space: str, shown: Tensor, inputs: Any) -> np.ndarray:
         """``[B, ...]`` as drawn: the patch grid (token relevance) or pixels for images, one value per token or feature."""
         if space == "input":
             return values.numpy()
-        if isinstance(modality, ImageTokens):
-            rows, cols = shown.shape[-2] // modality.patch_size, shown.shape[-1] // modality.patch_size
-            if values.shape[1] != modality.prefix_tokens + rows * cols:
-                # A reshape alone would accept any multiple of the grid and draw other samples' patches.
-                raise ValueError(f"{values.shape[1]} tokens do not fit {modality!r} on {shown.shape[-2]}x"
-                                 f"{shown.shape[-1]} images ({modality.prefix_tokens} + {rows}x{cols} patches)")
-            return values[:, modality.prefix_tokens :].reshape(-1, rows, cols).numpy()
-        return modality.to_input(values, inputs).numpy()
+        return modality.token_map(values, shown, inputs).numpy()
 
     @staticmethod
-    def text_flags(modality: TextTokens, shown: Tensor, inputs: Any) -> tuple[Tensor, Tensor]:
-        """``(valid, muted)`` ``[B, T]``: real tokens (attention mask, else not padding), and special tokens."""
-        mask = (keyword_inputs(inputs) or {}).get("attention_mask")
-        ids = {"input_ids": shown, "attention_mask": mask} if isinstance(mask, Tensor) else shown
-        return modality.real_tokens(ids), modality.special_tokens(ids)
+    def unit_flags(modality: Modality, shown: Tensor, inputs: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(valid, muted)`` ``[B, U]``: the units drawn and those drawn grey (:meth:`~lightning_gae.Modality.drawn_units`;
+        text: real tokens, special tokens); None when every unit is drawn and scored."""
+        flags = modality.drawn_units(shown, inputs)
+        return None if flags is None else (flags[0].numpy(), flags[1].numpy())
 
     def scored_units(self, modality: Modality, shown: Tensor, inputs: Any) -> np.ndarray | None:
-        """bool ``[B, T]``: the text tokens that set the colour scale (real, not special); None for other modalities."""
-        if not isinstance(modality, TextTokens):
-            return None
-        valid, muted = self.text_flags(modality, shown, inputs)
-        return (valid & ~muted).numpy()
+        """bool ``[B, U]``: the units that set the colour scale (drawn, not muted); None when all of them do."""
+        flags = self.unit_flags(modality, shown, inputs)
+        return None if flags is None else flags[0] & ~flags[1]
+
+    @staticmethod
+    def method_maps(shown_maps: Mapping[str, np.ndarray], ranges: Mapping[str, list[tuple[float, float, bool]]],
+                    k: int) -> list[MethodMap]:
+        """Sample ``k``'s map and colour range of every method."""
+        return [MethodMap(m, maps[k], ranges[m][k][:2], ranges[m][k][2]) for m, maps in shown_maps.items()]
 
     def ranges(self, shown_maps: Mapping[str, np.ndarray], scored: np.ndarray | None) -> dict[str, list[tuple[float, float, bool]]]:
         """Method -> per sample ``(vmin, vmax, saturated)``."""
@@ -186,35 +184,24 @@ class StepViews:
     # --- pictures -------------------------------------------------------------------------------
 
     def picture(self, modality: Modality, shown: Tensor, inputs: Any, k: int, shown_maps: Mapping[str, np.ndarray],
-                 ranges: Mapping[str, list[tuple[float, float, bool]]], header: str, scored: np.ndarray | None) -> np.ndarray:
-        if isinstance(modality, ImageTokens):
-            image = modality.display_image(shown[k]).numpy()
-            panels = [("input", display.enlarge(image, self.panel_px))]
-            for method, maps in shown_maps.items():
-                vmin, vmax, saturated = ranges[method][k]
-                heat = display.heatmap_panel(image, maps[k], self.panel_px, (vmin, vmax), alpha=self.alpha)
-                bar = display.colorbar(vmin, vmax, heat.shape[1], saturated=saturated)
-                panels.append((method, display.stack([heat, bar], axis=0, gap=3)))
-            return display.panel_row(panels, header)
-        if isinstance(modality, TextTokens):
-            valid, muted = self.text_flags(modality, shown, inputs)
-            keep = valid[k].numpy()
-            tokens = [t for t, v in zip(modality.token_strings(shown[k]), keep) if v]
-            rows = [(m, maps[k][keep], ranges[m][k][:2]) for m, maps in shown_maps.items()]
-            return display.token_rows(tokens, rows, muted=muted[k].numpy()[keep].tolist(), header=header)
-        if isinstance(modality, TabularTokens):
-            columns = [(m, maps[k], ranges[m][k][:2]) for m, maps in shown_maps.items()]
-            return display.feature_table(modality.feature_names, columns, values=shown[k].float().numpy(), header=header)
-        raise ValueError(f"TensorBoardViews draws ImageTokens, TextTokens and TabularTokens; got {type(modality).__name__}")
+                 ranges: Mapping[str, list[tuple[float, float, bool]]], header: str,
+                 flags: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """Sample ``k``'s ``gae_heatmaps`` picture (:meth:`~lightning_gae.Modality.picture`); ``flags``: :meth:`unit_flags`."""
+        row = None if flags is None else (flags[0][k], flags[1][k])
+        return modality.picture(shown[k], self.method_maps(shown_maps, ranges, k), row, header, self.panel_px, self.alpha)
 
-    def add_column(self, modality: ImageTokens, x: Tensor, index: int, step: int, shown_maps: Mapping[str, np.ndarray],
-                    ranges: Mapping[str, list[tuple[float, float, bool]]], k: int, header: str) -> None:
-        """This step's column of sample ``index``'s evolution strip (drawn by :meth:`_evolution`)."""
-        image = modality.display_image(x).numpy()
-        cells = {m: display.heatmap_panel(image, maps[k], _EVOLUTION_PX, ranges[m][k][:2], alpha=self.alpha)
-                 for m, maps in shown_maps.items()}
+    def add_column(self, modality: Modality, x: Tensor, index: int, step: int, shown_maps: Mapping[str, np.ndarray],
+                    ranges: Mapping[str, list[tuple[float, float, bool]]], k: int, header: str) -> bool:
+        """This step's column of sample ``index``'s evolution strip (drawn by :meth:`evolution`); False when the
+        modality draws no strip (:meth:`~lightning_gae.Modality.evolution_cells`)."""
+        maps = self.method_maps(shown_maps, ranges, k)
+        found = modality.evolution_cells(x, maps, self.alpha)
+        if found is None:
+            return False
+        cells = {m.method: cell for m, cell in zip(maps, found)}
         self.history.setdefault(index, deque(maxlen=self.evolution_length)).append((step, header, cells))
         self._unseen[index] = self._unseen.get(index, 0) + 1
+        return True
 
     def strip_due(self, index: int, last: bool) -> bool:
         """Whether sample ``index``'s strip is drawn now: at the last step of a run (``last``) when it has a column
@@ -237,16 +224,15 @@ class StepViews:
         return display.evolution_grid(grid, list(cells), titles, shape, header)
 
     def markdown(self, modality: Modality, shown: Tensor, inputs: Any, k: int, shown_maps: Mapping[str, np.ndarray],
-                  header: str) -> str:
-        if isinstance(modality, TextTokens):
-            valid, _ = self.text_flags(modality, shown, inputs)
-            keep = valid[k].numpy()
-            units = [t for t, v in zip(modality.token_strings(shown[k]), keep) if v]
-            first = "token"
-        else:
-            keep = np.ones(len(modality.feature_names), dtype=bool)
-            units = [f"{n} = {v:.4g}" for n, v in zip(modality.feature_names, shown[k].float().tolist())]
-            first = "feature"
+                  header: str, flags: tuple[np.ndarray, np.ndarray] | None = None) -> str | None:
+        """Sample ``k``'s ``gae_tokens`` table: a row per unit (:meth:`~lightning_gae.Modality.table_units`), a column
+        per method; None for a modality that writes none (images)."""
+        row = None if flags is None else (flags[0][k], flags[1][k])
+        found = modality.table_units(shown[k], row)
+        if found is None:
+            return None
+        first, units = found
+        keep = np.ones(len(units), dtype=bool) if row is None else row[0]
         methods = list(shown_maps)
         lines = [markdown_cell(header), "", "| " + " | ".join([first, *methods]) + " |",
                  "| --- |" + " ---: |" * len(methods)]
@@ -284,14 +270,14 @@ class StepViews:
         raw = {m: {x: e.relevance[x].detach().float().cpu() for x in sets} for m, e in explanations.items()}
         shown_maps = {m: {x: self.display_maps(sets[x].modality, values, "tokens", sets[x].shown, sets[x].inputs)
                           for x, values in by_set.items()} for m, by_set in raw.items()}
-        kept = {x: self._kept(s) for x, s in sets.items()}
+        flags = {x: self.unit_flags(s.modality, s.shown, s.inputs) for x, s in sets.items()}
         ranges: dict[tuple[str, str], list[tuple[float, float, bool]]] = {}
         for x, s in sets.items():
             # The fixed colour range of a (method, set) pair is kept under its own key.
             found = self.ranges({f"{m}/{x}": maps[x] for m, maps in shown_maps.items()},
                                  self.scored_units(s.modality, s.shown, s.inputs))
             ranges.update({(m, x): found[f"{m}/{x}"] for m in shown_maps})
-        matrices = None if rows is None else self._matrices(rows, sets, kept, first)
+        matrices = None if rows is None else self._matrices(rows, sets, flags, first)
         predictions = self.predictions(first, len(sample_indices))
         pictures = []
         for k, index in enumerate(sample_indices):
@@ -301,41 +287,28 @@ class StepViews:
                 # The header's one explained class would be one row's; every row explains its own.
                 header = f"val #{index} · row t explains the token predicted at target position t"
             if matrices is None:
-                picture = self._sets_picture(sets, kept, k, shown_maps, ranges, header)
+                picture = self._sets_picture(sets, flags, k, shown_maps, ranges, header)
             else:
                 picture = self._matrix_picture(matrices, k, header)
-            pictures.append((bounded(picture), self._sets_markdown(sets, kept, k, shown_maps, matrices, header)))
+            pictures.append((bounded(picture), self._sets_markdown(sets, flags, k, shown_maps, matrices, header)))
         return {"sets": sets, "raw": raw, "pictures": pictures, "predictions": predictions, "query_set": first.query_set,
                 "outputs": None if matrices is None else matrices["outputs"]}
 
-    def _kept(self, token_set: SetInput) -> np.ndarray:
-        """bool ``[B, U]``: the units drawn (text: real tokens; everything else: all)."""
-        if isinstance(token_set.modality, TextTokens):
-            return self.text_flags(token_set.modality, token_set.shown, token_set.inputs)[0].numpy()
-        return np.ones((token_set.shown.shape[0], 1), dtype=bool)
-
-    @staticmethod
-    def _unit_names(modality: Modality, shown: Tensor, k: int, count: int) -> list[str]:
-        """Display names of sample ``k``'s ``count`` tokens of a set: strings for text, positions otherwise."""
-        if isinstance(modality, TextTokens):
-            return modality.token_strings(shown[k])
-        return [str(i) for i in range(count)]
-
-    def _matrices(self, rows: Mapping[str, Mapping[str, Tensor]], sets: Mapping[str, SetInput], kept: Mapping[str, np.ndarray],
-                  first: Explanation) -> dict[str, Any]:
+    def _matrices(self, rows: Mapping[str, Mapping[str, Tensor]], sets: Mapping[str, SetInput],
+                  flags: Mapping[str, tuple[np.ndarray, np.ndarray] | None], first: Explanation) -> dict[str, Any]:
         """Per sample, the target x source matrices of every method and set, their labels and colour ranges."""
         query = sets[first.query_set]
         logits = first.logits
         out: dict[str, Any] = {"panels": [], "tables": [], "outputs": []}
         for k in range(query.shown.shape[0]):
-            positions = (np.flatnonzero(kept[first.query_set][k]) if isinstance(query.modality, TextTokens)
-                         else np.arange(first.tokens.shape[1]))
+            drawn = flags[first.query_set]
+            positions = np.flatnonzero(drawn[0][k]) if drawn is not None else np.arange(first.tokens.shape[1])
             if logits is not None and logits.dim() == 3:
                 # Row t is the token predicted at position t (what the explanation of query=t explains).
                 made = logits[k].detach().argmax(dim=-1).cpu()
-                outputs = self._unit_names(query.modality, made[None], 0, made.shape[0])
+                outputs = query.modality.token_labels(made, made.shape[0])
             else:
-                outputs = self._unit_names(query.modality, query.shown, k, query.shown.shape[1])
+                outputs = query.modality.token_labels(query.shown[k], query.shown.shape[1])
             out["outputs"].append(outputs)
             row_labels = [f"{t}: {outputs[t]}" for t in positions]
             panels, tables = [], []
@@ -343,9 +316,9 @@ class StepViews:
                 line = []
                 for x, tensor in by_set.items():
                     s = sets[x]
-                    columns = np.flatnonzero(kept[x][k]) if isinstance(s.modality, TextTokens) else np.arange(tensor.shape[2])
+                    columns = np.flatnonzero(flags[x][0][k]) if flags[x] is not None else np.arange(tensor.shape[2])
                     matrix = tensor[k].detach().float().cpu().numpy()[positions][:, columns]
-                    names = self._unit_names(s.modality, s.shown, k, tensor.shape[2])
+                    names = s.modality.token_labels(s.shown[k], tensor.shape[2])
                     col_labels = [names[c] for c in columns]
                     key = f"{method}/{x}/rows"
                     if self.scale == "fixed":
@@ -357,7 +330,7 @@ class StepViews:
                     panel = display.matrix_panel(matrix, row_labels, col_labels, (vmin, vmax), self.panel_px)
                     bar = display.colorbar(vmin, vmax, max(panel.shape[1], 128), saturated=saturated)
                     line.append((f"{method} · {x} (rows: targets)", display.stack([panel, bar], axis=0, gap=3)))
-                    if isinstance(s.modality, TextTokens):
+                    if flags[x] is not None:
                         tables.append((f"{method} · {x}", row_labels, col_labels, matrix))
                 panels.append(line)
             out["panels"].append(panels)
@@ -370,46 +343,27 @@ class StepViews:
         return display.stack([display.panel_row(line, header if i == 0 else "") for i, line in enumerate(lines)],
                                axis=0)
 
-    def _sets_picture(self, sets: Mapping[str, SetInput], kept: Mapping[str, np.ndarray], k: int,
-                      shown_maps: Mapping[str, Mapping[str, np.ndarray]],
+    def _sets_picture(self, sets: Mapping[str, SetInput], flags: Mapping[str, tuple[np.ndarray, np.ndarray] | None],
+                      k: int, shown_maps: Mapping[str, Mapping[str, np.ndarray]],
                       ranges: Mapping[tuple[str, str], list[tuple[float, float, bool]]], header: str) -> np.ndarray:
-        """The inputs, then one line per method: every set's relevance side by side (images as heatmaps, text as tokens)."""
+        """The inputs, then one line per method: every set's relevance side by side (images as heatmaps, text as tokens,
+        as each set's modality draws it: :meth:`~lightning_gae.Modality.set_panels`)."""
         inputs, lines = [], {m: [] for m in shown_maps}
         for x, s in sets.items():
-            modality = s.modality
-            if isinstance(modality, ImageTokens):
-                image = modality.display_image(s.shown[k]).numpy()
-                inputs.append((f"input · {x}", display.enlarge(image, self.panel_px)))
-                for m, maps in shown_maps.items():
-                    vmin, vmax, saturated = ranges[(m, x)][k]
-                    heat = display.heatmap_panel(image, maps[x][k], self.panel_px, (vmin, vmax), alpha=self.alpha)
-                    bar = display.colorbar(vmin, vmax, heat.shape[1], saturated=saturated)
-                    lines[m].append((f"{m} · {x}", display.stack([heat, bar], axis=0, gap=3)))
-            elif isinstance(modality, TextTokens):
-                keep = kept[x][k]
-                _, muted = self.text_flags(modality, s.shown, s.inputs)
-                tokens = [t for t, v in zip(modality.token_strings(s.shown[k]), keep) if v]
-                inputs.append((f"input · {x}", display.text_line(" ".join(tokens), 2 * self.panel_px)))
-                for m, maps in shown_maps.items():
-                    block = display.token_rows(tokens, [("", maps[x][k][keep], ranges[(m, x)][k][:2])],
-                                                 muted=muted[k].numpy()[keep].tolist(), width=2 * self.panel_px)
-                    lines[m].append((f"{m} · {x}", block))
-            elif isinstance(modality, TabularTokens):
-                inputs.append((f"input · {x}", display.text_line(f"{len(modality.feature_names)} features")))
-                for m, maps in shown_maps.items():
-                    table = display.feature_table(modality.feature_names, [(m, maps[x][k], ranges[(m, x)][k][:2])],
-                                                    values=s.shown[k].float().numpy())
-                    lines[m].append((f"{m} · {x}", table))
-            else:
-                raise ValueError(f"TensorBoardViews draws ImageTokens, TextTokens and TabularTokens; set {x!r} has "
-                                 f"{type(modality).__name__}")
+            maps = [MethodMap(m, by_set[x][k], ranges[(m, x)][k][:2], ranges[(m, x)][k][2]) for m, by_set in shown_maps.items()]
+            row = None if flags[x] is None else (flags[x][0][k], flags[x][1][k])
+            shown, cells = s.modality.set_panels(x, s.shown[k], maps, row, self.panel_px, self.alpha)
+            inputs.append((f"input · {x}", shown))
+            for m, cell in zip(maps, cells):
+                lines[m.method].append((f"{m.method} · {x}", cell))
         rows = [display.panel_row(inputs, header)] + [display.panel_row(line) for line in lines.values()]
         return display.stack(rows, axis=0)
 
-    def _sets_markdown(self, sets: Mapping[str, SetInput], kept: Mapping[str, np.ndarray], k: int,
+    def _sets_markdown(self, sets: Mapping[str, SetInput], flags: Mapping[str, tuple[np.ndarray, np.ndarray] | None], k: int,
                        shown_maps: Mapping[str, Mapping[str, np.ndarray]], matrices: Mapping[str, Any] | None,
                        header: str) -> str:
-        """A table per text set (tokens x methods), or per method and text set the target x source matrix."""
+        """A table per text set (tokens x methods: a set whose modality flags its units), or per method and text set the
+        target x source matrix."""
         parts = [markdown_cell(header)]
         if matrices is not None:
             for title, row_labels, col_labels, matrix in matrices["tables"][k]:
@@ -421,10 +375,10 @@ class StepViews:
             return "\n".join(parts) if len(parts) > 1 else ""
         methods = list(shown_maps)
         for x, s in sets.items():
-            if not isinstance(s.modality, TextTokens):
+            if flags[x] is None:
                 continue
-            keep = kept[x][k]
-            tokens = [t for t, v in zip(s.modality.token_strings(s.shown[k]), keep) if v]
+            keep = flags[x][0][k]
+            tokens = [t for t, v in zip(s.modality.token_labels(s.shown[k], len(keep)), keep) if v]
             parts += ["", f"**{markdown_cell(x)}**", "", "| " + " | ".join(["token", *methods]) + " |",
                       "| --- |" + " ---: |" * len(methods)]
             for u, token in enumerate(tokens):
