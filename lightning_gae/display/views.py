@@ -23,7 +23,7 @@ from torch import Tensor
 
 from lightning_gae import display
 from lightning_gae._structures import keyword_inputs, map_tensors
-from lightning_gae.engine.explain import Explanation
+from lightning_gae.engine.readout import Explanation
 from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens
 
 __all__ = ["MAX_IMAGE_SIDE", "Scale", "SetInput", "StepViews", "bounded", "markdown_cell"]

@@ -36,7 +36,7 @@ from tensorboard.util import tensor_util
 from torch import Tensor
 
 from lightning_gae._structures import map_tensors
-from lightning_gae.engine.explain import Explanation
+from lightning_gae.engine.readout import Explanation
 from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.metrics.functional.health import tied_groups
 from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens, TextTokens

@@ -32,7 +32,7 @@ def test_vit_with_sdpa(method):
 @pytest.mark.parametrize("case", ["vit", "bert_padded", "seq2seq"])
 def test_explain_methods_shares_one_forward_and_equals_explain_per_method(case):
     """Every method from one recorded forward equals its own explain() call (and the oracle through it)."""
-    from lightning_gae.engine.explain import explain_methods
+    from lightning_gae.methods import explain_methods
 
     torch.manual_seed(2)
     query = None
