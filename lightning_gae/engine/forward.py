@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from lightning_gae._structures import Target, map_tensors, model_logits
+from lightning_gae._structures import Target, eval_mode, map_tensors, model_logits
 from lightning_gae.engine import rules
 from lightning_gae.engine.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.engine.readout import (
@@ -35,7 +35,9 @@ from lightning_gae.engine.readout import (
 )
 from lightning_gae.engine.token_sets import Streams, TokenSets, assign_token_sets
 
-__all__ = ["OutOfOrder", "RecordedForward", "on_device", "prepared", "readers", "recorded_forward"]
+# eval_mode, map_tensors and model_logits: the batch plumbing the benchmarks use, re-exported from a public module.
+__all__ = ["OutOfOrder", "RecordedForward", "eval_mode", "map_tensors", "model_logits", "on_device", "prepared",
+           "readers", "recorded_forward"]
 
 Propagation = Literal["rules", "rollout", "last"]
 
