@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 import lightning_gae
 from lightning_gae.attribution import ATTRIBUTION_METHODS, CAPTUM_METHODS, attribute
-from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
+from lightning_gae.callbacks import EngineOptions, FaithfulnessOptions, GAECallback
 from lightning_gae.cli import main
 from lightning_gae.compare import DEFAULT_METHODS, compare
 from lightning_gae.engine import rules
@@ -31,6 +31,7 @@ from lightning_gae.methods import (
     unregister_method,
 )
 from recipes.digits import DigitsDataModule
+from recipes.seq2seq import CopyTokens, Seq2SeqCopier, make_copy_task
 from tests.helpers.models import TinySeq2Seq, small_vit
 from tests.helpers.processes import ROOT, get_json, tensorboard_server
 
@@ -151,6 +152,19 @@ def test_its_facts_refuse_what_it_does_not_define(first_head_registered):
                                          r"sequence's last self-attention\); this model has the token sets .*"
                                          r"Use 'raw_attention'"):
         lightning_gae.explain(model, inputs, method="first_head", query=3)
+
+
+def test_compare_leaves_it_out_on_several_token_sets_with_its_reason(first_head_registered):
+    torch.manual_seed(0)
+    model = Seq2SeqCopier(d_model=32, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32).eval()
+    data = make_copy_task(4, source_length=7, copy_length=6, generator=torch.Generator().manual_seed(1))
+    tokens = CopyTokens()
+    with pytest.warns(UserWarning, match=r"method='first_head' is defined on one token set .*first_head is left out"):
+        result = compare(model, (data["src"], data["tgt_in"]), methods=("rollout", "first_head"),
+                         modality={"encoder": tokens, "decoder": tokens}, ground_truth={"alignment": data["alignment"]},
+                         faithfulness=FaithfulnessOptions(metrics=()),
+                         engine=EngineOptions(set_inputs={"encoder": 0, "decoder": 1}))
+    assert list(result.methods) == ["rollout"] and "Use 'raw_attention'" in result.skipped["first_head"]
 
 
 def test_compare_scores_it_and_the_cli_offers_it(first_head_registered, capsys):
