@@ -10,8 +10,8 @@ from lightning_gae.modalities.tokens import ImageTokens, Modality, TabularTokens
 from lightning_gae import metrics  # noqa: E402  (after explain/modalities, which it builds on)
 
 METHODS: tuple[str, ...] = method_names("attention")
-"""The attention methods, read from the recorded attention maps: every ``method=`` of :func:`explain` but the LRP
-ones, as the package registers them (:func:`lightning_gae.methods.method_names` lists yours too). Each is described,
+"""The attention methods, read from the recorded attention maps (every ``method=`` of :func:`explain` but the LRP
+ones), as the package registers them (:func:`lightning_gae.methods.method_names` lists yours too). Each is described,
 with its equation and cost, on the documentation's methods page."""
 LRP_METHODS: tuple[str, ...] = method_names("lrp")
 """The methods that propagate relevance through the whole model (LRP) rather than through the attention maps:

@@ -32,7 +32,7 @@ __all__ = ["CAPTUM_METHODS", "batch_tensor", "captum_attribute", "predict"]
 
 CAPTUM_METHODS: dict[str, Callable[[Callable[..., Tensor]], Any]] = {m.name: m.rule for m in methods_of("gradient")}
 """Captum's gradient methods the package registers, by the names ``attribute``, ``compare`` and the callback use:
-each builds its Captum attribution from the forward function (:mod:`lightning_gae.methods.gradients`)."""
+each builds its Captum attribution from the forward function (``lightning_gae/methods/gradients.py``)."""
 
 # Keys of a keyword-argument input that hold the tensor being explained, in order of preference.
 _ATTRIBUTED_KEYS = ("input_ids", "pixel_values")

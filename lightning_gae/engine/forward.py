@@ -225,7 +225,7 @@ class RecordedForward:
 
     @property
     def query(self) -> Tensor:
-        """The query set's readout: ``[B]`` indices, or a float ``[B, N]`` start row for ``query="mean"``."""
+        """The query set's readout, ``[B]`` indices or a float ``[B, N]`` start row for ``query="mean"``."""
         return self.starts[self.sets.query_set]
 
     @property
@@ -264,7 +264,7 @@ class RecordedForward:
         self.gradients = [rec.as_heads(torch.zeros_like(rec.tensor) if g is None else g) for rec, g in zip(wanted, found)]
 
     def lean_backward(self) -> None:
-        """GAE's backward on the memory-lean path (:attr:`lean_abars`, :attr:`lean_row`); raises :class:`OutOfOrder`
+        """GAE's backward on the memory-lean path (:attr:`lean_abars`, :attr:`lean_row`); raises ``OutOfOrder``
         when the backward did not visit the calls last first."""
         self._require_gradient_path()
         all_lean = all(r.lean is not None for r in self.records)
@@ -308,7 +308,7 @@ class RecordedForward:
         return rows
 
     def explanation(self, method: str, rows: Tensor | Mapping[str, Tensor], last_only: bool = False) -> Explanation:
-        """The :class:`Explanation` of a rule's rows: the query set's row (a tensor) or rows per set; the readout's
+        """The :class:`~lightning_gae.Explanation` of a rule's rows: the query set's row (a tensor) or rows per set; the readout's
         own entry and padding set to 0, float32, detached. ``last_only``: the method read the last call alone."""
         sets = self.sets
         rows = {sets.query_set: rows} if isinstance(rows, Tensor) else rows

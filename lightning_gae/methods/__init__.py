@@ -1,9 +1,8 @@
 """The methods: one file per method, each registering its facts and rule (:class:`~lightning_gae.methods.Method`), and
 :func:`~lightning_gae.explain`, which runs them by those facts.
 
-:mod:`~lightning_gae.methods.registry` holds the registry; :mod:`~lightning_gae.methods.dispatch` runs
-``explain()``; each other module is one method (:mod:`~lightning_gae.methods.gradients`: Captum's four, which share
-one adapter). Importing this package registers them, in the order :data:`lightning_gae.METHODS`,
+``registry.py`` holds the registry; ``dispatch.py`` runs ``explain()``; each other module is one method
+(``gradients.py``: Captum's four, which share one adapter). Importing this package registers them, in the order :data:`lightning_gae.METHODS`,
 :data:`lightning_gae.LRP_METHODS`, ``"random"`` and Captum's methods list them. A user adds a method with
 :func:`register_method` (docs/guides/add-a-method.md).
 """

@@ -111,8 +111,8 @@ class Method:
 
     @property
     def per_set(self) -> bool:
-        """It reads the attention maps on any token sets, so it gives a row per set on a model with several: an
-        attention method with ``token_sets="any"``."""
+        """Whether it gives a row per token set on a model with several (an attention method with
+        ``token_sets="any"``, which reads the attention maps on any sets)."""
         return self.kind == "attention" and self.token_sets == "any"
 
     @property
