@@ -2,9 +2,9 @@
 :func:`~lightning_gae.explain`, which runs them by those facts.
 
 ``registry.py`` holds the registry; ``dispatch.py`` runs ``explain()``; each other module is one method
-(``gradients.py``: Captum's four, which share one adapter). Importing this package registers them, in the order :data:`lightning_gae.METHODS`,
-:data:`lightning_gae.LRP_METHODS`, ``"random"`` and Captum's methods list them. A user adds a method with
-:func:`register_method` (docs/guides/add-a-method.md).
+(``gradients.py``: Captum's four, which share one adapter). Importing this package registers them, in the order
+:data:`lightning_gae.METHODS`, :data:`lightning_gae.LRP_METHODS`, ``"random"`` and Captum's methods list them. A user
+adds a method with :func:`register_method` (docs/guides/add-a-method.md).
 """
 
 from lightning_gae.engine.forward import RecordedForward

@@ -1,6 +1,7 @@
 """Attention flow (Abnar & Zuidema, 2020): each token's maximum flow into the readout token through the layered graph
 of ``rownorm(0.5·I + 0.5·E_h A_l)``. One token set, one readout token; one max flow per token and sample, so a call
-estimated above :data:`ATTENTION_FLOW_MAX_SECONDS` is refused unless it runs inside :func:`allow_slow_attention_flow`."""
+estimated above :data:`ATTENTION_FLOW_MAX_SECONDS` is refused unless it runs inside
+:func:`allow_slow_attention_flow`."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ __all__ = ["ATTN_GRADCAM_VIT", "attn_gradcam_vit"]
 
 
 def attn_gradcam_vit(run: RecordedForward) -> Tensor:
-    """The readout row of the last call's gradient-weighted heads (:func:`~lightning_gae.engine.rules.attn_gradcam_vit_row`)."""
+    """The readout row of the last call's gradient-weighted heads
+    (:func:`~lightning_gae.engine.rules.attn_gradcam_vit_row`)."""
     return rules.attn_gradcam_vit_row(run.attentions(last_only=True)[-1], run.attention_gradients(last_only=True)[-1],
                                       run.query, run.keep)
 

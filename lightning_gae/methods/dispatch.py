@@ -9,6 +9,7 @@ the registry (:mod:`lightning_gae.methods.registry`) says what each needs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -127,8 +128,10 @@ def explain_methods(
     if not specs:
         raise ValueError(f"method={names!r}; choose one of {method_names('attention', 'lrp')}")
     model, target, query = prepared(model, target, query)
-    found: dict[str, Explanation] = {m.name: m.rule(model, inputs, target, query, embedding_layer)
-                                     for m in specs if m.kind == "lrp"}
+    # An LRP rule runs its own forward and backward; its explanation carries the name the method is registered by.
+    found: dict[str, Explanation] = {
+        m.name: replace(m.rule(model, inputs, target, query, embedding_layer), method=m.name)
+        for m in specs if m.kind == "lrp"}
     attention = [m for m in specs if m.kind == "attention"]
     if attention:
         lean = all(m.lean for m in attention)
