@@ -266,7 +266,7 @@ class _Subject:
 
 
 def _logits(model: nn.Module, inputs: Any) -> Tensor:
-    from lightning_gae.engine.explain import model_logits
+    from lightning_gae.engine.forward import model_logits
 
     return model_logits(model(**inputs) if isinstance(inputs, dict) else model(inputs))
 
@@ -333,7 +333,7 @@ def gae_matrix_rows(model: nn.Module, inputs: Any, target: Tensor, query: int = 
     """
     from lightning_gae.engine import rules
     from lightning_gae.engine.capture import AttentionRecorder
-    from lightning_gae.engine.explain import eval_mode
+    from lightning_gae.engine.forward import eval_mode
 
     with eval_mode(model), torch.enable_grad():
         with AttentionRecorder(model) as recorder:
@@ -349,7 +349,8 @@ def gae_matrix_rows(model: nn.Module, inputs: Any, target: Tensor, query: int = 
 def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], object]]:
     from captum.attr import IntegratedGradients, Saliency
 
-    from lightning_gae.engine.explain import allow_slow_attention_flow, eval_mode, explain, map_tensors
+    from lightning_gae import allow_slow_attention_flow, explain
+    from lightning_gae.engine.forward import eval_mode, map_tensors
 
     model, inputs = subject.model, subject.inputs
     batch = target.shape[0]

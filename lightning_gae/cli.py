@@ -159,7 +159,7 @@ def _into_saved_run(config: Any) -> str | None:
 
 
 def _compare_parser() -> argparse.ArgumentParser:
-    from lightning_gae.compare import ATTRIBUTION_METHODS, DEFAULT_METHODS
+    from lightning_gae import compare, methods
     from lightning_gae.metrics import PERTURBATION_METRICS
 
     parser = argparse.ArgumentParser(
@@ -175,7 +175,7 @@ def _compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ckpt_path", required=True, help="a checkpoint of that fit")
     parser.add_argument("--output", required=True, help="directory for the three files (created)")
     parser.add_argument("--num_samples", type=int, default=256, help="first N validation samples (default 256)")
-    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=ATTRIBUTION_METHODS)
+    parser.add_argument("--methods", nargs="+", default=list(compare.DEFAULT_METHODS), choices=methods.method_names())
     parser.add_argument("--metrics", nargs="+", default=None, choices=list(PERTURBATION_METRICS),
                         help=f"default: {' '.join(COMPARE_METRICS)}; none for models with several token sets, whose "
                              "sets are scored against the batches' ground truth instead")
@@ -343,14 +343,14 @@ def _set_comparison_picture(model: Any, inputs: Any, methods: Sequence[str], lay
     """The first samples of a model with several token sets, drawn as the callback draws them, one under another."""
     from lightning_gae import display
     from lightning_gae._structures import first_tensor, map_tensors
-    from lightning_gae.engine.explain import METHODS, explain
+    from lightning_gae.methods import explain, get_method
     from lightning_gae.language.decoder_rows import last_positions, sequence_rows
     from lightning_gae.modalities.inputs import token_set_input
     from lightning_gae.tensorboard import SetInput, TensorBoardViews
 
     count = min(_GRID_SAMPLES, first_tensor(inputs).shape[0])
     first = map_tensors(inputs, lambda t: t[:count] if t.dim() else t)
-    shown = [m for m in methods if m in METHODS and m != "attn_gradcam_vit"]
+    shown = [m for m in methods if get_method(m).per_set]
     explained = target if callable(target) else None
     explanations = {m: explain(model, first, target=explained, method=m, streams=streams) for m in shown}
     rows = None
@@ -425,7 +425,8 @@ def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
 
     from lightning_gae.compare import comparison_grid, compare, infer_modality, token_set_inputs
     from lightning_gae.options import EngineOptions, FaithfulnessOptions
-    from lightning_gae.engine.explain import explain, map_tensors
+    from lightning_gae._structures import map_tensors
+    from lightning_gae.methods import explain
 
     model, datamodule, callback = (_configured(args.config) if args.config is not None
                                    else _from_checkpoint(args.model, args.data, args.ckpt_path))

@@ -24,11 +24,11 @@ from torchmetrics import Metric
 
 from lightning_gae.display import grid
 from lightning_gae._structures import ClassTarget, class_index, first_tensor, map_tensors, take
-from lightning_gae.attribution import ATTRIBUTION_METHODS, CAPTUM_METHODS, attribute
+from lightning_gae.attribution import ATTRIBUTION_METHODS, attribute
 from lightning_gae.attribution.gradients import batch_tensor, predict
-from lightning_gae.engine.explain import METHODS, explain
+from lightning_gae.methods import explain, get_method, method_names, methods_of
 from lightning_gae.engine.readout import check_inputs
-from lightning_gae.metrics import PERTURBATION_METRICS, AlignmentAccuracy, perturbation_metric, random_attribution
+from lightning_gae.metrics import PERTURBATION_METRICS, AlignmentAccuracy, perturbation_metric
 from lightning_gae.metrics.regions import score_regions
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional.perturbation import Protocol, check_protocol
@@ -54,10 +54,10 @@ __all__ = [
     "token_set_inputs",
 ]
 
-DEFAULT_METHODS: tuple[str, ...] = (*(m for m in METHODS if m != "attention_flow"), "random", "saliency", "input_x_gradient",
-                                    "integrated_gradients")
-"""What :func:`compare` and ``lightning-gae compare`` run unless told otherwise (GradientSHAP and attention flow,
-one max flow per token and sample, are asked for by name)."""
+DEFAULT_METHODS: tuple[str, ...] = tuple(m.name for m in methods_of() if m.default)
+"""What :func:`compare` and ``lightning-gae compare`` run unless told otherwise: the registered methods marked
+``default`` (GradientSHAP, attention flow, one max flow per token and sample, and the LRP methods are asked for by
+name)."""
 
 Target = ClassTarget
 SetTarget = Union[Target, Callable[[Any], Tensor]]
@@ -279,9 +279,9 @@ def compare(
         >>> result.num_samples, sorted(result.methods["gae"])
         (4, ['negative_perturbation_auc', 'positive_perturbation_auc', 'seconds_per_sample'])
     """
-    unknown = [m for m in methods if m not in ATTRIBUTION_METHODS]
+    unknown = [m for m in methods if m not in method_names()]
     if unknown or not methods:
-        raise ValueError(f"methods={list(methods)}: choose from {list(ATTRIBUTION_METHODS)}")
+        raise ValueError(f"methods={list(methods)}: choose from {list(method_names())}")
     check_inputs(model, inputs)
     faithfulness = FaithfulnessOptions() if faithfulness is None else faithfulness
     engine = EngineOptions() if engine is None else engine
@@ -353,7 +353,7 @@ def compare(
                                              protocol=protocol) for name in metrics}
         truth_metric = None if truth is None else truth.metric(modality)
         recall_metric = RECALL.metric(modality) if recall else None
-        options = {} if query is None or method in CAPTUM_METHODS else {"query": query}
+        options = {} if query is None or not get_method(method).token_relevance else {"query": query}
         scores = SampleScores()
         scores.groups = groups
         seconds = 0.0
@@ -465,9 +465,9 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
         scorers[key] = (f"{x}/{score.name}", lambda m=set_modality, score=score: score.metric(m), update_args)
     skipped = {m: (f"Captum's {m} attributes one input tensor, but this model takes one input per token set "
                    f"({', '.join(f'{x}: {k!r}' for x, (_, k) in layout.items())}), so it gives no relevance per set")
-               for m in methods if m in CAPTUM_METHODS}
-    if "attn_gradcam_vit" in methods:
-        skipped["attn_gradcam_vit"] = "the ViT baseline's Grad-CAM is defined on one token set; attn_gradcam is its form for several"
+               for m in methods if not get_method(m).token_relevance}
+    skipped.update({m: refusal for m in methods if m not in skipped
+                    for refusal in [get_method(m).refusal(list(sizes))] if refusal is not None})
     for method, reason in skipped.items():
         warnings.warn(f"compare: {reason}; {method} is left out", UserWarning, stacklevel=3)
     labels = target if isinstance(target, Tensor) and target.dim() == 2 else None
@@ -478,7 +478,8 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
     relevance: dict[str, dict[str, Tensor]] = {}
     for method in (m for m in methods if m not in skipped):
         progress(method, 0, total)
-        explained = "raw_attention" if method == "random" else method
+        found = get_method(method)
+        explained = found.explained_as if found.kind == "baseline" else method
         metrics_now = {key: build() for key, (_, build, _) in scorers.items()}
         scores = SampleScores()
         parts: dict[str, list[Tensor]] = {}
@@ -496,9 +497,9 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
                     torch.as_tensor(target)[start:stop]
                 exp = explain(model, chunk, target=chunk_target, method=explained, streams=streams)
                 by_set = {x: r.detach().float().cpu() for x, r in exp.relevance.items()}
-            if method == "random":
+            if found.kind == "baseline":
                 flat = [r.flatten(1) for r in by_set.values()]
-                noise = random_attribution(torch.cat(flat, dim=1), seed + index).split([f.shape[1] for f in flat], dim=1)
+                noise = found.rule(torch.cat(flat, dim=1), seed + index).split([f.shape[1] for f in flat], dim=1)
                 by_set = {x: n.reshape(r.shape) for (x, r), n in zip(by_set.items(), noise)}
             seconds += time.perf_counter() - began
             for x, r in by_set.items():
@@ -566,7 +567,7 @@ def comparison_grid(
     classes = predict(model, inputs) if target is None else class_index(target, display.shape[0], display.device)
     columns = []
     for method in methods:
-        options = {} if query is None or method in CAPTUM_METHODS else {"query": query}
+        options = {} if query is None or not get_method(method).token_relevance else {"query": query}
         attributions = attribute(method, model, inputs, classes, embedding_layer=embedding_layer, seed=seed, **options)
         # In the units the modality draws: pixels for images; one value per token or feature otherwise.
         columns.append(modality.input_map(attributions, display, inputs))

@@ -64,7 +64,7 @@ def test_readme_links_point_to_files():
         assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
 
 
-@pytest.mark.parametrize("module", ["lightning_gae", "lightning_gae.callbacks", "lightning_gae.metrics",
+@pytest.mark.parametrize("module", ["lightning_gae", "lightning_gae.methods", "lightning_gae.callbacks", "lightning_gae.metrics",
                                     "lightning_gae.modalities",
                                     "lightning_gae.modalities.regions", "lightning_gae.attribution",
                                     "lightning_gae.compare"])

@@ -47,7 +47,6 @@ _PUBLIC = {
                               'stack', 'text_line', 'titled_image', 'token_rows', 'token_strip', 'value_range'],
     "lightning_gae.engine.capture": ['AttentionRecord', 'AttentionRecorder', 'explicit_multi_head_attention_forward',
                                      'explicit_scaled_dot_product_attention'],
-    "lightning_gae.engine.explain": ['LRP_METHODS', 'METHODS', 'explain', 'explain_methods'],
     "lightning_gae.engine.lean": ['LeanCall', 'LeanState', 'lean_attention'],
     "lightning_gae.engine.readout": ['Explanation', 'explaining', 'hide_own', 'keep_mask', 'readout_query',
                                      'target_scores'],
@@ -60,7 +59,11 @@ _PUBLIC = {
     "lightning_gae.engine.token_sets": ['PRESETS', 'Streams', 'TokenSets', 'assign_token_sets', 'preset_streams'],
     "lightning_gae.language": ['AnswerExplanation', 'GenerationExplanation', 'NextTokenLogits', 'answer_rows',
                                'explain_answers', 'explain_generation', 'last_positions', 'sequence_rows'],
+    "lightning_gae.engine.forward": ['RecordedForward', 'recorded_forward'],
     "lightning_gae.lrp": ['LRPCapture', 'UnsupportedOperation'],
+    "lightning_gae.methods": ['ALL_ZERO_DEFAULT', 'KINDS', 'Method', 'RecordedForward', 'allow_slow_attention_flow',
+                              'explain', 'explain_methods', 'get_method', 'method_names', 'methods_of',
+                              'random_attribution', 'register_method', 'unregister_method'],
     "lightning_gae.metrics": ['AOPC', 'AlignmentAccuracy', 'Comprehensiveness', 'DeletionAUC', 'ExplanationStability',
                               'InsertionAUC', 'PERTURBATION_METRICS', 'PerturbationAUC', 'RationaleAgreement',
                               'RelevanceSegmentation', 'Sufficiency', 'functional', 'perturbation_metric',
@@ -99,7 +102,7 @@ _PUBLIC = {
                                           'faithfulness_table', 'sample_tag', 'scalar_tag'],
 }
 # The package's folders, each a layer of the data flow (tests/helpers/layout.py orders them).
-_FOLDERS = {"engine", "lrp", "language", "modalities", "attribution", "metrics", "display", "tensorboard", "callbacks"}
+_FOLDERS = {"engine", "lrp", "methods", "language", "modalities", "attribution", "metrics", "display", "tensorboard", "callbacks"}
 
 
 def test_no_module_touches_another_modules_private_names():
@@ -113,13 +116,13 @@ def test_the_privacy_check_sees_every_form_in_a_probe_module(tmp_path):
     (copy / "engine" / "rules.py").write_text((copy / "engine" / "rules.py").read_text() + "\n\n_x = 1\n")
     (copy / "callbacks" / "probe.py").write_text(
         "import sys\n"
-        "import lightning_gae.engine.explain as e\n"
+        "import lightning_gae.engine.forward as e\n"
         "from lightning_gae.engine import rules\n"
         "from lightning_gae.engine.rules import _x\n"
         "from lightning_gae.lrp.mode import LRPCapture\n"
         "rules._x\n"
-        "e._explain\n"
-        "sys.modules['lightning_gae.engine.explain']\n"
+        "e._attended\n"
+        "sys.modules['lightning_gae.engine.forward']\n"
         "LRPCapture(None)._note_attention\n"
         "getattr(object(), '_note_attention')\n"
     )
@@ -128,8 +131,8 @@ def test_the_privacy_check_sees_every_form_in_a_probe_module(tmp_path):
     assert sorted(found["lightning_gae.callbacks.probe"]) == sorted([
         "import: lightning_gae.engine.rules._x",
         "module attribute: lightning_gae.engine.rules._x",
-        "module attribute: lightning_gae.engine.explain._explain",
-        "sys.modules: lightning_gae.engine.explain",
+        "module attribute: lightning_gae.engine.forward._attended",
+        "sys.modules: lightning_gae.engine.forward",
         "attribute of another module's object: LRPCapture(None)._note_attention",
         "getattr: _note_attention",
     ])
@@ -146,15 +149,15 @@ def test_the_cycle_check_sees_one(tmp_path):
     copy = tmp_path / "lightning_gae"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     rules = copy / "engine" / "rules.py"
-    rules.write_text("from lightning_gae.engine.explain import explain\n" + rules.read_text())
-    assert any({"lightning_gae.engine.explain", "lightning_gae.engine.rules"} <= set(c) for c in
+    rules.write_text("from lightning_gae.engine.forward import recorded_forward\n" + rules.read_text())
+    assert any({"lightning_gae.engine.forward", "lightning_gae.engine.rules"} <= set(c) for c in
                layout.cycles(layout.imports(copy)))
-    rules.write_text(rules.read_text().replace("from lightning_gae.engine.explain import explain\n", ""))
+    rules.write_text(rules.read_text().replace("from lightning_gae.engine.forward import recorded_forward\n", ""))
     assert layout.cycles(layout.imports(copy, in_functions=True)) == []
-    rules.write_text(rules.read_text() + "\n\ndef f():\n    from lightning_gae.engine.explain import explain\n")
-    assert layout.function_imports(copy)["lightning_gae.engine.rules"] == ["lightning_gae.engine.explain"]
+    rules.write_text(rules.read_text() + "\n\ndef f():\n    from lightning_gae.engine.forward import recorded_forward\n")
+    assert layout.function_imports(copy)["lightning_gae.engine.rules"] == ["lightning_gae.engine.forward"]
     assert layout.cycles(layout.imports(copy)) == []
-    assert any({"lightning_gae.engine.explain", "lightning_gae.engine.rules"} <= set(c) for c in
+    assert any({"lightning_gae.engine.forward", "lightning_gae.engine.rules"} <= set(c) for c in
                layout.cycles(layout.imports(copy, in_functions=True)))
 
 
@@ -257,7 +260,7 @@ def test_every_class_path_of_the_configs_imports():
 _TEST_CONCERNS = {
     "callbacks": {"answers", "failures", "faithfulness_curves", "isolation", "logging", "models", "multiprocess"},
     "lrp": {"transformer_attribution_autocast"},
-    "engine": {"attention_flow", "attn_gradcam_vit", "capture_models", "lora", "tiled_reference"},
+    "engine": {"attn_gradcam_vit", "capture_models", "lora", "tiled_reference"},
     "metrics": {"abpc", "dtypes", "harness", "torchmetrics", "unscorable"},
     # a modality defined outside the package, run through the callback
     "modalities": {"new_modality"},

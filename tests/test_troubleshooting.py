@@ -26,10 +26,10 @@ from lightning_gae.compare import compare
 from recipes.digits import DigitsDataModule
 from recipes.seq2seq import PAD, CopyTaskDataModule, Seq2SeqCopier
 from lightning_gae import AttentionRecorder
+from tests.helpers.explain import recorded_rows
 from tests.helpers.models import TAB, MeanPooledViT, PrototypeViT, SumModel, TinySeq2Seq, TinyViT
 from tests.helpers.private import _attended as attended
 from tests.helpers.private import _fit_to_forward as fit_to_forward
-from tests.helpers.private import _relevance_row as relevance_row
 from tests.helpers.processes import TENSOR_PARALLEL_SCRIPT
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"
@@ -248,7 +248,7 @@ def _device_map():
               lg.AttentionRecord("b", 1, torch.empty(2, 3, 5, 5, device="meta"), "sdpa")]
     grads = [torch.randn(2, 3, 5, 5, generator=g), torch.empty(2, 3, 5, 5, device="meta")]
     meta = {"device": "meta"}
-    row = relevance_row("rollout", layers, grads, torch.zeros(2, dtype=torch.long, **meta),
+    row = recorded_rows("rollout", layers, grads, torch.zeros(2, dtype=torch.long, **meta),
                         torch.ones(2, 5, dtype=torch.bool, **meta))
     return f"the row and the keys attended are on {row.device.type} and {attended(layers[::-1]).device.type}"
 

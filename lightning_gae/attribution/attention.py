@@ -39,7 +39,15 @@ from captum.log import log_usage
 from torch import Tensor, nn
 
 from lightning_gae._structures import input_tensor, keyword_inputs
-from lightning_gae.engine.explain import Query, explain
+from lightning_gae.engine.readout import Query
+from lightning_gae.methods import explain
+from lightning_gae.methods.attention_flow import ATTENTION_FLOW
+from lightning_gae.methods.attn_gradcam import ATTN_GRADCAM
+from lightning_gae.methods.attnlrp import ATTNLRP
+from lightning_gae.methods.gae import GAE
+from lightning_gae.methods.raw_attention import RAW_ATTENTION
+from lightning_gae.methods.rollout import ROLLOUT
+from lightning_gae.methods.transformer_attribution import TRANSFORMER_ATTRIBUTION
 from lightning_gae.engine.token_sets import Streams
 from lightning_gae.modalities import ImageTokens, Modality
 from lightning_gae.modalities.tokens import spread
@@ -404,7 +412,7 @@ class GenericAttention(AttentionAttribution):
         torch.Size([2, 1, 8, 8])
     """
 
-    method = "gae"
+    method = GAE.name
 
 
 class AttentionRollout(AttentionAttribution):
@@ -415,7 +423,7 @@ class AttentionRollout(AttentionAttribution):
     Same arguments and contract as :class:`GenericAttention`.
     """
 
-    method = "rollout"
+    method = ROLLOUT.name
 
 
 class RawAttention(AttentionAttribution):
@@ -425,7 +433,7 @@ class RawAttention(AttentionAttribution):
     Same arguments and contract as :class:`GenericAttention`.
     """
 
-    method = "raw_attention"
+    method = RAW_ATTENTION.name
 
 
 class AttentionGradCAM(AttentionAttribution):
@@ -435,7 +443,7 @@ class AttentionGradCAM(AttentionAttribution):
     Same arguments and contract as :class:`GenericAttention`.
     """
 
-    method = "attn_gradcam"
+    method = ATTN_GRADCAM.name
 
 
 class AttentionFlow(AttentionAttribution):
@@ -447,7 +455,7 @@ class AttentionFlow(AttentionAttribution):
     Same arguments and contract as :class:`GenericAttention`.
     """
 
-    method = "attention_flow"
+    method = ATTENTION_FLOW.name
 
 
 class AttnLRP(AttentionAttribution):
@@ -459,7 +467,7 @@ class AttnLRP(AttentionAttribution):
     Same arguments and contract as :class:`GenericAttention`.
     """
 
-    method = "attnlrp"
+    method = ATTNLRP.name
 
 
 class TransformerAttribution(AttentionAttribution):
@@ -470,4 +478,4 @@ class TransformerAttribution(AttentionAttribution):
     Same arguments and contract as :class:`GenericAttention`.
     """
 
-    method = "transformer_attribution"
+    method = TRANSFORMER_ATTRIBUTION.name

@@ -22,28 +22,20 @@ from typing import Any
 
 import numpy as np
 import torch
-from captum.attr import GradientShap, InputXGradient, IntegratedGradients, Saliency
 from torch import Tensor, nn
 
 from lightning_gae._structures import eval_mode, forward_logits, keyword_inputs, model_logits, with_fields
 from lightning_gae.lrp.mode import word_embedding
+from lightning_gae.methods import get_method, methods_of
 
 __all__ = ["CAPTUM_METHODS", "batch_tensor", "captum_attribute", "predict"]
 
-CAPTUM_METHODS: dict[str, Callable[[Callable[..., Tensor]], Any]] = {
-    "saliency": Saliency,
-    "input_x_gradient": InputXGradient,
-    "integrated_gradients": IntegratedGradients,
-    "gradient_shap": GradientShap,
-}
-"""Captum's gradient methods by the names ``attribute``, ``compare`` and the callback use."""
+CAPTUM_METHODS: dict[str, Callable[[Callable[..., Tensor]], Any]] = {m.name: m.rule for m in methods_of("gradient")}
+"""Captum's gradient methods the package registers, by the names ``attribute``, ``compare`` and the callback use:
+each builds its Captum attribution from the forward function (``lightning_gae/methods/gradients.py``)."""
 
 # Keys of a keyword-argument input that hold the tensor being explained, in order of preference.
 _ATTRIBUTED_KEYS = ("input_ids", "pixel_values")
-_IG_STEPS = 32
-_IG_ROWS = 256  # interpolated inputs per forward+backward: bounds IG's memory, not its result
-_SHAP_SAMPLES = 16
-_SHAP_BASELINES = 8
 
 
 def batch_tensor(inputs: Any) -> tuple[Tensor, str | None]:
@@ -165,24 +157,15 @@ def _embedding_layer(model: nn.Module, embedding_layer: str | nn.Module | None) 
     return layer, repr(embedding_layer) if isinstance(embedding_layer, str) else type(layer).__name__
 
 
-def _captum_options(method: str, x: Tensor, batch: int) -> dict[str, Any]:
-    """Moderate defaults: IG with 32 steps in chunks of 256 rows; GradientSHAP from seeded Gaussian
-    baselines at the inputs' scale around IG's zero baseline."""
-    if method == "integrated_gradients":
-        return {"n_steps": _IG_STEPS, "internal_batch_size": max(batch, _IG_ROWS)}
-    if method == "gradient_shap":
-        baselines = torch.randn((_SHAP_BASELINES, *x.shape[1:])) * x.detach().float().std().cpu()
-        return {"n_samples": _SHAP_SAMPLES, "baselines": baselines.to(x)}
-    return {}
-
-
 def captum_attribute(method: str, model: nn.Module, inputs: Any, target: Tensor,
                       embedding_layer: str | nn.Module | None, seed: int, options: Mapping[str, Any]) -> Tensor:
-    """Captum's ``method`` on the attributed tensor of ``inputs`` (see :func:`batch_tensor`), ``target`` ``[B]`` classes.
+    """The gradient method ``method`` (a registered method of kind ``"gradient"``) on the attributed tensor of
+    ``inputs`` (see :func:`batch_tensor`), ``target`` ``[B]`` classes.
 
     Returns float32, detached: the input's shape for float inputs, ``[B, T]`` for token ids (the
-    embedding's attribution summed over ``D``). ``options`` go to Captum's ``attribute`` over the defaults.
+    embedding's attribution summed over ``D``). ``options`` go to Captum's ``attribute`` over the method's defaults.
     """
+    found = get_method(method)
     x, key = batch_tensor(inputs)
     batch, token_ids = x.shape[0], not x.is_floating_point()
     rest = {k: v for k, v in keyword_inputs(inputs).items() if k != key} if key is not None else {}
@@ -199,8 +182,8 @@ def captum_attribute(method: str, model: nn.Module, inputs: Any, target: Tensor,
             forward = _EmbeddingForward(forward, layer, name)
             x, extra = forward.embeddings(x, *extra), (x, *extra)
         x.requires_grad_()
-        kwargs = {**_captum_options(method, x, batch), **options}
-        result = CAPTUM_METHODS[method](forward).attribute(x, target=target, additional_forward_args=extra or None, **kwargs)
+        kwargs = {**({} if found.options is None else found.options(x, batch)), **options}
+        result = found.rule(forward).attribute(x, target=target, additional_forward_args=extra or None, **kwargs)
     result = result.detach().float()
     # One value per token id: the embedding's attribution summed over its dimension.
     return result.sum(dim=-1) if token_ids else result

@@ -13,16 +13,16 @@ from typing import Any
 from torch import Tensor, nn
 
 from lightning_gae._structures import ClassTarget, class_index
-from lightning_gae.attribution.gradients import CAPTUM_METHODS, batch_tensor, captum_attribute, predict
-from lightning_gae.engine.explain import LRP_METHODS, METHODS, explain
+from lightning_gae.attribution.gradients import batch_tensor, captum_attribute, predict
 from lightning_gae.engine.readout import check_inputs
-from lightning_gae.metrics.functional.perturbation import random_attribution
+from lightning_gae.methods import explain, get_method, method_names
 
 __all__ = ["ATTRIBUTION_METHODS", "attribute"]
 
-ATTRIBUTION_METHODS: tuple[str, ...] = (*METHODS, *LRP_METHODS, "random", *CAPTUM_METHODS)
-"""Every method :func:`attribute` and :func:`~lightning_gae.compare.compare` know: the attention methods of
-:func:`~lightning_gae.explain`, ``"random"`` (the seeded floor) and Captum's gradient methods."""
+ATTRIBUTION_METHODS: tuple[str, ...] = method_names()
+"""Every method the package registers, which :func:`attribute` and :func:`~lightning_gae.compare.compare` know: the
+attention and LRP methods of :func:`~lightning_gae.explain`, ``"random"`` (the seeded floor) and Captum's gradient
+methods (:func:`lightning_gae.methods.method_names` lists the methods registered since, yours included)."""
 
 
 def attribute(
@@ -37,7 +37,8 @@ def attribute(
     """One attribution per sample for ``method``, in a form the metrics score and the modality renders.
 
     Args:
-        method: a name in :data:`~lightning_gae.attribution.ATTRIBUTION_METHODS`: ``"gae"``, ``"rollout"``,
+        method: a registered method (:func:`lightning_gae.methods.method_names`), such as those of
+            :data:`~lightning_gae.attribution.ATTRIBUTION_METHODS`: ``"gae"``, ``"rollout"``,
             ``"raw_attention"``,
             ``"attn_gradcam"``, ``"attention_flow"``, ``"attnlrp"``, ``"transformer_attribution"`` (:func:`~lightning_gae.explain`), ``"random"`` (seeded uniform token
             relevance, the floor every method must beat), or Captum's ``"saliency"``,
@@ -93,16 +94,17 @@ def attribute(
         >>> attribute("saliency", text, torch.randint(10, (2, 5)), embedding_layer="0").shape
         torch.Size([2, 5])
     """
-    if method not in ATTRIBUTION_METHODS:
-        raise ValueError(f"method={method!r}; choose one of {list(ATTRIBUTION_METHODS)}")
-    if method in METHODS:
+    if method not in method_names():
+        raise ValueError(f"method={method!r}; choose one of {list(method_names())}")
+    found = get_method(method)
+    if found.kind == "attention":
         return explain(model, inputs, target=target, method=method, **options).tokens
-    if method in LRP_METHODS:
+    if found.kind == "lrp":
         # Relevance at the word embeddings: embedding_layer names them where get_input_embeddings() cannot.
         return explain(model, inputs, target=target, method=method, embedding_layer=embedding_layer, **options).tokens
-    if method == "random":
-        # Only the token count is needed, and raw attention needs no backward.
-        return random_attribution(explain(model, inputs, method="raw_attention", **options).tokens, seed)
+    if found.kind == "baseline":
+        # Only the token count is needed, from a method without a backward.
+        return found.rule(explain(model, inputs, method=found.explained_as, **options).tokens, seed)
     check_inputs(model, inputs)  # as explain() does: Captum would fail inside, or attribute NaN inputs silently
     x, _ = batch_tensor(inputs)
     target_index = predict(model, inputs) if target is None else class_index(target, x.shape[0], x.device)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lightning_gae.attribution import CAPTUM_METHODS
-from lightning_gae.engine.explain import LRP_METHODS, METHODS
+from lightning_gae.methods import method_names
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions, RegionOptions
 
@@ -21,9 +20,10 @@ def check_arguments(callback: Any) -> None:
                               ("display", callback.display, DisplayOptions), ("regions", callback.regions, RegionOptions)):
         if not isinstance(group, kind):
             raise ValueError(f"GAECallback({name}={group!r}): give a {kind.__name__}(...)")
-    unknown = [m for m in callback.methods if m not in METHODS + LRP_METHODS]
+    explaining = method_names("attention", "lrp")
+    unknown = [m for m in callback.methods if m not in explaining]
     if unknown or not callback.methods:
-        raise ValueError(f"GAECallback(methods={list(callback.methods)}): choose from {list(METHODS + LRP_METHODS)}")
+        raise ValueError(f"GAECallback(methods={list(callback.methods)}): choose from {list(explaining)}")
     if not callable(callback.target) and callback.target not in ("pred", "label"):
         raise ValueError(f"GAECallback(target={callback.target!r}): use 'pred' (predicted class), 'label', or a "
                          "callable output -> Tensor[B]")
@@ -47,10 +47,10 @@ def check_arguments(callback: Any) -> None:
         raise ValueError("GAECallback: every_n_epochs and every_n_train_steps are both None; set one of them")
     if callback.num_samples < 1 and not callback.batches.sample_indices:
         raise ValueError(f"GAECallback(num_samples={callback.num_samples}): track at least one sample")
-    unknown = [m for m in callback.captum_baselines if m not in CAPTUM_METHODS]
+    unknown = [m for m in callback.captum_baselines if m not in method_names("gradient")]
     if unknown:
         raise ValueError(f"GAECallback(captum_baselines={list(callback.captum_baselines)}): choose from "
-                         f"{list(CAPTUM_METHODS)}")
+                         f"{list(method_names('gradient'))}")
     tabular = callback.modality.values() if isinstance(callback.modality, Mapping) else [callback.modality]
     if any(isinstance(m, Modality) and not m.can_remove for m in tabular) and callback.faithfulness.metrics:
         raise ValueError(

@@ -19,6 +19,8 @@ from torch import Tensor
 
 from lightning_gae.callbacks._loggers import writers
 from lightning_gae.callbacks._scoring import ScoredBatch
+from lightning_gae.methods import methods_of
+from lightning_gae.methods.random import RANDOM
 from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.metrics.functional.health import (
     IDENTITY_TOLERANCE,
@@ -29,21 +31,20 @@ from lightning_gae.metrics.functional.health import (
 )
 from lightning_gae.tensorboard.summary import higher_is_better, write_health
 
-__all__ = ["CAUSES", "DOMINATED_SHARE", "IDENTITY_METHODS", "Health", "HealthFlag", "health_flags"]
-
-IDENTITY_METHODS = ("gae", "transformer_attribution")
-"""The methods whose relevance row starts from the identity (the read-out token's own 1), so that relevance
-outside that token is measured in units of it."""
+__all__ = ["CAUSES", "DOMINATED_SHARE", "FLOOR", "Health", "HealthFlag", "health_flags"]
 
 DOMINATED_SHARE = 0.5
 """A method is identity-dominated when at least this share of the scored samples' rows is."""
+
+FLOOR = RANDOM.name
+"""The floor every method is held against: random relevance, scored under its method's name."""
 
 CAUSES = {
     "identity": "its layers' terms (GAE's Ā) vanish beside the identity: the model is saturated (a confident, "
                 "well-fitted model has tiny gradients of the explained score), so the relevance outside the read-out "
                 "token is at the level of round-off, the maps are black, and its ranking cannot be trusted even where "
                 "a score still looks good (docs/guides/callback.md#unfaithful-explanations)",
-    "random": "the method does not track what the model uses: removing or keeping the tokens it ranks first changes "
+    FLOOR: "the method does not track what the model uses: removing or keeping the tokens it ranks first changes "
               "the prediction no more than random relevance does (docs/guides/callback.md#unfaithful-explanations)",
 }
 """Each cause's likely reason, as the flag states it."""
@@ -85,16 +86,16 @@ def _scores(scalars: Mapping[str, float]) -> dict[str, dict[str, tuple[float, fl
 
 def _beside_random(metric: str, method: str, by_method: Mapping[str, tuple[float, float]]) -> str:
     value, error = by_method[method]
-    random = by_method.get("random")
+    random = by_method.get(FLOOR)
     floor = "" if random is None else f" vs random {random[0]:.4g} ± {random[1]:.2g}"
     return f"{metric} {value:.4g} ± {error:.2g}{floor}"
 
 
 def _with_floor(method: str, by_method: Mapping[str, tuple[float, float]]) -> tuple[tuple[float, float], ...] | None:
     """``(method's (value, error), random's)``, or None where either is missing or not finite (nothing to tell by)."""
-    if "random" not in by_method or method not in by_method:
+    if FLOOR not in by_method or method not in by_method:
         return None
-    pair = by_method[method], by_method["random"]
+    pair = by_method[method], by_method[FLOOR]
     return pair if all(math.isfinite(x) for x in (*pair[0], *pair[1])) else None
 
 
@@ -126,7 +127,7 @@ def _most_faithful(scores: Mapping[str, Mapping[str, tuple[float, float]]], flag
     if not scores:
         return "most faithful method of this run: none scored"
     metric, by_method = next(iter(scores.items()))
-    healthy = {m: v for m, v in by_method.items() if m != "random" and m not in flagged}
+    healthy = {m: v for m, v in by_method.items() if m != FLOOR and m not in flagged}
     if not healthy:
         return f"most faithful method of this run: none; no method beats random on {metric} beyond the standard error"
     groups = tied_groups({m: v for m, (v, _) in healthy.items()}, {m: e for m, (_, e) in healthy.items()},
@@ -144,7 +145,7 @@ def health_flags(step: int, scalars: Mapping[str, float], dominated: Mapping[str
         step: the step the scalars were logged at.
         scalars: the step's scalars, ``<metric>/<method>`` and ``<metric>/<method>/stderr`` with ``random`` the floor.
         dominated: method -> :func:`~lightning_gae.metrics.functional.health.beside_identity` of every scored sample's
-            row (:data:`IDENTITY_METHODS` only).
+            row (methods registered with ``beside_identity`` only).
         raised: the flags raised before, which are not raised again.
     """
     scores = _scores(scalars)
@@ -158,20 +159,20 @@ def health_flags(step: int, scalars: Mapping[str, float], dominated: Mapping[str
                 f"its largest relevance beside the identity is {float(largest.median()):.2g} (median of "
                 f"{len(largest)} samples; below {IDENTITY_TOLERANCE:g} in {share:.0%} of them)",
                 f"its faithfulness: {numbers or 'not scored'}")
-    methods = dict.fromkeys(m for by_method in scores.values() for m in by_method if m != "random")
+    methods = dict.fromkeys(m for by_method in scores.values() for m in by_method if m != FLOOR)
     for method in methods:
         # Worse than random beyond the errors always says something. Not better than random does only where the scores
         # tell another method from random: with few samples every method is within the errors of random, which says
         # that the samples are too few, not that the methods are unfaithful.
         below = [metric for metric, by_method in scores.items() if _below_floor(metric, method, by_method)
-                 and (_worse(metric, by_method[method], by_method["random"])
+                 and (_worse(metric, by_method[method], by_method[FLOOR])
                       or any(_beats_floor(metric, other, by_method) for other in by_method if other != method))]
         if below:
-            worse = [m for m in below if _worse(m, scores[m][method], scores[m]["random"])]
+            worse = [m for m in below if _worse(m, scores[m][method], scores[m][FLOOR])]
             finding = (f"it is worse than random relevance beyond the standard error on {', '.join(worse)}" if worse else
                        f"it is not better than random relevance beyond the standard error on {', '.join(below)}, "
                        "where another method is")
-            found[(method, "random")] = (
+            found[(method, FLOOR)] = (
                 finding, "its faithfulness: " + "; ".join(_beside_random(m, method, scores[m]) for m in below))
     best = _most_faithful(scores, {method for method, _ in found})
     return [HealthFlag(step, method, cause, finding, numbers, best)
@@ -193,9 +194,12 @@ class Health:
         """``batches`` unchanged, each identity-starting method's rows measured on the way
         (:func:`~lightning_gae.metrics.functional.health.beside_identity`)."""
         self._rows = {}
+        # The methods whose relevance row starts from the identity (the read-out token's own 1), so that relevance
+        # outside that token is measured in units of it.
+        identity = {m.name for m in methods_of() if m.beside_identity}
         for batch in batches:
             for method, tokens in batch[1].items():
-                if method in IDENTITY_METHODS and tokens.dim() == 2:
+                if method in identity and tokens.dim() == 2:
                     self._rows.setdefault(method, []).append(beside_identity(tokens).cpu())
             yield batch
 
@@ -206,9 +210,9 @@ class Health:
         if not trainer.is_global_zero or not _scores(scalars):
             return
         found = health_flags(step, scalars, rows, {(f.method, f.cause) for f in self.flags})
-        now = {f.method for f in found if f.cause == "random"}
-        found = [f if f.cause != "random" else replace(f, finding=f"{f.finding} (here and at the scored step before)")
-                 for f in found if f.cause != "random" or f.method in self._below_random]
+        now = {f.method for f in found if f.cause == FLOOR}
+        found = [f if f.cause != FLOOR else replace(f, finding=f"{f.finding} (here and at the scored step before)")
+                 for f in found if f.cause != FLOOR or f.method in self._below_random]
         self._below_random = now
         for flag in found:
             self.flags.append(flag)

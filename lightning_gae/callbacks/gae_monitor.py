@@ -45,7 +45,7 @@ from lightning_gae.callbacks.samples import (
     default_batch_labels,
 )
 from lightning_gae.tensorboard.views import SetInput
-from lightning_gae.engine.explain import explain_methods
+from lightning_gae.methods import explain_methods
 from lightning_gae.engine.readout import Explanation
 from lightning_gae.language.answers import NextTokenLogits
 from lightning_gae.metrics import random_attribution

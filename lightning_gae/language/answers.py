@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from lightning_gae._structures import model_logits
-from lightning_gae.engine.explain import LRP_METHODS, METHODS, explain
+from lightning_gae.methods import explain, method_names
 
 __all__ = ["IGNORE_INDEX", "AnswerExplanation", "AnswerRows", "NextTokenLogits", "answer_rows", "explain_answers"]
 
@@ -211,8 +211,8 @@ def explain_answers(
     Raises:
         ValueError: an unknown method or target, ``max_batch`` below 1, or what :func:`answer_rows` refuses.
     """
-    if method not in METHODS + LRP_METHODS:
-        raise ValueError(f"method={method!r}; choose one of {METHODS + LRP_METHODS}")
+    if method not in method_names("attention", "lrp"):
+        raise ValueError(f"method={method!r}; choose one of {method_names('attention', 'lrp')}")
     if target not in ("label", "pred"):
         raise ValueError(f"target={target!r}; use 'label' (the answer tokens) or 'pred' (the model's predictions)")
     if max_batch < 1:

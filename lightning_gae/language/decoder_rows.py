@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_gae.engine.explain import Explanation, explain
+from lightning_gae.engine.readout import Explanation
+from lightning_gae.methods import explain
 
 __all__ = ["is_sequence_output", "last_positions", "sequence_rows"]
 

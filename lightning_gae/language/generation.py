@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lightning_gae.engine.explain import LRP_METHODS, METHODS, explain
+from lightning_gae.methods import explain, method_names
 from lightning_gae.engine.readout import check_inputs
 
 __all__ = ["GenerationExplanation", "explain_generation"]
@@ -107,8 +107,8 @@ def explain_generation(
             that is no int >= 1, an unknown method, or what :func:`lightning_gae.explain` refuses (a model on the
             meta device, a model whose output is NaN or inf).
     """
-    if method not in METHODS + LRP_METHODS:
-        raise ValueError(f"method={method!r}; choose one of {METHODS + LRP_METHODS}")
+    if method not in method_names("attention", "lrp"):
+        raise ValueError(f"method={method!r}; choose one of {method_names('attention', 'lrp')}")
     for name, value in (("max_new_tokens", max_new_tokens), ("max_batch", max_batch)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"explain_generation({name}={value!r}): pass an int >= 1")

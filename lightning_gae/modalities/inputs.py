@@ -13,7 +13,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from lightning_gae._structures import display_input, take
-from lightning_gae.engine.explain import explain
+from lightning_gae.methods import explain
 from lightning_gae.modalities.image import ImageTokens
 from lightning_gae.modalities.tokens import Modality
 

@@ -36,34 +36,26 @@ from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
+from lightning_gae.methods import ALL_ZERO_DEFAULT, get_method, method_names
+from lightning_gae.methods.random import RANDOM
 from lightning_gae.metrics.functional.health import tied_groups
 from lightning_gae.tensorboard import metadata
 
-__all__ = ["GAEDashboardLoader", "GAEDashboardPlugin"]
+__all__ = ["ALL_ZERO_DEFAULT", "GAEDashboardLoader", "GAEDashboardPlugin", "zero_reason"]
 
 _ALL_POINTS = 1_000_000  # read_tensors must be told how many points it may return; the dashboard wants them all
 SEQUENTIAL_COLORMAPS = ("inferno", "magma", "viridis", "cividis", "Greys_r")
 DIVERGING_COLORMAPS = ("RdBu_r", "PuOr_r", "coolwarm")
 
 
-ALL_ZERO = {
-    "attn_gradcam": "all zero: no positive gradient-weighted attention at the last layer (Attention Grad-CAM "
-                    "keeps only (mean gradient x attention) > 0)",
-    "attn_gradcam_vit": "all zero: no positive gradient-weighted attention at the last layer (Grad-CAM keeps "
-                        "only positive values)",
-    "saliency": "all zero: the explained output has zero gradient with respect to this input",
-    "input_x_gradient": "all zero: the explained output has zero gradient with respect to this input",
-}
-"""Why a method's map can be exactly zero everywhere, shown on the tab instead of an all-black map."""
-ALL_ZERO_DEFAULT = "all zero: the method gave no relevance to any unit of this input at this step"
-
-
-def _zero_reason(method: str, value: np.ndarray) -> str | None:
-    """The reason shown for a map that is exactly zero everywhere (None for any other map)."""
+def zero_reason(method: str, value: np.ndarray) -> str | None:
+    """The reason shown for a map that is exactly zero everywhere, instead of an all-black map (None for any other
+    map): the method's registered ``all_zero`` text, or :data:`~lightning_gae.methods.ALL_ZERO_DEFAULT` for a method
+    this process does not know (a method registered only in the process that wrote the run)."""
     finite = value[np.isfinite(value)]
     if finite.size and np.any(finite != 0):
         return None
-    return ALL_ZERO.get(method, ALL_ZERO_DEFAULT)
+    return get_method(method).all_zero if method in method_names() else ALL_ZERO_DEFAULT
 
 
 def _ranked(values: dict[str, float], higher_is_better: bool, order: list[str]) -> list[str]:
@@ -232,13 +224,13 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
                 value = float(np.asarray(datum.numpy, dtype=np.float64).reshape(-1)[0])
                 if math.isfinite(value):
                     points.setdefault(d["region"], {}).setdefault(d["stat"], {}).setdefault(d["method"], {})[datum.step] = value
-        order = [*methods, "random"]
+        order = [*methods, RANDOM.name]
         out = []
         for region in sorted(points):
             entry: dict[str, Any] = {"region": region}
             for stat, by_method in points[region].items():
                 steps = sorted({s for values in by_method.values() for s in values})
-                ranked = sorted(by_method, key=lambda m: (m == "random", order.index(m) if m in order else len(order), m))
+                ranked = sorted(by_method, key=lambda m: (m == RANDOM.name, order.index(m) if m in order else len(order), m))
                 entry[stat] = {"steps": steps, "methods": {m: [by_method[m].get(s) for s in steps] for m in ranked}}
             out.append(entry)
         return out
@@ -260,7 +252,7 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
                     entry["points"].setdefault(datum.step, {})[d["method"]] = (
                         value, error if math.isfinite(error) else None,
                         int(count[0]) if count and math.isfinite(count[0]) else None)
-        order = [*methods, "random"]
+        order = [*methods, RANDOM.name]
         out = []
         for metric in sorted(by_metric):
             entry = by_metric[metric]
@@ -338,14 +330,14 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
                                         for t in value.reshape(-1).tolist()]
                 continue
             entry = {"space": d["space"], "shape": list(value.shape), "values": _json_values(value.reshape(-1))}
-            reason = _zero_reason(d["method"], value)
+            reason = zero_reason(d["method"], value)
             if reason is not None:
                 entry["all_zero"] = reason
             elif d["space"] == "rows":
                 # Rows of a decoder that are zero everywhere (e.g. one position's Grad-CAM) say why, too.
-                zero = [t for t, row in enumerate(value) if _zero_reason(d["method"], row) is not None]
+                zero = [t for t, row in enumerate(value) if zero_reason(d["method"], row) is not None]
                 if zero:
-                    entry["zero_rows"], entry["zero_reason"] = zero, ALL_ZERO.get(d["method"], ALL_ZERO_DEFAULT)
+                    entry["zero_rows"], entry["zero_reason"] = zero, zero_reason(d["method"], np.zeros(1))
             if d["kind"] == "relevance":
                 sample["relevance"][d["method"]] = entry
             elif d["space"] == "rows":

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from lightning_gae._structures import map_tensors
 from lightning_gae.display import Scale
-from lightning_gae.engine.explain import Explanation
+from lightning_gae.engine.readout import Explanation
 from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.metrics.functional.health import tied_groups
 from lightning_gae.modalities.tokens import Modality

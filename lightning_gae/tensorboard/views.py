@@ -29,7 +29,7 @@ from torch import Tensor
 from lightning_gae import display
 from lightning_gae._structures import map_tensors
 from lightning_gae.display import Scale
-from lightning_gae.engine.explain import Explanation
+from lightning_gae.engine.readout import Explanation
 from lightning_gae.modalities.tokens import MethodMap, Modality
 
 __all__ = ["MAX_IMAGE_SIDE", "Scale", "SetInput", "StepViews", "bounded", "markdown_cell"]

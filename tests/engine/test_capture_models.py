@@ -12,10 +12,9 @@ from torch import nn
 
 import lightning_gae as lg
 from lightning_gae.engine.capture import AttentionRecord, AttentionRecorder
-from lightning_gae.engine.rules import avg_heads
-from tests.helpers.explain import METHODS, assert_matches_reference, logit_score, padded_ids
+from tests.helpers.explain import METHODS, assert_matches_reference, logit_score, padded_ids, recorded_rows
 from tests.helpers.models import PrototypeViT, TinyViT, hf_reference, vit_reference
-from tests.helpers.private import _attended, _relevance_row
+from tests.helpers.private import _attended
 
 transformers = pytest.importorskip("transformers")
 
@@ -268,10 +267,8 @@ def test_layers_on_different_devices_meet_on_the_rows_device(method):
     grads = [torch.randn(2, 3, 5, 5, generator=g), torch.empty(2, 3, 5, 5, device="meta")]
     query = torch.zeros(2, dtype=torch.long, device="meta")
     keep = torch.ones(2, 5, dtype=torch.bool, device="meta")
-    used = layers[-1:] if method in ("raw_attention", "attn_gradcam") else layers
-    # GAE's backward leaves each layer's Ā on that layer's device.
-    abars = [avg_heads(rec.as_heads(), g) for rec, g in zip(used, grads[-len(used):])]
-    row = _relevance_row(method, used, grads[-len(used):], query, keep, abars=abars)
+    # GAE's Ā of each layer is made on that layer's device.
+    row = recorded_rows(method, layers, grads, query, keep)
     assert row.device.type == "meta" and row.shape == (2, 5)
     # The keys attended anywhere, gathered on the first layer's device (data cannot leave "meta").
     assert _attended(layers[::-1]).device.type == "meta"

@@ -8,7 +8,8 @@ from lightning_gae.engine.attention import explicit_scaled_dot_product_attention
 from lightning_gae.engine.capture import AttentionRecorder
 from lightning_gae.engine.lean import LeanCall, LeanState, lean_attention
 from tests.helpers.models import TinySeq2Seq, TinyViT
-from tests.helpers.private import _chunks, _explain, _LeanAttention
+from tests.helpers.explain import explain_gae
+from tests.helpers.private import _chunks, _LeanAttention
 
 CASES = {
     "plain": {},
@@ -104,8 +105,8 @@ def test_lean_and_recorded_paths_agree(model_and_inputs):
         model, inputs, query = TinyViT().eval(), torch.rand(3, 1, 8, 8), 0
     else:
         model, inputs, query = TinySeq2Seq().eval(), (torch.randint(0, 11, (3, 6)), torch.randint(0, 11, (3, 5))), 3
-    lean = _explain(model, inputs, None, ("gae",), query, None, None, lean=True)["gae"]
-    full = _explain(model, inputs, None, ("gae",), query, None, None, lean=False)["gae"]
+    lean = explain_gae(model, inputs, query, lean=True)
+    full = explain_gae(model, inputs, query, lean=False)
     for name in full.relevance:
         torch.testing.assert_close(lean.relevance[name], full.relevance[name], rtol=1e-4, atol=1e-7)
     assert full.tokens.abs().sum() > 0
@@ -151,9 +152,9 @@ def test_causal_lm_lean_equals_recorded(monkeypatch):
                                       attn_implementation="sdpa")
     model = transformers.LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 40, (1, 11), generator=torch.Generator().manual_seed(1))
-    lean_exp = _explain(model, {"input_ids": ids}, None, ("gae",), "last", None, None, lean=True)["gae"]
+    lean_exp = explain_gae(model, {"input_ids": ids}, "last", lean=True)
     assert causal == [True, True]   # the mask-free causal path, in both layers
-    full = _explain(model, {"input_ids": ids}, None, ("gae",), "last", None, None, lean=False)["gae"]
+    full = explain_gae(model, {"input_ids": ids}, "last", lean=False)
     torch.testing.assert_close(lean_exp.tokens, full.tokens, rtol=1e-4, atol=1e-7)
     assert full.tokens.abs().sum() > 0
 

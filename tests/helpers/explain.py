@@ -36,3 +36,30 @@ def padded_ids(lengths, vocab=60, seed=0):
     ids = torch.randint(5, vocab, (len(lengths), max(lengths)), generator=g)
     mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
     return ids * mask, mask
+
+
+def recorded_rows(method, layers, grads, query, keep):
+    """``method``'s row from attention records and their gradients made by hand (no forward), one token set: what the
+    method's rule reads from a :class:`~lightning_gae.methods.RecordedForward`."""
+    from lightning_gae.engine.token_sets import TokenSets
+    from lightning_gae.methods import RecordedForward, get_method
+
+    sets = TokenSets(records=list(layers), query_sets=["tokens"] * len(layers), key_sets=["tokens"] * len(layers),
+                     sizes={"tokens": keep.shape[1]}, query_set="tokens")
+    run = RecordedForward(sets=sets, keeps={"tokens": keep}, starts={"tokens": query}, score=torch.zeros(query.shape[0]),
+                          target=None, logits=None, recorder=None, gradients=list(grads))
+    with torch.no_grad():
+        return get_method(method).rule(run)
+
+
+def explain_gae(model, inputs, query, lean):
+    """GAE on the memory-lean path (``lean``) or from the recorded probabilities, whichever explain() would pick."""
+    from lightning_gae.engine.forward import recorded_forward
+    from lightning_gae.methods import get_method
+
+    with recorded_forward(model, inputs, None, query, None, None, lean=lean) as run:
+        if lean:
+            run.lean_backward()
+        else:
+            run.backward(every_call=True)
+        return run.explanation("gae", get_method("gae").rule(run))

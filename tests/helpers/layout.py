@@ -24,11 +24,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # batch plumbing and the drawing primitives (display's figures, panels and colour maps): they import nothing of
     # the package but each other
     ("lightning_gae._structures", "lightning_gae.display"),
-    # the engine's parts below explain(), and the LRP mode they share with it
+    # the engine: capture, token sets, rules, readout and the recorded forward every attention method shares
     ("lightning_gae.engine",),
+    # the LRP methods' own forward and backward, on the engine's readout
     ("lightning_gae.lrp",),
-    # explain(): the engine's top, which runs the LRP methods too
-    ("lightning_gae.engine.explain",),
+    # the methods: one file each and the registry, and explain(), which runs them by their facts
+    ("lightning_gae.methods",),
     # what a token is in the input (each modality maps, removes and draws its own, with display's primitives), and
     # language models
     ("lightning_gae.modalities", "lightning_gae.language"),

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import lightning_gae as lg
-from lightning_gae.engine.explain import explain_methods
+from lightning_gae.methods import explain_methods
 from lightning_gae.lrp import UnsupportedOperation
 from tests.helpers.ci import environment_missing
 

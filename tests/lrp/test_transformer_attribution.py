@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import lightning_gae as lg
-from lightning_gae.engine.explain import LRP_METHODS, explain_methods
+from lightning_gae import LRP_METHODS
+from lightning_gae.methods import explain_methods
 from lightning_gae.lrp import UnsupportedOperation
 from tests.helpers.chefer_vit import LRP, VisionTransformer
 

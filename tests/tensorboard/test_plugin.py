@@ -468,7 +468,7 @@ def test_multi_hot_labels_are_named_in_the_titles_and_the_dashboard(tmp_path, re
 @pytest.mark.slow
 @pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
 def test_a_map_that_is_zero_everywhere_says_why_instead_of_a_black_panel(tmp_path, make_trainer):
-    from lightning_gae.tensorboard.plugin import ALL_ZERO
+    from lightning_gae.methods import get_method
 
     seed_everything(0)
     model = small_vit()
@@ -489,14 +489,14 @@ def test_a_map_that_is_zero_everywhere_says_why_instead_of_a_black_panel(tmp_pat
         for index in callback.sample_indices:
             relevance = at["samples"][str(index)]["relevance"]
             assert not any(relevance["attn_gradcam"]["values"])
-            assert relevance["attn_gradcam"]["all_zero"] == ALL_ZERO["attn_gradcam"]
+            assert relevance["attn_gradcam"]["all_zero"] == get_method("attn_gradcam").all_zero
             assert "all_zero" not in relevance["raw_attention"]
         with Chromium(find_chromium(), width=1200, height=900) as browser:
             page = browser.open(f"{base}/#gae")
             page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard[data-rendered-step]')")
             boxes = page.evaluate(f"[...{DASHBOARD}.querySelectorAll('.gae-empty[data-method=attn_gradcam]')]"
                                   ".map((box) => box.textContent)")
-            assert boxes == [ALL_ZERO["attn_gradcam"]] * 2
+            assert boxes == [get_method("attn_gradcam").all_zero] * 2
             assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap[data-method=attn_gradcam]').length") == 0
             assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap[data-method=raw_attention]').length") == 2
             assert page.script_errors() == []

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch import seed_everything
 
 from lightning_gae.callbacks import EngineOptions, FaithfulnessOptions, GAECallback
-from lightning_gae.tensorboard.plugin import ALL_ZERO, ALL_ZERO_DEFAULT
+from lightning_gae.methods import get_method
 from recipes.seq2seq import CopyTaskDataModule, CopyTokens, Seq2SeqCopier
 from recipes.tensorboard_screenshots import DASHBOARD, Chromium, find_chromium
 from tests.helpers.processes import get_json, tensorboard_server
@@ -73,7 +73,7 @@ def test_the_plugin_serves_every_token_set_with_its_token_strings(seq2seq):
                 zero = [t for t in range(7) if not np.any(logged[t])]
                 assert rows.get("zero_rows", []) == zero
                 if zero:
-                    assert rows["zero_reason"] == ALL_ZERO.get(method, ALL_ZERO_DEFAULT)
+                    assert rows["zero_reason"] == get_method(method).all_zero
                 by_set = served["sets"][x][method]
                 whole = acc.tensor(f"gae_dashboard/set_relevance/{method}/{x}/val_{sample['sample']}")
                 assert ("all_zero" in by_set) == (not np.any(whole))

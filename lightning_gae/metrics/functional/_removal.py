@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from lightning_gae._structures import ClassTarget as Target
 from lightning_gae._structures import class_index, eval_mode, forward_logits, select_rows
+from lightning_gae.methods.random import random_attribution
 from lightning_gae.modalities.tokens import Modality
 
 __all__ = [
@@ -52,15 +53,6 @@ PROTOCOLS: tuple[str, ...] = ("target", "predicted")
   itself). Given the labels, this is the paper's *predicted* column, whose 0% step is the model's
   accuracy.
 """
-
-def random_attribution(like: Tensor, seed: int = 0) -> Tensor:
-    """Seeded uniform noise shaped like ``like`` (token relevance or a map): the floor every method must beat.
-
-    The same seed gives the same values on every device (drawn on the CPU, then moved).
-    """
-    generator = torch.Generator().manual_seed(seed)
-    return torch.rand(like.shape, generator=generator).to(like.device)
-
 
 def check_fractions(fractions: Sequence[float], name: str) -> Tensor:
     """``fractions`` as float64; raises, naming the argument, unless they increase within [0, 1]."""

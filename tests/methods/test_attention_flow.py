@@ -16,7 +16,7 @@ import torch
 
 import lightning_gae as lg
 from lightning_gae.engine import rules
-from lightning_gae.engine.explain import allow_slow_attention_flow, attention_flow_seconds
+from lightning_gae.methods.attention_flow import allow_slow_attention_flow, attention_flow_seconds
 from tests.helpers.explain import padded_ids
 from tests.helpers.models import TinySeq2Seq, TinyViT, hf_reference, vit_reference
 from tests.helpers.oracle import flow_row, max_flow
@@ -125,7 +125,7 @@ def test_batched_equals_one_sample_at_a_time():
 
 
 def test_explain_methods_takes_it_with_the_others():
-    from lightning_gae.engine.explain import explain_methods
+    from lightning_gae.methods import explain_methods
 
     torch.manual_seed(2)
     model, x = TinyViT().eval(), torch.rand(2, 1, 8, 8)
@@ -218,7 +218,7 @@ def test_a_size_that_would_take_minutes_is_refused_unless_allowed(monkeypatch):
     with pytest.raises(ValueError, match=r"1025 tokens x 3 layers x 2 samples.*about \d+ s.*'rollout'.*allow_slow_attention_flow"):
         lg.explain(model, x, method="attention_flow")
     # The opt-in: under a lowered limit a small call is refused the same way, and runs inside the block.
-    monkeypatch.setattr(importlib.import_module("lightning_gae.engine.explain"), "ATTENTION_FLOW_MAX_SECONDS", 0.0)
+    monkeypatch.setattr(importlib.import_module("lightning_gae.methods.attention_flow"), "ATTENTION_FLOW_MAX_SECONDS", 0.0)
     small, images = TinyViT().eval(), torch.rand(2, 1, 8, 8)
     with pytest.raises(ValueError, match=r"17 tokens x 3 layers x 2 samples"):
         lg.explain(small, images, method="attention_flow")

@@ -32,7 +32,7 @@ def test_vit_with_sdpa(method):
 @pytest.mark.parametrize("case", ["vit", "bert_padded", "seq2seq"])
 def test_explain_methods_shares_one_forward_and_equals_explain_per_method(case):
     """Every method from one recorded forward equals its own explain() call (and the oracle through it)."""
-    from lightning_gae.engine.explain import explain_methods
+    from lightning_gae.methods import explain_methods
 
     torch.manual_seed(2)
     query = None
@@ -370,3 +370,15 @@ def test_attention_modules_selecting_some_layers_propagate_only_those(method, la
     assert_matches_reference(exp, refs, method)
     everything = lg.explain(model, x, method=method).tokens
     assert (exp.tokens - everything).abs().max() > 1e-3, "a subset of layers must not give the all-layers row"
+
+
+def test_a_one_set_readout_method_is_refused_by_its_registered_facts():
+    # attn_gradcam_vit is registered with token_sets="one" and readout_token: explain() refuses by those facts.
+    torch.manual_seed(0)
+    seq2seq = TinySeq2Seq().eval()
+    pair = (torch.randint(0, 11, (2, 6)), torch.randint(0, 11, (2, 5)))
+    with pytest.raises(ValueError, match=r"method='attn_gradcam_vit' is defined on one token set \(the ViT baseline\); "
+                                         r"this model has the token sets .*Use 'attn_gradcam'"):
+        lg.explain(seq2seq, pair, method="attn_gradcam_vit", query=3)
+    with pytest.raises(ValueError, match=r"method='attn_gradcam_vit' weighs heads by the gradient of one query row"):
+        lg.explain(TinyViT().eval(), torch.rand(2, 1, 8, 8), method="attn_gradcam_vit", query="mean")
