@@ -1,8 +1,7 @@
 """What GAECallback scores at an explanation step: relevance statistics, faithfulness with standard errors, ground truth.
 
-The faithfulness scalars come from the same per-sample scoring as :func:`lightning_gae.compare.compare`
-(:class:`lightning_gae.metrics.stderr.SampleScores`) and the same ground truth -> metric table
-(:data:`lightning_gae.metrics.ground_truth.GROUND_TRUTH`), so the callback and ``compare`` agree on the same samples.
+The faithfulness scalars come from the scoring pipeline :func:`lightning_gae.compare.compare` reads too
+(:func:`lightning_gae.evaluation.score_batches`), so the callback and ``compare`` agree on the same samples.
 No metric here syncs across processes itself: on several ranks, the faithfulness subset's per-sample states
 are gathered before the values are computed (``share``, :func:`lightning_gae.callbacks._distributed.gather_scores`).
 """
@@ -21,18 +20,19 @@ from torchmetrics import Metric
 from lightning_gae._structures import map_tensors, take
 from lightning_gae.callbacks._distributed import random_rows, subset_part
 from lightning_gae.callbacks.samples import Samples
-from lightning_gae.metrics import AlignmentAccuracy, perturbation_metric
+from lightning_gae.evaluation import Batch, score_batches
+from lightning_gae.metrics import AlignmentAccuracy
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional import explanation_stability
 from lightning_gae.modalities.tokens import Modality, TextTokens
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, scalar_tag
-from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore, scored_truth, truth_score
+from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore, truth_score
 
 __all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "finite_scalars", "relevance_scalars",
            "scored_batches", "set_truth_scalars"]
 
-ScoredBatch = tuple[Any, dict[str, Tensor], Tensor, "Tensor | None", "Tensor | None"]
-"""One batch to score: inputs, attributions by method, explained class, labels, ground truth."""
+ScoredBatch = Batch
+"""One batch to score: inputs, attributions by method, explained class, labels, ground truth (:class:`Batch`)."""
 Curves = dict[str, dict[str, tuple[Sequence[float], Tensor]]]
 """Metric -> method -> ``(fractions, mean curve)``."""
 
@@ -72,37 +72,15 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
     """Each metric and method over every batch, with its standard error (``<tag>/stderr``) and the number of samples
     scored (``faithfulness_samples``), and the metrics' curves.
 
-    ``explains_prediction``: the attributions explain each sample's prediction (``target="pred"``); with class
-    labels they are then scored by the papers' *predicted* protocol (Chefer et al., CVPR 2021, Table 1: the 0% step
-    is the accuracy), otherwise by the *target* protocol on the explained class. A batch's ground truth is scored by
-    the modality's entry of :data:`~lightning_gae.metrics.ground_truth.GROUND_TRUTH` when its dims fit, and by each of
-    ``extra_truth`` (e.g. the recall of a causal LM's answer rows). ``share`` turns the per-sample states of
-    ``batches`` into those of every sample scored (on several ranks: every rank's part). ``groups`` labels
-    every sample scored (after ``share``), the samples of one group left out together by the standard errors.
+    The scores are :func:`lightning_gae.evaluation.score_batches`' (``explains_prediction``: the attributions explain
+    each sample's prediction, ``target="pred"``; ``extra_truth``: e.g. the recall of a causal LM's answer rows), with
+    one metric object per name kept in ``cache`` on the module's device. ``share`` turns the per-sample states of
+    ``batches`` into those of every sample scored (on several ranks: every rank's part). ``groups`` labels every
+    sample scored (after ``share``), the samples of one group left out together by the standard errors.
     """
-    scores = SampleScores()
-    for inputs, scored, target, labels, truth in batches:
-        if explains_prediction and labels is not None and labels.dim() == 1 and not labels.is_floating_point():
-            protocol, reference = "predicted", labels.to(module.device)
-        else:
-            protocol, reference = "target", target
-        for name in metrics:
-            metric = cached_metric(cache, f"{name}/{protocol}", module, lambda: perturbation_metric(
-                name, module, modality, protocol=protocol, max_batch=max_batch, sync_on_compute=False))
-            for method, attributions in scored.items():
-                # Each sample's own states from one batched pass: perturbed inputs go through the model
-                # max_batch at a time instead of one sample's few at a time.
-                scores.add_perturbation(name, method, metric, inputs, attributions, reference)
-        if truth is None:
-            continue
-        entries = [scored_truth(modality, truth), *extra_truth]
-        truth = truth.to(module.device)
-        for entry in entries:
-            if entry is None:
-                continue
-            metric = cached_metric(cache, entry.name, module, lambda: entry.metric(modality))
-            for method, attributions in scored.items():
-                scores.add_updates(entry.name, method, metric, entry.update_args(modality, inputs, attributions, truth))
+    scores = score_batches(batches, metrics, module, modality, max_batch=max_batch,
+                           explains_prediction=explains_prediction, extra_truth=extra_truth,
+                           metric=lambda key, build: cached_metric(cache, key, module, build))
     if share is not None:
         scores = share(scores)
     scores.groups = groups
@@ -175,7 +153,7 @@ def scored_batches(trainer: Trainer, pl_module: LightningModule, subset: Samples
             # Seeded by position, so that a sample's random ranking is the same at every step and on any ranks.
             scored["random"] = random_rows(first.tokens, rows[start:stop], seed, max_batch, total)
         truth = None if part.truth is None else part.truth[start:stop]
-        yield inputs, scored, first.target, labels, truth
+        yield Batch(inputs, scored, first.target, labels, truth)
 
 
 def finite_scalars(warn_once: Callable[[str, str], None], scalars: dict[str, float], step: int) -> dict[str, float]:
