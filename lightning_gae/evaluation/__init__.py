@@ -1,6 +1,8 @@
 """Scoring: every method's attributions against every metric, ground truth and region, the same way for
-:func:`lightning_gae.compare.compare` and ``GAECallback`` (:mod:`lightning_gae.evaluation.pipeline`)."""
+:func:`lightning_gae.compare.compare` and ``GAECallback`` (:mod:`lightning_gae.evaluation.pipeline`); models with
+several token sets are scored set by set against their ground truth (:mod:`lightning_gae.evaluation.token_sets`)."""
 
 from lightning_gae.evaluation.pipeline import Batch, MetricSource, region_masks, score_batches
+from lightning_gae.evaluation.token_sets import SetScorers, set_scorers, set_truths
 
-__all__ = ["Batch", "MetricSource", "region_masks", "score_batches"]
+__all__ = ["Batch", "MetricSource", "SetScorers", "region_masks", "score_batches", "set_scorers", "set_truths"]

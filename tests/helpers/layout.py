@@ -31,6 +31,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("lightning_gae.engine.explain",),
     # what builds on explanations: what a token is, metrics, Captum classes, language models
     ("lightning_gae.modalities", "lightning_gae.metrics", "lightning_gae.attribution", "lightning_gae.language"),
+    # the one scoring pipeline compare and the callback share: methods x metrics x ground truth x regions
+    ("lightning_gae.evaluation",),
     # consumers that draw or compare
     ("lightning_gae.compare", "lightning_gae.display.views", "lightning_gae.options"),
     # the faces: TensorBoard, the callback, the command, the package's own re-exports
