@@ -94,7 +94,7 @@ from lightning_gae.attribution import ATTRIBUTION_METHODS, CAPTUM_METHODS, attri
 from lightning_gae.attribution.gradients import batch_tensor, predict
 from lightning_gae.engine.explain import METHODS, explain
 from lightning_gae.engine.readout import check_inputs
-from lightning_gae.evaluation import Batch, region_masks, score_batches, set_scorers, set_truths
+from lightning_gae.evaluation import Batch, region_masks, score_batches, score_sets, set_scorers, set_truths
 from lightning_gae.metrics import PERTURBATION_METRICS, random_attribution
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional.perturbation import Protocol, check_protocol
@@ -459,7 +459,7 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
     for method in (m for m in methods if m not in skipped):
         progress(method, 0, total)
         explained = "raw_attention" if method == "random" else method
-        metrics_now = {key: build() for key, (_, build, _) in scorers.items()}
+        metrics_now = {name: build() for name, build, _ in scorers.values()}
         scores = SampleScores()
         parts: dict[str, list[Tensor]] = {}
         seconds = 0.0
@@ -483,8 +483,8 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
             seconds += time.perf_counter() - began
             for x, r in by_set.items():
                 parts.setdefault(x, []).append(r)
-            for key, (name, _, args) in scorers.items():
-                scores.add_updates(name, method, metrics_now[key], args(chunk, by_set, truths[key][start:stop].cpu()))
+            score_sets(scores, method, scorers, lambda name, build: metrics_now[name], chunk, by_set,
+                       {key: truth[start:stop].cpu() for key, truth in truths.items()})
             progress(method, stop, total)
         relevance[method] = {x: torch.cat(found) for x, found in parts.items()}
         results.setdefault(method, {})

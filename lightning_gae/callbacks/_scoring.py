@@ -20,13 +20,12 @@ from torchmetrics import Metric
 from lightning_gae._structures import map_tensors, take
 from lightning_gae.callbacks._distributed import random_rows, subset_part
 from lightning_gae.callbacks.samples import Samples
-from lightning_gae.evaluation import Batch, score_batches
-from lightning_gae.metrics import AlignmentAccuracy
+from lightning_gae.evaluation import Batch, score_batches, score_sets, set_scorers
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional import explanation_stability
-from lightning_gae.modalities.tokens import Modality, TextTokens
+from lightning_gae.modalities.tokens import Modality
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, scalar_tag
-from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore, truth_score
+from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore
 
 __all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "finite_scalars", "relevance_scalars",
            "scored_batches", "set_truth_scalars"]
@@ -100,36 +99,36 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
 
 
 def set_truth_scalars(explanations: Mapping[str, Any], rows: Mapping[str, Mapping[str, Tensor]] | None,
-                      sets: Mapping[str, tuple[Modality, int | str]], views: Mapping[str, Any],
-                      keyed: Mapping[str, Tensor], module: LightningModule, cache: dict[str, Metric]) -> dict[str, float]:
+                      sets: Mapping[str, tuple[Modality, int | str]], inputs: Any, keyed: Mapping[str, Tensor],
+                      module: LightningModule, cache: dict[str, Metric]) -> dict[str, float]:
     """A model with several token sets: each set scored against the ground truth the batches carry for it
-    (:data:`~lightning_gae.metrics.ground_truth.SET_TRUTH`: alignment of a decoder's rows, masks, rationales)."""
-    out: dict[str, float] = {}
+    (:data:`~lightning_gae.metrics.ground_truth.SET_TRUTH`: alignment of a decoder's rows, masks, rationales), by
+    :func:`lightning_gae.evaluation.score_sets` as ``compare`` scores them, logged as ``<name>/<method>``.
+
+    A ground truth no set can take alone is left out (the run's start checked what it could), and ``segmentation``
+    is when the batches carry ``masks``."""
     first = next(iter(explanations.values()))
-    alignment = keyed.get("alignment")
-    if alignment is not None and rows is not None:
-        source = next(x for x in first.relevance if x != first.query_set)
-        view = views[source]
-        valid = None
-        if isinstance(view.modality, TextTokens):
-            valid = view.modality.real_tokens(map_tensors(view.inputs, lambda t: t.cpu()))
-        for method, by_set in rows.items():
-            metric = cached_metric(cache, "alignment", module, lambda: AlignmentAccuracy(sync_on_compute=False))
-            metric.update(by_set[source], alignment, valid)
-            out[scalar_tag("alignment_accuracy", method)] = metric.compute().item()
-    for key, kind in SET_TRUTH.items():
-        truth = keyed.get(key)
-        owners = [x for x, (modality, _) in sets.items() if kind is not None and isinstance(modality, kind)]
-        if truth is None or len(owners) != 1 or (key == "segmentation" and "masks" in keyed):
-            continue
-        view = views[owners[0]]
-        entry = truth_score(view.modality)
-        truth = truth.to(module.device)
-        for method, exp in explanations.items():
-            metric = cached_metric(cache, entry.name, module, lambda: entry.metric(view.modality))
-            metric.update(*entry.update_args(view.modality, view.inputs, exp.relevance[owners[0]], truth))
-            out.update({scalar_tag(f"{entry.name}_{k}", method): v.item() for k, v in metric.compute().items()})
-    return out
+    sizes = {x: r.shape[1] for x, r in first.relevance.items()}
+    total = first.tokens.shape[0]
+    owned = {key: truth for key, truth in keyed.items() if SET_TRUTH.get(key, object) is not None
+             and sum(isinstance(m, SET_TRUTH[key]) for m, _ in sets.values()) == 1
+             and not (key == "segmentation" and "masks" in keyed)}
+    scorers = set_scorers(owned, sizes, sets, False, first, total)
+    aligned = {} if rows is None or "alignment" not in keyed else {"alignment": keyed["alignment"]}
+    row_scorers = set_scorers(aligned, sizes, sets, True, first, total)
+    scores = SampleScores()
+
+    def metric(name: str, build: Callable[[], Metric]) -> Metric:
+        return cached_metric(cache, name, module, build)
+
+    for method, exp in explanations.items():
+        truths = {key: truth.to(module.device) for key, truth in owned.items()}
+        score_sets(scores, method, scorers, metric, inputs, exp.relevance, truths)
+        if row_scorers:
+            score_sets(scores, method, row_scorers, metric, inputs, rows[method], aligned)
+    # compare's columns are <set>/<name>; a logged scalar is <name>/<method>.
+    return {f"{column.split('/', 1)[1]}/{method}": score.value for method, columns in scores.columns().items()
+            for column, score in columns.items()}
 
 
 def scored_batches(trainer: Trainer, pl_module: LightningModule, subset: Samples,

@@ -506,7 +506,7 @@ class GAECallback(Callback):
         with run.failures.isolated("scoring", step), together():
             scalars.update(self._faithfulness(pl_module, batches, shared, groups))
             if views is not None:
-                scalars.update(set_truth_scalars(explanations, rows, run.sets, views, run.keyed, pl_module,
+                scalars.update(set_truth_scalars(explanations, rows, run.sets, inputs, run.keyed, pl_module,
                                                  run.metric_objects))
             if run.region_masks:
                 relevance = {m: e.tokens for m, e in explanations.items()}

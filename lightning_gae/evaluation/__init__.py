@@ -3,6 +3,6 @@
 several token sets are scored set by set against their ground truth (:mod:`lightning_gae.evaluation.token_sets`)."""
 
 from lightning_gae.evaluation.pipeline import Batch, MetricSource, region_masks, score_batches
-from lightning_gae.evaluation.token_sets import SetScorers, set_scorers, set_truths
+from lightning_gae.evaluation.token_sets import SetScorers, score_sets, set_scorers, set_truths
 
-__all__ = ["Batch", "MetricSource", "SetScorers", "region_masks", "score_batches", "set_scorers", "set_truths"]
+__all__ = ["Batch", "MetricSource", "SetScorers", "region_masks", "score_batches", "score_sets", "set_scorers", "set_truths"]

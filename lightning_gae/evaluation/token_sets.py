@@ -10,12 +10,15 @@ from typing import Any
 from torch import Tensor
 from torchmetrics import Metric
 
+from lightning_gae._structures import map_tensors
 from lightning_gae.metrics import AlignmentAccuracy
 from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore, truth_score
+from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.modalities.inputs import token_set_input
+from lightning_gae.modalities.regions import region_valid_tokens
 from lightning_gae.modalities.tokens import Modality
 
-__all__ = ["SetScorers", "set_scorers", "set_truths"]
+__all__ = ["SetScorers", "score_sets", "set_scorers", "set_truths"]
 
 
 SetScorers = dict[str, tuple[str, Callable[[], Metric], Callable[..., tuple[Any, ...]]]]
@@ -67,7 +70,7 @@ def set_scorers(truths: Mapping[str, Tensor], sizes: Mapping[str, int], layout: 
                                  f"{list(sizes)} and logits {None if probe.logits is None else tuple(probe.logits.shape)}")
             source = next(x for x in sizes if x != probe.query_set)
             scorers[key] = (f"{source}/alignment_accuracy", lambda: AlignmentAccuracy(sync_on_compute=False),
-                            lambda chunk, by_set, truth: (by_set[source], truth))
+                            _alignment_args(source, *layout[source]))
             continue
         owners = [x for x, (m, _) in layout.items() if isinstance(m, kind)]
         if len(owners) != 1 or sequence:
@@ -83,3 +86,24 @@ def set_scorers(truths: Mapping[str, Tensor], sizes: Mapping[str, int], layout: 
 
         scorers[key] = (f"{x}/{score.name}", lambda m=set_modality, score=score: score.metric(m), update_args)
     return scorers
+
+
+def _alignment_args(source: str, modality: Modality, key: int | str) -> Callable[..., tuple[Any, ...]]:
+    """The alignment's update arguments: the source set's rows, the alignment, and the source tokens that count
+    (a text set's real tokens: padding is never the aligned position)."""
+
+    def update_args(chunk: Any, by_set: Mapping[str, Tensor], truth: Tensor) -> tuple[Any, ...]:
+        rows = by_set[source]
+        source_inputs = map_tensors(token_set_input(chunk, key)[1], lambda t: t.detach().cpu())
+        return rows, truth, region_valid_tokens(modality, source_inputs, rows.shape[-1])
+
+    return update_args
+
+
+def score_sets(scores: SampleScores, method: str, scorers: SetScorers, metric: Callable[[str, Callable[[], Metric]], Metric],
+               chunk: Any, by_set: Mapping[str, Tensor], truths: Mapping[str, Tensor]) -> None:
+    """One batch of ``method``'s relevance by set (``by_set``: ``[B, N_set]``, or a decoder's rows ``[B, T, N_set]``)
+    scored by every scorer against its ground truth (``truths``: batch key -> this batch's), one sample at a time,
+    into ``scores`` under the scorer's column (``<set>/<name>``); ``metric(column, build)`` gives the metric object."""
+    for key, (name, build, args) in scorers.items():
+        scores.add_updates(name, method, metric(name, build), args(chunk, by_set, truths[key]))
