@@ -483,7 +483,7 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
             seconds += time.perf_counter() - began
             for x, r in by_set.items():
                 parts.setdefault(x, []).append(r)
-            score_sets(scores, method, scorers, lambda name, build: metrics_now[name], chunk, by_set,
+            score_sets(scores, method, scorers, lambda name, build, made=metrics_now: made[name], chunk, by_set,
                        {key: truth[start:stop].cpu() for key, truth in truths.items()})
             progress(method, stop, total)
         relevance[method] = {x: torch.cat(found) for x, found in parts.items()}

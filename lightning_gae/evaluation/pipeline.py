@@ -24,7 +24,7 @@ from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.modalities.regions import Region, region_token_mask, region_valid_tokens, token_relevance
 from lightning_gae.modalities.tokens import Modality
 
-__all__ = ["Batch", "MetricSource", "score_batches", "region_masks"]
+__all__ = ["Batch", "MetricSource", "region_masks", "score_batches"]
 
 MetricSource = Callable[[str, Callable[[], Metric]], Metric]
 """``(key, build) -> metric``: where :func:`score_batches` gets a metric object (a new one by default; the callback
@@ -95,7 +95,7 @@ def score_batches(batches: Iterable[Batch], metrics: Sequence[str], model: Calla
         device = next(iter(batch.attributions.values())).device
         protocol, reference = _protocol(batch, explains_prediction, device)
         for name in metrics:
-            scorer = metric(f"{name}/{protocol}", lambda name=name: perturbation_metric(
+            scorer = metric(f"{name}/{protocol}", lambda name=name, protocol=protocol: perturbation_metric(
                 name, model, modality, protocol=protocol, max_batch=max_batch, sync_on_compute=False))
             for method, attributions in batch.attributions.items():
                 # Each sample's own states from one batched pass: perturbed inputs go through the model

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from typing_extensions import Self
+
 from lightning_gae.metrics import functional
 from lightning_gae.metrics.alignment import AlignmentAccuracy
 from lightning_gae.metrics.regions import RegionRecall, RegionShare
@@ -55,7 +57,7 @@ class Registration:
         """Take the metric out of :data:`PERTURBATION_METRICS`."""
         PERTURBATION_METRICS.pop(self.name, None)
 
-    def __enter__(self) -> Registration:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

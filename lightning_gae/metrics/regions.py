@@ -194,7 +194,7 @@ def removal_check(model: Callable[..., Any], inputs: Any, mask: Tensor, modality
     region, random = region[torch.isfinite(region)], random[torch.isfinite(random)]
     if len(region) < 2 or len(random) < 2:
         return RemovalCheck(nan, nan, nan, nan, False, int(held.sum()))
-    se = lambda t: float(t.std(unbiased=True) / math.sqrt(len(t)))  # noqa: E731
-    uses = not not_better_than_random(float(region.mean()), se(region), float(random.mean()), se(random),
+    region_se, random_se = (float(t.std(unbiased=True) / math.sqrt(len(t))) for t in (region, random))
+    uses = not not_better_than_random(float(region.mean()), region_se, float(random.mean()), random_se,
                                       higher_is_better=True)
-    return RemovalCheck(float(region.mean()), se(region), float(random.mean()), se(random), uses, int(held.sum()))
+    return RemovalCheck(float(region.mean()), region_se, float(random.mean()), random_se, uses, int(held.sum()))

@@ -58,7 +58,7 @@ def test_the_callback_and_compare_agree_to_the_digit(tmp_path, methods):
     from recipes.tabular import FeatureTokens, TabularClassifier, TabularDataModule
 
     seed_everything(0)
-    split = dict(num_train=256, num_val=64, num_columns=6, num_informative=3)
+    split = {"num_train": 256, "num_val": 64, "num_columns": 6, "num_informative": 3}
     modality = FeatureTokens(**split)
     regions = RegionOptions(regions=[Region("informative", "evidence", features=[0, 1, 2]),
                                      Region("last", "suspect", features=[5])], top_k=2, threshold=None)
