@@ -32,23 +32,20 @@ keeps one per key across steps, on the model's device)."""
 
 
 class Batch(NamedTuple):
-    """One batch to score.
-
-    Attributes:
-        inputs: the samples, as the model takes them.
-        attributions: method -> its attributions of ``inputs`` (token relevance ``[B, N]`` or a Captum map).
-        target: the class each method explained ``[B]`` (None: the predictions).
-        labels: the samples' class labels ``[B]``, or None.
-        truth: the samples' ground truth (batch in dim 0), or None.
-        regions: region name -> bool ``[B, N]`` over the tokens (:func:`region_masks`), or None.
-    """
+    """One batch to score: the samples, each method's attributions of them, and what they are scored against."""
 
     inputs: Any
+    """The samples, as the model takes them."""
     attributions: Mapping[str, Tensor]
+    """Method -> its attributions of ``inputs`` (token relevance ``[B, N]`` or a Captum map)."""
     target: Tensor | None = None
+    """The class each method explained ``[B]`` (None: the predictions)."""
     labels: Tensor | None = None
+    """The samples' class labels ``[B]``, or None."""
     truth: Tensor | None = None
+    """The samples' ground truth (batch in dim 0), or None."""
     regions: Mapping[str, Tensor] | None = None
+    """Region name -> bool ``[B, N]`` over the tokens (:func:`region_masks`), or None."""
 
 
 def _new_metric(key: str, build: Callable[[], Metric]) -> Metric:
