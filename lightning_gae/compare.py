@@ -357,7 +357,7 @@ class _Plan(NamedTuple):
     truth: Tensor | None
     extra_truth: tuple[TruthScore, ...]
     groups: Tensor | None
-    masks: list[dict[str, Tensor]]
+    masks: dict[str, Tensor]
 
 
 def _plan(model: nn.Module, inputs: Any, target: SetTarget, modality: Modality | None, ground_truth: Any,
@@ -392,7 +392,8 @@ def _plan(model: nn.Module, inputs: Any, target: SetTarget, modality: Modality |
     if groups is not None and groups.numel() != total:
         raise ValueError(f"compare(groups=...) has {groups.numel()} labels for {total} samples: pass one "
                          "label per sample (e.g. the prompt of each answer row), or None")
-    masks = [_region_masks(declared, modality, take(inputs, s, s + batch_size, total)) for s in starts]
+    # Over all samples at once: a region's per-sample mask [N, H, W] fits the samples, not a batch of them.
+    masks = _region_masks(declared, modality, inputs)
     # With the labels, protocol="predicted" checks the prediction against them (score_batches).
     labels = given if protocol == "predicted" else None
     return _Plan(total, batch_size, explained, labels, modality, ground_truth, (RECALL,) if recall else (), groups, masks)
@@ -417,14 +418,16 @@ def _attributed(model: nn.Module, inputs: Any, method: str, plan: _Plan, options
         clock.seconds += time.perf_counter() - began
         yield Batch(chunk, {method: attributions}, plan.explained[start:stop],
                     None if plan.labels is None else plan.labels[start:stop],
-                    None if plan.truth is None else plan.truth[start:stop], plan.masks[index])
+                    None if plan.truth is None else plan.truth[start:stop],
+                    {name: mask[start:stop] for name, mask in plan.masks.items()})
         progress(method, stop, plan.total)
 
 
-def _region_masks(regions: RegionOptions, modality: Modality, chunk: Any) -> dict[str, Tensor]:
-    """Region name -> bool ``[B, N]`` over a batch's tokens, on the CPU (:func:`~lightning_gae.evaluation.region_masks`)."""
+def _region_masks(regions: RegionOptions, modality: Modality, inputs: Any) -> dict[str, Tensor]:
+    """Region name -> bool ``[N, tokens]`` over the samples' tokens, on the CPU
+    (:func:`~lightning_gae.evaluation.region_masks`)."""
     try:
-        return region_masks(regions.regions, modality, chunk)
+        return region_masks(regions.regions, modality, inputs)
     except ValueError as error:
         raise ValueError(f"compare(regions=...) does not fit the samples with {type(modality).__name__}: {error}") from None
 
