@@ -69,6 +69,7 @@ INTERNAL = [
     r"lightning_gae\..*\._\w+.*", r"lightning_gae\.(engine|lrp|language|display|modalities|tensorboard)(\..*)?",
     r"lightning_gae\.attribution\.(attention|gradients)", r"lightning_gae\.metrics\.functional\..*",
     r"Query", r"InterpolateMode", r"Score", r"AnswerRows", r"PROTOCOLS", r"ATTENTION_FLOW_MAX_SECONDS",
+    r"MetricSource", r"SetScorers",
     r"abc\.ABC",
 ]
 ONLINE = os.environ.get("LIGHTNING_GAE_DOCS_ONLINE") == "1"

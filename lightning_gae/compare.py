@@ -1,11 +1,78 @@
-"""GAE next to its attention baselines and Captum's gradient methods, on the same samples and metrics.
+r"""GAE next to its attention baselines and Captum's gradient methods, on the same samples and metrics.
 
 :func:`compare` scores every method (any name of :data:`~lightning_gae.attribution.ATTRIBUTION_METHODS`,
 attributed by :func:`~lightning_gae.attribution.attribute`) with every metric, each value with its
 standard error over the samples, and times the attribution step; :class:`Comparison` holds the
-table. :func:`comparison_grid` draws the attributions of a few samples side by side. Models with
-several token sets are compared set by set against each set's ground truth
-(:mod:`lightning_gae.modalities.inputs`, :mod:`lightning_gae.language.decoder_rows`).
+table. :func:`comparison_grid` draws the attributions of a few samples side by side. The scores are
+:func:`lightning_gae.evaluation.score_batches`', the pipeline ``GAECallback`` scores with too, so the two agree
+on the same samples.
+
+The classes explained are fixed once for all methods. Samples go through :func:`attribute`
+``batch_size`` at a time; only the attribution step is timed (``time.perf_counter``), the
+metrics' own forwards are not. Each metric is updated with one sample at a time, so every value
+comes with its standard error over the samples (the jackknife, which for a mean over samples
+is the sample standard deviation over :math:`\sqrt{n}`), in :attr:`Comparison.stderr`.
+
+With ``ground_truth``, each method is also scored against the known answer: image masks
+``[N, H, W]`` give ``segmentation_{pixel_accuracy,miou,mean_ap}``
+(:class:`~lightning_gae.metrics.RelevanceSegmentation`); rationale tokens ``[N, T]`` give
+``rationale_{token_f1,auprc}`` over the removable tokens and informative features ``[N, F]``
+give ``feature_recovery_{token_f1,auprc}`` (:class:`~lightning_gae.metrics.RationaleAgreement`,
+``token_f1`` being the share of the top-k units that are right, k the number of right ones).
+Attributions are scored as they come (Captum's signed maps included).
+
+The two protocols of the CVPR 2021 table, with the labels as ``target``:
+
+- ``protocol="target"``: every method explains ``target`` (None: the model's predictions) and
+  the metrics score that class: accuracy is "the prediction is still ``target``";
+- ``protocol="predicted"``: every method explains the model's prediction, the probability
+  metrics score it, and accuracy is "the prediction equals the label ``target``" (None: the
+  unperturbed prediction), so the curve starts at the model's accuracy.
+
+Models with several token sets (``explain(...).relevance`` has more than one: encoder-decoders,
+image and text towers, co-attention) are compared set by set. Each method's relevance of every
+set is kept in :attr:`Comparison.relevance` (for sequence outputs ``[B, T, C]`` over the query
+set, a row per target position ``t``, each explained with ``query=t``, :func:`sequence_rows`).
+``ground_truth`` is then a mapping by batch key, and each entry scores the set it belongs to:
+``"alignment"`` ``[N, T]`` the source set's rows (``<set>/alignment_accuracy``,
+:class:`~lightning_gae.metrics.AlignmentAccuracy`), ``"masks"`` the image set
+(``<set>/segmentation_*``), ``"rationales"`` the text set (``<set>/rationale_*``). Perturbation
+metrics do not apply (they remove units of one input and read one class logit): ask for none.
+Captum's methods attribute one input tensor, not one per set; they are left out, with the reason
+in :attr:`Comparison.skipped` and a warning.
+
+Declared regions (``regions=``) give per method and region the columns ``region_share_<name>`` and
+``region_recall_<name>``: the same functions (:func:`~lightning_gae.metrics.functional.region_share`,
+:func:`~lightning_gae.metrics.functional.region_recall`) over the same tokens (padding left out) as
+``GAECallback(regions=...)`` logs, as means over the samples that hold the region, with their standard errors; the
+``random`` method is the floor (with one batch and the callback's seed, the very noise the callback draws). Captum's
+maps are turned into token relevance first (an image map's mean per patch); their share is of the positive part.
+
+Example:
+    A small ViT-style classifier (8 x 8 images in 2 x 2 patches, read at token 0) with random weights, scored
+    on its predictions (with the labels, ``protocol="target"`` and ``"predicted"`` give the paper's two columns):
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from lightning_gae.compare import compare
+    >>> class ViT(nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.patch, self.head = nn.Conv2d(1, 16, 2, stride=2), nn.Linear(16, 3)
+    ...         layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
+    ...         self.encoder = nn.TransformerEncoder(layer, num_layers=2)
+    ...     def forward(self, x):
+    ...         return self.head(self.encoder(self.patch(x).flatten(2).transpose(1, 2))[:, 0])
+    >>> _ = torch.manual_seed(0)
+    >>> result = compare(ViT().eval(), torch.rand(4, 1, 8, 8), methods=("gae", "random", "saliency"))
+    >>> print(result.to_markdown())
+    | method | positive_perturbation_auc ↓ | negative_perturbation_auc ↑ | ms / sample |
+    | --- | ---: | ---: | ---: |
+    | gae | ... |
+    | random | ... |
+    | saliency | ... |
+    >>> result.num_samples, sorted(result.methods["gae"])
+    (4, ['negative_perturbation_auc', 'positive_perturbation_auc', 'seconds_per_sample'])
 """
 
 from __future__ import annotations
@@ -13,31 +80,30 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torchmetrics import Metric
 
 from lightning_gae.display import grid
-from lightning_gae._structures import ClassTarget, class_index, first_tensor, map_tensors, take
+from lightning_gae._structures import ClassTarget, class_index, first_tensor, take
 from lightning_gae.attribution import ATTRIBUTION_METHODS, attribute
 from lightning_gae.attribution.gradients import batch_tensor, predict
 from lightning_gae.methods import explain, get_method, method_names, methods_of
 from lightning_gae.engine.readout import check_inputs
-from lightning_gae.metrics import PERTURBATION_METRICS, AlignmentAccuracy, perturbation_metric
-from lightning_gae.metrics.regions import score_regions
+from lightning_gae.evaluation import Batch, region_masks, score_batches, score_sets, set_scorers, set_truths
+from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional.perturbation import Protocol, check_protocol
-from lightning_gae.modalities.regions import Region, region_token_mask, region_valid_tokens, token_relevance
+from lightning_gae.modalities.regions import Region
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.options import EngineOptions, FaithfulnessOptions, RegionOptions
 from lightning_gae.engine.token_sets import Streams
 from lightning_gae.language.decoder_rows import is_sequence_output, last_positions, sequence_rows
-from lightning_gae.metrics.ground_truth import RECALL, SET_TRUTH, TruthScore, truth_score
+from lightning_gae.metrics.ground_truth import RECALL, TruthScore, scored_truth, truth_score
 from lightning_gae.modalities.inputs import infer_modality, token_set_input, token_set_inputs
 
 __all__ = [
@@ -163,126 +229,98 @@ def compare(
     progress: Progress | None = None,
     regions: RegionOptions | Sequence[Region] | None = None,
 ) -> Comparison:
-    r"""Score every attribution method with every perturbation metric on the same samples and targets.
-
-    The classes explained are fixed once for all methods. Samples go through :func:`attribute`
-    ``batch_size`` at a time; only the attribution step is timed (``time.perf_counter``), the
-    metrics' own forwards are not. Each metric is updated with one sample at a time, so every value
-    comes with its standard error over the samples (the jackknife, which for a mean over samples
-    is the sample standard deviation over :math:`\sqrt{n}`), in :attr:`Comparison.stderr`.
-
-    With ``ground_truth``, each method is also scored against the known answer: image masks
-    ``[N, H, W]`` give ``segmentation_{pixel_accuracy,miou,mean_ap}``
-    (:class:`~lightning_gae.metrics.RelevanceSegmentation`); rationale tokens ``[N, T]`` give
-    ``rationale_{token_f1,auprc}`` over the removable tokens and informative features ``[N, F]``
-    give ``feature_recovery_{token_f1,auprc}`` (:class:`~lightning_gae.metrics.RationaleAgreement`,
-    ``token_f1`` being the share of the top-k units that are right, k the number of right ones).
-    Attributions are scored as they come (Captum's signed maps included).
-
-    The two protocols of the CVPR 2021 table, with the labels as ``target``:
-
-    - ``protocol="target"``: every method explains ``target`` (None: the model's predictions) and
-      the metrics score that class: accuracy is "the prediction is still ``target``";
-    - ``protocol="predicted"``: every method explains the model's prediction, the probability
-      metrics score it, and accuracy is "the prediction equals the label ``target``" (None: the
-      unperturbed prediction), so the curve starts at the model's accuracy.
-
-    Models with several token sets (``explain(...).relevance`` has more than one: encoder-decoders,
-    image and text towers, co-attention) are compared set by set. Each method's relevance of every
-    set is kept in :attr:`Comparison.relevance` (for sequence outputs ``[B, T, C]`` over the query
-    set, a row per target position ``t``, each explained with ``query=t``, :func:`sequence_rows`).
-    ``ground_truth`` is then a mapping by batch key, and each entry scores the set it belongs to:
-    ``"alignment"`` ``[N, T]`` the source set's rows (``<set>/alignment_accuracy``,
-    :class:`~lightning_gae.metrics.AlignmentAccuracy`), ``"masks"`` the image set
-    (``<set>/segmentation_*``), ``"rationales"`` the text set (``<set>/rationale_*``). Perturbation
-    metrics do not apply (they remove units of one input and read one class logit): ask for none.
-    Captum's methods attribute one input tensor, not one per set; they are left out, with the reason
-    in :attr:`Comparison.skipped` and a warning.
+    """Score every attribution method with every perturbation metric, ground truth and declared region on the same
+    samples and targets, each value with its standard error (how: the module's description above).
 
     Args:
         model: the classifier (logits ``[B, C]``, a tuple or ``.logits``); it is left in the mode it had.
-        inputs: the samples: a tensor, a mapping of keyword arguments or ``(batch,)`` for a model whose
-            forward takes the batch itself (see :func:`attribute`); a tuple of tensors for a model with
-            several token sets (e.g. ``(src, tgt_in)``).
-        target: None, an int, or one class per sample (usually the labels): the class explained
-            and scored, or the labels the prediction is checked against (``protocol``). For a model
-            with several token sets also ``[N, T]`` classes per target position, or a callable
-            ``output -> Tensor[B]`` (e.g. an image-text similarity).
+        inputs: the samples: a tensor, a mapping of keyword arguments or ``(batch,)`` for a model whose forward
+            takes the batch itself (see :func:`attribute`); a tuple of tensors for a model with several token sets.
+        target: None, an int, or one class per sample (usually the labels): the class explained and scored, or the
+            labels the prediction is checked against (``protocol``). For a model with several token sets also
+            ``[N, T]`` classes per target position, or a callable ``output -> Tensor[B]``.
         methods: names from :data:`~lightning_gae.attribution.ATTRIBUTION_METHODS`.
-        modality: how inputs are removed and tokens mapped (``ImageTokens``, ``TextTokens``,
-            ``TabularTokens``); None infers ``ImageTokens`` for ViT-style square images.
-        ground_truth: None, or the known answer per sample (nonzero = right), as above; a mapping
-            by batch key for a model with several token sets.
-        faithfulness: the ``metrics`` (names from :data:`lightning_gae.metrics.PERTURBATION_METRICS`; default:
-            positive and negative perturbation AUC) and ``max_batch`` (perturbed inputs per forward pass of a
-            metric) of :class:`~lightning_gae.options.FaithfulnessOptions`, as the callback takes them; the subset
-            and schedule fields are the callback's (``compare`` scores the ``inputs`` it is given).
-        engine: ``embedding_layer`` (the embedding of token-id inputs for Captum's methods, see :func:`attribute`),
-            ``streams`` (declares the token sets where no preset or inference does) and ``set_inputs`` (set -> the
-            input its tokens come from, needed when two sets' inputs look alike) of
-            :class:`~lightning_gae.options.EngineOptions`.
+        modality: how inputs are removed and tokens mapped (``ImageTokens``, ``TextTokens``, ``TabularTokens``; one
+            per set, by set, for several token sets); None infers ``ImageTokens`` for ViT-style square images.
+        ground_truth: None, or the known answer per sample (nonzero = right), as above; a mapping by batch key for a
+            model with several token sets.
+        query: the attention methods' readout row (``query=`` of :func:`~lightning_gae.explain`; ``"last"`` for a
+            causal LM's answer rows, :func:`lightning_gae.language.answers.answer_rows`); None: their default.
+        faithfulness: the ``metrics`` (from :data:`lightning_gae.metrics.PERTURBATION_METRICS`; default positive and
+            negative perturbation AUC) and ``max_batch`` (perturbed inputs per forward pass) of
+            :class:`~lightning_gae.options.FaithfulnessOptions`; its subset and schedule fields are the callback's.
+        engine: ``embedding_layer`` (token-id inputs' embedding, for Captum's methods), ``streams`` and ``set_inputs``
+            (set -> the input its tokens come from) of :class:`~lightning_gae.options.EngineOptions`.
         protocol: ``"target"`` or ``"predicted"``, as above.
         batch_size: samples per attribution call and metric update.
         seed: seed of ``"random"`` and GradientSHAP; batch ``i`` uses ``seed + i``.
-        query: the readout row of the attention methods (``query=`` of :func:`~lightning_gae.explain`); None: their
-            default. ``"last"`` for the answer rows of a causal LM (:func:`lightning_gae.language.answers.answer_rows`, read
-            through :class:`~lightning_gae.language.answers.NextTokenLogits`).
         recall: also score text ``ground_truth`` with :class:`~lightning_gae.metrics.RationaleRecall`
-            (``recall_{top1,hit_at_k,mass}``: does the most relevant token, or one of the top k, lie in it, and how
-            much of the positive relevance).
-        groups: one label per sample for samples that are not independent (the answer rows of one prompt share
-            their prompt's label): the standard errors leave out a group at a time (a delete-a-group jackknife), the
-            values are still over every sample. None: every sample on its own.
-        progress: called as ``progress(method, samples_done, total)`` when a method starts (0 done) and after
-            each of its batches is scored (``lightning-gae compare`` draws a bar per method with it).
-        regions: declared regions (:class:`~lightning_gae.modalities.regions.Region`, or the callback's
-            :class:`~lightning_gae.options.RegionOptions`, whose ``top_k`` the recall then uses): per method and region
-            the columns ``region_share_<name>`` and ``region_recall_<name>``, the same functions
-            (:func:`~lightning_gae.metrics.functional.region_share`, :func:`~lightning_gae.metrics.functional.region_recall`)
-            over the same tokens (padding left out) as ``GAECallback(regions=...)`` logs, as means over the samples
-            that hold the region, with their standard errors; the ``random`` method is the floor (with one batch and
-            the callback's seed, the very noise the callback draws). Captum's maps are turned into token relevance
-            first (an image map's mean per patch); their share is of the positive part.
+            (``recall_{top1,hit_at_k,mass}``).
+        groups: one label per sample for samples that are not independent (the answer rows of one prompt): the
+            standard errors leave a group out at a time. None: every sample on its own.
+        progress: called as ``progress(method, samples_done, total)`` when a method starts and after each of its
+            batches is scored (``lightning-gae compare`` draws a bar per method with it).
+        regions: declared :class:`~lightning_gae.modalities.regions.Region` s (or the callback's
+            :class:`~lightning_gae.options.RegionOptions`, whose ``top_k`` the recall uses): the columns
+            ``region_share_<name>`` and ``region_recall_<name>``, as ``GAECallback(regions=...)`` logs them.
 
     Returns:
         A :class:`Comparison`; ``to_markdown()`` and ``to_dict()`` give the table.
 
     Raises:
-        ValueError: an unknown method, metric or protocol (the message lists the known ones), a
-            modality that cannot be inferred (the message names ``modality=``), ``batch_size < 1``,
-            regions on a model with several token sets or that do not fit the modality, or anything
-            :func:`attribute` rejects.
-
-    Example:
-        A small ViT-style classifier (8 x 8 images in 2 x 2 patches, read at token 0) with random weights, scored
-        on its predictions (with the labels, ``protocol="target"`` and ``"predicted"`` give the paper's two columns):
-
-        >>> import torch
-        >>> from torch import nn
-        >>> from lightning_gae.compare import compare
-        >>> class ViT(nn.Module):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.patch, self.head = nn.Conv2d(1, 16, 2, stride=2), nn.Linear(16, 3)
-        ...         layer = nn.TransformerEncoderLayer(16, nhead=2, dim_feedforward=32, batch_first=True)
-        ...         self.encoder = nn.TransformerEncoder(layer, num_layers=2)
-        ...     def forward(self, x):
-        ...         return self.head(self.encoder(self.patch(x).flatten(2).transpose(1, 2))[:, 0])
-        >>> _ = torch.manual_seed(0)
-        >>> result = compare(ViT().eval(), torch.rand(4, 1, 8, 8), methods=("gae", "random", "saliency"))
-        >>> print(result.to_markdown())
-        | method | positive_perturbation_auc ↓ | negative_perturbation_auc ↑ | ms / sample |
-        | --- | ---: | ---: | ---: |
-        | gae | ... |
-        | random | ... |
-        | saliency | ... |
-        >>> result.num_samples, sorted(result.methods["gae"])
-        (4, ['negative_perturbation_auc', 'positive_perturbation_auc', 'seconds_per_sample'])
+        ValueError: an unknown method, metric or protocol (the message lists the known ones), a modality that
+            cannot be inferred (the message names ``modality=``), ``batch_size < 1``, regions on a model with several
+            token sets or that do not fit the modality, or anything :func:`attribute` rejects.
     """
     unknown = [m for m in methods if m not in method_names()]
     if unknown or not methods:
         raise ValueError(f"methods={list(methods)}: choose from {list(method_names())}")
     check_inputs(model, inputs)
+    faithfulness, engine = _options(faithfulness, engine)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    total = first_tensor(inputs).shape[0]
+    progress = progress or _silent
+    declared = regions if isinstance(regions, RegionOptions) else RegionOptions(regions=regions or ())
+    probe = _probe(model, inputs, target, modality, engine.streams, total)
+    if isinstance(modality, Mapping) or (probe is not None and len(probe.relevance) > 1):
+        if declared.regions:
+            raise ValueError("compare(regions=...): the model has several token sets; regions are scored on a model "
+                             "with one (as GAECallback(regions=...) does)")
+        return _compare_sets(model, inputs, target, methods, faithfulness.metrics, modality, batch_size, seed, protocol,
+                             ground_truth, engine.streams, engine.set_inputs, probe, total, progress)
+    plan = _plan(model, inputs, target, modality, ground_truth, faithfulness.metrics, protocol, batch_size, recall,
+                 groups, declared)
+    results: dict[str, dict[str, float]] = {}
+    errors: dict[str, dict[str, float]] = {}
+    directions: dict[str, bool] = {}
+    for method in methods:
+        options = {} if query is None or not get_method(method).token_relevance else {"query": query}
+        clock = _Clock()
+        batches = _attributed(model, inputs, method, plan, options, engine.embedding_layer, seed, clock, progress)
+        scores = score_batches(batches, faithfulness.metrics, model, plan.modality, max_batch=faithfulness.max_batch,
+                               explains_prediction=protocol == "predicted", extra_truth=plan.extra_truth,
+                               top_k=declared.top_k)
+        scores.groups = plan.groups
+        results.setdefault(method, {})
+        _tabulate(scores, results, errors, directions)
+        results[method]["seconds_per_sample"] = clock.seconds / plan.total
+    return Comparison(methods=results, num_samples=plan.total, higher_is_better=_region_directions(declared, directions),
+                      protocol=protocol, stderr=errors, regions={r.name: r.kind for r in declared.regions})
+
+
+def _region_directions(declared: RegionOptions, directions: dict[str, bool]) -> dict[str, bool]:
+    """``directions`` with each region's columns: more relevance is better on evidence, worse on a suspect region."""
+    for region in declared.regions:
+        for column in (f"region_share_{region.name}", f"region_recall_{region.name}"):
+            if column in directions:
+                directions[column] = not region.suspect
+    return directions
+
+
+def _options(faithfulness: FaithfulnessOptions | None, engine: EngineOptions | None
+             ) -> tuple[FaithfulnessOptions, EngineOptions]:
+    """The option groups :func:`compare` reads, defaults filled in, or raise."""
     faithfulness = FaithfulnessOptions() if faithfulness is None else faithfulness
     engine = EngineOptions() if engine is None else engine
     if not isinstance(faithfulness, FaithfulnessOptions) or not isinstance(engine, EngineOptions):
@@ -292,32 +330,44 @@ def compare(
         raise ValueError("compare(engine=EngineOptions(attention_modules=..., answer_tokens=...)): compare explains "
                          "with the attention the capture finds and scores the rows it is given (answer rows: "
                          "lightning_gae.language.answer_rows with query='last'); leave both None")
-    metrics, max_batch = faithfulness.metrics, faithfulness.max_batch
-    embedding_layer, streams, set_inputs = engine.embedding_layer, engine.streams, engine.set_inputs
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
-    total = first_tensor(inputs).shape[0]
+    return faithfulness, engine
+
+
+def _probe(model: nn.Module, inputs: Any, target: SetTarget, modality: Any, streams: Streams | None,
+           total: int) -> Any:
+    """One sample's raw attention explanation, which tells the model's token sets; None without attention."""
     try:
-        probe = explain(model, take(inputs, 0, 1, total), target=target if callable(target) else None,
-                        method="raw_attention", streams=streams)
+        return explain(model, take(inputs, 0, 1, total), target=target if callable(target) else None,
+                       method="raw_attention", streams=streams)
     except ValueError:
         # No attention to tell sets apart (a model scored with Captum's methods alone): one input, as before.
         if isinstance(modality, Mapping):
             raise
-        probe = None
-    declared = regions if isinstance(regions, RegionOptions) else RegionOptions(regions=regions or ())
-    if isinstance(modality, Mapping) or (probe is not None and len(probe.relevance) > 1):
-        if declared.regions:
-            raise ValueError("compare(regions=...): the model has several token sets; regions are scored on a model "
-                             "with one (as GAECallback(regions=...) does)")
-        return _compare_sets(model, inputs, target, methods, metrics, modality, batch_size, seed, protocol, ground_truth,
-                             streams, set_inputs, probe, total, progress or _silent)
+        return None
+
+
+class _Plan(NamedTuple):
+    """What every method of :func:`compare` is scored on: the same batches, classes, ground truth and regions."""
+
+    total: int
+    batch_size: int
+    explained: Tensor
+    labels: Tensor | None
+    modality: Modality
+    truth: Tensor | None
+    extra_truth: tuple[TruthScore, ...]
+    groups: Tensor | None
+    masks: dict[str, Tensor]
+
+
+def _plan(model: nn.Module, inputs: Any, target: SetTarget, modality: Modality | None, ground_truth: Any,
+          metrics: Sequence[str], protocol: str, batch_size: int, recall: bool, groups: Any,
+          declared: RegionOptions) -> _Plan:
+    """:func:`compare`'s arguments for a model with one token set, checked, and the classes explained fixed once."""
     unknown = [m for m in metrics if m not in PERTURBATION_METRICS]
     if unknown or not metrics:
         raise ValueError(f"compare(faithfulness=FaithfulnessOptions(metrics={list(metrics)})): choose at least one "
                          f"of {list(PERTURBATION_METRICS)}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
     check_protocol(protocol)
     x, _ = batch_tensor(inputs)
     total = x.shape[0]
@@ -327,83 +377,59 @@ def compare(
         explained = torch.cat([predict(model, take(inputs, s, s + batch_size, total)) for s in starts])
     else:
         explained = given
-    # What the metrics are told: the class scored ("target"), or the labels to check against ("predicted").
-    scored = explained if protocol == "target" else given
     if modality is None:
         modality = infer_modality(model, inputs)
-
-    if ground_truth is not None and ground_truth.shape[0] != total:
-        raise ValueError(f"ground_truth has {ground_truth.shape[0]} samples for {total} inputs; give one per sample")
-    truth = truth_score(modality) if ground_truth is not None else None
+    if ground_truth is not None:
+        if ground_truth.shape[0] != total:
+            raise ValueError(f"ground_truth has {ground_truth.shape[0]} samples for {total} inputs; give one per sample")
+        entry = truth_score(modality)
+        if scored_truth(modality, ground_truth) is None:
+            raise ValueError(f"ground_truth {tuple(ground_truth.shape)}: {type(modality).__name__}'s ground truth "
+                             f"({entry.name}) has {entry.truth_dims} dims with the samples")
     if recall and (ground_truth is None or not isinstance(modality, RECALL.modality)):
         raise ValueError("compare(recall=True) scores text rationales: pass ground_truth=[N, T] and a TextTokens modality")
     groups = None if groups is None else torch.as_tensor(groups)
     if groups is not None and groups.numel() != total:
         raise ValueError(f"compare(groups=...) has {groups.numel()} labels for {total} samples: pass one "
                          "label per sample (e.g. the prompt of each answer row), or None")
-
-    progress = progress or _silent
-    masks = [_region_masks(declared, modality, take(inputs, s, s + batch_size, total)) for s in starts]
-    results: dict[str, dict[str, float]] = {}
-    errors: dict[str, dict[str, float]] = {}
-    directions: dict[str, bool] = {}
-    for method in methods:
-        progress(method, 0, total)
-        scorers = {name: perturbation_metric(name, model, modality, max_batch=max_batch, sync_on_compute=False,
-                                             protocol=protocol) for name in metrics}
-        truth_metric = None if truth is None else truth.metric(modality)
-        recall_metric = RECALL.metric(modality) if recall else None
-        options = {} if query is None or not get_method(method).token_relevance else {"query": query}
-        scores = SampleScores()
-        scores.groups = groups
-        seconds = 0.0
-        for index, start in enumerate(starts):
-            stop = min(start + batch_size, total)
-            chunk = take(inputs, start, stop, total)
-            began = time.perf_counter()
-            attributions = attribute(method, model, chunk, explained[start:stop], embedding_layer=embedding_layer,
-                                     seed=seed + index, **options)
-            seconds += time.perf_counter() - began
-            for name, metric in scorers.items():
-                scores.add_perturbation(name, method, metric, chunk, attributions,
-                                        None if scored is None else scored[start:stop])
-            if truth_metric is not None:
-                known = ground_truth[start:stop].to(attributions.device)
-                scores.add_updates(truth.name, method, truth_metric, truth.update_args(modality, chunk, attributions, known))
-            if recall_metric is not None:
-                scores.add_updates(RECALL.name, method, recall_metric, RECALL.update_args(modality, chunk, attributions, known))
-            _score_regions(scores, method, declared, masks[index], modality, chunk, attributions)
-            progress(method, stop, total)
-        results.setdefault(method, {})
-        _tabulate(scores, results, errors, directions)
-        results[method]["seconds_per_sample"] = seconds / total
-    for region in declared.regions:  # more relevance is better on evidence, worse on a suspect region
-        for column in (f"region_share_{region.name}", f"region_recall_{region.name}"):
-            if column in directions:
-                directions[column] = not region.suspect
-    return Comparison(methods=results, num_samples=total, higher_is_better=directions, protocol=protocol, stderr=errors,
-                      regions={r.name: r.kind for r in declared.regions})
+    # Over all samples at once: a region's per-sample mask [N, H, W] fits the samples, not a batch of them.
+    masks = _region_masks(declared, modality, inputs)
+    # With the labels, protocol="predicted" checks the prediction against them (score_batches).
+    labels = given if protocol == "predicted" else None
+    return _Plan(total, batch_size, explained, labels, modality, ground_truth, (RECALL,) if recall else (), groups, masks)
 
 
-def _region_masks(regions: RegionOptions, modality: Modality, chunk: Any) -> dict[str, Tensor]:
-    """Region name -> bool ``[B, N]`` over a batch's tokens, on the CPU (:func:`region_token_mask`)."""
-    cpu = map_tensors(chunk, lambda t: t.detach().cpu())
+class _Clock:
+    """The seconds an attribution step took, summed over a method's batches."""
+
+    seconds = 0.0
+
+
+def _attributed(model: nn.Module, inputs: Any, method: str, plan: _Plan, options: Mapping[str, Any],
+                embedding_layer: Any, seed: int, clock: _Clock, progress: Progress) -> Iterator[Batch]:
+    """``method``'s attributions of each batch of ``plan``, timed by ``clock``; ``progress`` after each is scored."""
+    progress(method, 0, plan.total)
+    for index, start in enumerate(range(0, plan.total, plan.batch_size)):
+        stop = min(start + plan.batch_size, plan.total)
+        chunk = take(inputs, start, stop, plan.total)
+        began = time.perf_counter()
+        attributions = attribute(method, model, chunk, plan.explained[start:stop], embedding_layer=embedding_layer,
+                                 seed=seed + index, **options)
+        clock.seconds += time.perf_counter() - began
+        yield Batch(chunk, {method: attributions}, plan.explained[start:stop],
+                    None if plan.labels is None else plan.labels[start:stop],
+                    None if plan.truth is None else plan.truth[start:stop],
+                    {name: mask[start:stop] for name, mask in plan.masks.items()})
+        progress(method, stop, plan.total)
+
+
+def _region_masks(regions: RegionOptions, modality: Modality, inputs: Any) -> dict[str, Tensor]:
+    """Region name -> bool ``[N, tokens]`` over the samples' tokens, on the CPU
+    (:func:`~lightning_gae.evaluation.region_masks`)."""
     try:
-        return {region.name: region_token_mask(region, modality, cpu) for region in regions.regions}
+        return region_masks(regions.regions, modality, inputs)
     except ValueError as error:
         raise ValueError(f"compare(regions=...) does not fit the samples with {type(modality).__name__}: {error}") from None
-
-
-def _score_regions(scores: SampleScores, method: str, regions: RegionOptions, masks: Mapping[str, Tensor],
-                   modality: Modality, chunk: Any, attributions: Tensor) -> None:
-    """Each region's share and recall of a batch (:func:`~lightning_gae.metrics.regions.score_regions`)."""
-    if not masks:
-        return
-    tokens = next(iter(masks.values())).shape[1]
-    cpu = map_tensors(chunk, lambda t: t.detach().cpu())
-    relevance = token_relevance(modality, attributions, cpu, tokens)
-    if relevance is not None:
-        score_regions(scores, method, masks, relevance, region_valid_tokens(modality, cpu, tokens), regions.top_k)
 
 
 def _silent(method: str, done: int, total: int) -> None:
@@ -416,53 +442,10 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
                   set_inputs: Mapping[str, int | str] | None, probe: Any, total: int, progress: Progress) -> Comparison:
     """:func:`compare` for a model with several token sets: each set's relevance, scored against its own ground truth."""
     sizes = {x: r.shape[1] for x, r in probe.relevance.items()}
-    if metrics:
-        raise ValueError(
-            f"FaithfulnessOptions(metrics={list(metrics)}) cannot apply to a model with the token sets {list(sizes)}: a perturbation metric "
-            "removes units of one input and reads one class logit per sample, and here neither says which set's tokens "
-            "to remove. Pass faithfulness=FaithfulnessOptions(metrics=()) and score the sets against ground truth (ground_truth={'alignment' | 'masks' | "
-            "'rationales': tensor})"
-        )
-    if modality is not None and not isinstance(modality, Mapping):
-        raise ValueError(f"modality={modality!r}: the model has the token sets {list(sizes)}; pass one per set, "
-                         "modality={set: ImageTokens(...)/TextTokens(...)}")
-    if ground_truth is not None and not isinstance(ground_truth, Mapping):
-        raise ValueError(f"ground_truth of a model with the token sets {list(sizes)} is a mapping from the batch key "
-                         f"({list(SET_TRUTH)}) to its tensor, so that each set is scored with its own")
-    truths = dict(ground_truth or {})
-    unknown = [k for k in truths if k not in SET_TRUTH]
-    if unknown:
-        raise ValueError(f"ground_truth keys {unknown}: use {list(SET_TRUTH)}")
+    truths = set_truths(metrics, modality, ground_truth, sizes)
     layout = token_set_inputs(inputs, sizes, modality, set_inputs, "compare")
     sequence = is_sequence_output(probe, target)
-    # Batch key -> (column prefix, a new metric, (chunk, relevance by set, truth) -> its update arguments).
-    scorers: dict[str, tuple[str, Callable[[], Metric], Callable[..., tuple[Any, ...]]]] = {}
-    for key, truth in truths.items():
-        if truth.shape[0] != total:
-            raise ValueError(f"ground_truth[{key!r}] has {truth.shape[0]} samples for {total} inputs; give one per sample")
-        kind = SET_TRUTH[key]
-        if kind is None:
-            if not sequence or len(sizes) != 2:
-                raise ValueError(f"ground_truth['alignment'] scores a source set per target position: it needs sequence "
-                                 f"logits [B, T, C] over the query set, a class target and two token sets; the model has "
-                                 f"{list(sizes)} and logits {None if probe.logits is None else tuple(probe.logits.shape)}")
-            source = next(x for x in sizes if x != probe.query_set)
-            scorers[key] = (f"{source}/alignment_accuracy", lambda: AlignmentAccuracy(sync_on_compute=False),
-                            lambda chunk, by_set, truth: (by_set[source], truth))
-            continue
-        owners = [x for x, (m, _) in layout.items() if isinstance(m, kind)]
-        if len(owners) != 1 or sequence:
-            raise ValueError(f"ground_truth[{key!r}] scores the one {kind.__name__} set of a model read at one position; "
-                             f"the sets are {[f'{x}: {m!r}' for x, (m, _) in layout.items()]}"
-                             + ("; its outputs are sequences" if sequence else ""))
-        x, (set_modality, input_key) = owners[0], layout[owners[0]]
-        score = truth_score(set_modality)
-
-        def update_args(chunk: Any, by_set: Mapping[str, Tensor], truth: Tensor, x: str = x, m: Modality = set_modality,
-                        k: int | str = input_key, score: TruthScore = score) -> tuple[Any, ...]:
-            return score.update_args(m, token_set_input(chunk, k)[1], by_set[x], truth)
-
-        scorers[key] = (f"{x}/{score.name}", lambda m=set_modality, score=score: score.metric(m), update_args)
+    scorers = set_scorers(truths, sizes, layout, sequence, probe, total)
     skipped = {m: (f"Captum's {m} attributes one input tensor, but this model takes one input per token set "
                    f"({', '.join(f'{x}: {k!r}' for x, (_, k) in layout.items())}), so it gives no relevance per set")
                for m in methods if not get_method(m).token_relevance}
@@ -480,7 +463,7 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
         progress(method, 0, total)
         found = get_method(method)
         explained = found.explained_as if found.kind == "baseline" else method
-        metrics_now = {key: build() for key, (_, build, _) in scorers.items()}
+        metrics_now = {name: build() for name, build, _ in scorers.values()}
         scores = SampleScores()
         parts: dict[str, list[Tensor]] = {}
         seconds = 0.0
@@ -504,8 +487,8 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
             seconds += time.perf_counter() - began
             for x, r in by_set.items():
                 parts.setdefault(x, []).append(r)
-            for key, (name, _, args) in scorers.items():
-                scores.add_updates(name, method, metrics_now[key], args(chunk, by_set, truths[key][start:stop].cpu()))
+            score_sets(scores, method, scorers, lambda name, build, made=metrics_now: made[name], chunk, by_set,
+                       {key: truth[start:stop].cpu() for key, truth in truths.items()})
             progress(method, stop, total)
         relevance[method] = {x: torch.cat(found) for x, found in parts.items()}
         results.setdefault(method, {})

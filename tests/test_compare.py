@@ -569,6 +569,21 @@ def test_compare_region_share_is_a_plain_loop_over_samples(tmp_path):
     assert "region_share_spurious_word ↓" in table and "region_recall_spurious_word ↓" in table
 
 
+def test_a_region_with_a_mask_per_sample_is_scored_batch_by_batch(vit, images):
+    # Region(mask=[N, H, W]) holds one mask per sample: each batch scores its own samples' masks.
+    from lightning_gae.modalities.regions import Region
+
+    masks = torch.zeros(3, 8, 8)
+    masks[0, :4, :4], masks[1, 4:, 4:], masks[2, :4, 4:] = 1, 1, 1
+    region = Region("corner", "evidence", mask=masks)
+    common = {"methods": ("gae", "random"), "modality": ImageTokens(patch_size=2), "regions": [region],
+              "faithfulness": FaithfulnessOptions(metrics=("positive_perturbation_auc",))}
+    whole = compare(vit.eval(), images, batch_size=3, **common)
+    batched = compare(vit.eval(), images, batch_size=2, **common)
+    assert batched.methods["gae"]["region_share_corner"] == pytest.approx(whole.methods["gae"]["region_share_corner"])
+    assert batched.methods["gae"]["region_recall_corner"] == pytest.approx(whole.methods["gae"]["region_recall_corner"])
+
+
 @pytest.mark.slow
 def test_compare_reports_the_region_shares_the_callback_logs(tmp_path, read_events):
     from lightning_gae.callbacks.gae_monitor import default_batch_inputs

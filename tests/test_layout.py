@@ -1,6 +1,6 @@
 """The package's layout holds: folders are the layers of the data flow, no module reaches into another's private
-names in any form, no import cycles, one job per module, and the callback scores every ground truth compare scores
-(one table, no drifting copies)."""
+names in any form, no import cycles, one job per module, and one ground truth table (that the callback and compare
+score alike is tests/evaluation/test_pipeline.py's)."""
 
 import ast
 import importlib
@@ -8,13 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
-from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.loggers import TensorBoardLogger
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
-from lightning_gae.compare import compare
 from lightning_gae.metrics.ground_truth import GROUND_TRUTH
 from tests.helpers import layout
 
@@ -57,6 +51,8 @@ _PUBLIC = {
                                    'raw_attention_row', 'rollout_map', 'rollout_row', 'row_normalize', 'start_rows',
                                    'token_set_relevance'],
     "lightning_gae.engine.token_sets": ['PRESETS', 'Streams', 'TokenSets', 'assign_token_sets', 'preset_streams'],
+    "lightning_gae.evaluation": ['Batch', 'MetricSource', 'SetScorers', 'region_masks', 'score_batches', 'score_sets',
+                                 'set_scorers', 'set_truths'],
     "lightning_gae.language": ['AnswerExplanation', 'GenerationExplanation', 'NextTokenLogits', 'answer_rows',
                                'explain_answers', 'explain_generation', 'last_positions', 'sequence_rows'],
     "lightning_gae.engine.forward": ['RecordedForward', 'recorded_forward'],
@@ -66,8 +62,8 @@ _PUBLIC = {
                               'random_attribution', 'register_method', 'unregister_method'],
     "lightning_gae.metrics": ['AOPC', 'AlignmentAccuracy', 'Comprehensiveness', 'DeletionAUC', 'ExplanationStability',
                               'InsertionAUC', 'PERTURBATION_METRICS', 'PerturbationAUC', 'RationaleAgreement',
-                              'RelevanceSegmentation', 'Sufficiency', 'functional', 'perturbation_metric',
-                              'random_attribution'],
+                              'Registration', 'RelevanceSegmentation', 'Sufficiency', 'functional',
+                              'perturbation_metric', 'random_attribution', 'register_metric'],
     "lightning_gae.metrics.agreement": ['ExplanationStability', 'RationaleAgreement', 'RelevanceSegmentation'],
     "lightning_gae.metrics.alignment": ['AlignmentAccuracy'],
     "lightning_gae.metrics.functional": ['ERASER_BINS', 'PERTURBATION_FRACTIONS', 'PROTOCOLS', 'RISE_FRACTIONS',
@@ -84,6 +80,8 @@ _PUBLIC = {
     "lightning_gae.metrics.functional.stability": ['explanation_stability'],
     "lightning_gae.metrics.ground_truth": ['GROUND_TRUTH', 'RECALL', 'SET_TRUTH', 'TruthScore', 'scored_truth',
                                            'truth_score'],
+    "lightning_gae.metrics.regions": ['RegionRecall', 'RegionShare', 'RemovalCheck', 'held_shares', 'removal_check',
+                                      'score_regions'],
     "lightning_gae.metrics.perturbation": ['AOPC', 'Comprehensiveness', 'DeletionAUC', 'InsertionAUC',
                                            'NegativePerturbationAUC', 'PerturbationAUC', 'PositivePerturbationAUC',
                                            'Sufficiency'],
@@ -102,7 +100,8 @@ _PUBLIC = {
                                           'faithfulness_table', 'sample_tag', 'scalar_tag'],
 }
 # The package's folders, each a layer of the data flow (tests/helpers/layout.py orders them).
-_FOLDERS = {"engine", "lrp", "methods", "language", "modalities", "attribution", "metrics", "display", "tensorboard", "callbacks"}
+_FOLDERS = {"engine", "lrp", "methods", "language", "modalities", "attribution", "metrics", "evaluation", "display",
+            "tensorboard", "callbacks"}
 
 
 def test_no_module_touches_another_modules_private_names():
@@ -290,40 +289,3 @@ def test_every_ground_truth_has_one_entry_per_modality():
     kinds = [entry.modality for entry in GROUND_TRUTH]
     assert len(set(kinds)) == len(kinds)
     assert {entry.name for entry in GROUND_TRUTH} == {"segmentation", "rationale", "feature_recovery"}
-
-
-@pytest.mark.slow
-def test_the_callback_scores_tabular_ground_truth_as_compare_does(tmp_path):
-    # The callback collected (x, y, informative) batches and never scored them, while compare scored
-    # feature_recovery_*: the two copies of the ground-truth choice had drifted apart.
-    from recipes.tabular import FeatureTokens, TabularClassifier, TabularDataModule
-
-    seed_everything(0)
-    split = dict(num_train=256, num_val=64, num_columns=6, num_informative=3)
-    modality = FeatureTokens(**split)
-    callback = GAECallback(num_samples=8, every_n_epochs=1, methods=("gae", "rollout"), modality=modality,
-                           faithfulness=FaithfulnessOptions(metrics=(), samples=0))
-    trainer = Trainer(max_epochs=1, limit_train_batches=4, logger=TensorBoardLogger(tmp_path, name="tab"),
-                      callbacks=[callback], enable_progress_bar=False, enable_model_summary=False,
-                      enable_checkpointing=False, accelerator="cpu", devices=1)
-    model = TabularClassifier(num_features=6, dim=16, depth=2, heads=2)
-    data = TabularDataModule(batch_size=32, **split)
-    trainer.fit(model, datamodule=data)
-
-    events = EventAccumulator(trainer.logger.log_dir, size_guidance={"scalars": 0})
-    events.Reload()
-    tags = events.Tags()["scalars"]
-    for method in ("gae", "rollout", "random"):
-        for key in ("token_f1", "auprc"):
-            assert f"feature_recovery_{key}/{method}" in tags, tags
-    # The same samples through compare: the same values.
-    x, y, informative = data.val_set.tensors
-    index = torch.tensor(callback.sample_indices)
-    model.eval()
-    result = compare(model, x[index], target=None, methods=("gae", "rollout"), modality=modality,
-                     ground_truth=informative[index], protocol="target",
-                     faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",)))
-    for method in ("gae", "rollout"):
-        for key in ("token_f1", "auprc"):
-            logged = events.Scalars(f"feature_recovery_{key}/{method}")[-1].value
-            assert logged == pytest.approx(result.methods[method][f"feature_recovery_{key}"], abs=1e-5)

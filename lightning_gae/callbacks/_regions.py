@@ -1,5 +1,7 @@
 """GAECallback's declared regions: how much of each method's relevance sits on them, and the alert when a suspect
-region takes it (:class:`~lightning_gae.options.RegionOptions`).
+region takes it (:class:`~lightning_gae.options.RegionOptions`). The scores themselves are
+:mod:`lightning_gae.metrics.regions`' (through :mod:`lightning_gae.evaluation`, as ``compare`` scores them); this
+module is about the run: which samples, when to alert, what to say.
 
 The shares and recalls are scored on the tracked samples, the ones the pictures show, at every explanation step;
 the alert names the step, the method, the share, the samples most affected, the method's faithfulness and what
@@ -18,10 +20,11 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from lightning_gae import evaluation
 from lightning_gae._structures import map_tensors
-from lightning_gae.metrics.functional.health import not_better_than_random
-from lightning_gae.metrics.functional.regions import region_recall, region_removal_drop, region_share
-from lightning_gae.modalities.regions import Region, region_token_mask, region_valid_tokens, regions_of
+from lightning_gae.evaluation import Batch, score_batches
+from lightning_gae.metrics.regions import held_shares, removal_check
+from lightning_gae.modalities.regions import Region, region_valid_tokens, regions_of
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.options import RegionOptions
@@ -37,53 +40,40 @@ def share_tag(region: str, method: str) -> str:
 
 
 def region_masks(regions: RegionOptions, modality: Modality, inputs: Any) -> dict[str, Tensor]:
-    """Region name -> bool ``[B, N]`` over the tracked samples' tokens (:func:`region_token_mask`)."""
-    cpu = map_tensors(inputs, lambda t: t.detach().cpu())
-    return {region.name: region_token_mask(region, modality, cpu) for region in regions.regions}
+    """Region name -> bool ``[B, N]`` over the tracked samples' tokens (:func:`lightning_gae.evaluation.region_masks`)."""
+    return evaluation.region_masks(regions.regions, modality, inputs)
 
 
 def region_scalars(relevance: Mapping[str, Tensor], masks: Mapping[str, Tensor], modality: Modality, inputs: Any,
                    top_k: int | None) -> tuple[dict[str, float], dict[str, dict[str, Tensor]]]:
     """``(scalars, shares)``: ``region_share_<region>/<method>`` and ``region_recall_<region>/<method>`` (means over the
-    samples that hold the region), and region -> method -> the per-sample shares ``[B]`` (NaN where not held)."""
-    scalars: dict[str, float] = {}
-    shares: dict[str, dict[str, Tensor]] = {}
+    samples that hold the region, scored by :func:`lightning_gae.evaluation.score_batches` as ``compare`` scores
+    them), and region -> method -> the per-sample shares ``[B]`` (NaN where not held,
+    :func:`lightning_gae.metrics.regions.held_shares`)."""
     rows = {method: tokens.detach().float().cpu() for method, tokens in relevance.items()}
+    scores = score_batches([Batch(inputs, rows, regions=masks)], (), None, modality, top_k=top_k)
+    scalars = {f"{column}/{method}": score.value for method, columns in scores.columns().items()
+               for column, score in columns.items() if math.isfinite(score.value)}
     cpu = map_tensors(inputs, lambda t: t.detach().cpu())
     valid = region_valid_tokens(modality, cpu, next(iter(rows.values())).shape[1]) if rows else None
-    for name, mask in masks.items():
-        held = mask.any(dim=1)
-        shares[name] = {}
-        for method, tokens in rows.items():
-            share = region_share(tokens, mask, valid).masked_fill(~held, float("nan"))
-            recall = region_recall(tokens, mask, top_k, valid).masked_fill(~held, float("nan"))
+    shares: dict[str, dict[str, Tensor]] = {name: {} for name in masks}
+    for method, tokens in rows.items():
+        for name, share in held_shares(tokens, masks, valid).items():
             shares[name][method] = share
-            for key, values in (("share", share), ("recall", recall)):
-                kept = values[torch.isfinite(values)]
-                if len(kept):
-                    scalars[f"region_{key}_{name}/{method}"] = float(kept.mean())
     return scalars, shares
 
 
 def removal_verdict(model: nn.Module, inputs: Any, mask: Tensor, modality: Modality, seed: int) -> str:
-    """Whether the model uses the region: the drop of the explained class's probability when it is removed, against
-    random regions of its size, on the tracked samples that hold it."""
-    held = mask.any(dim=1)
-    if not bool(held.any()):
+    """Whether the model uses the region (:func:`lightning_gae.metrics.regions.removal_check`), as an alert's line."""
+    check = removal_check(model, inputs, mask, modality, seed)
+    if check.held == 0:
         return "removal check: no tracked sample holds the region"
-    generator = torch.Generator().manual_seed(seed)
-    found = region_removal_drop(model, inputs, mask, modality, target=None, generator=generator)
-    region = found.region.detach().float().cpu()[held]
-    random = found.random.detach().float().cpu()[held].mean(dim=1)
-    region, random = region[torch.isfinite(region)], random[torch.isfinite(random)]
-    if len(region) < 2 or len(random) < 2:
+    if not math.isfinite(check.region):
         return "removal check: too few samples to tell"
-    se = lambda t: float(t.std(unbiased=True) / math.sqrt(len(t)))  # noqa: E731
-    uses = not not_better_than_random(float(region.mean()), se(region), float(random.mean()), se(random),
-                                      higher_is_better=True)
-    verdict = "the model uses it" if uses else "the model does not rely on it more than on random places"
-    return (f"removal check: removing it drops the prediction's probability by {float(region.mean()):.3g} ± "
-            f"{se(region):.2g}, random regions of its size by {float(random.mean()):.3g} ± {se(random):.2g}: {verdict}")
+    verdict = "the model uses it" if check.uses else "the model does not rely on it more than on random places"
+    return (f"removal check: removing it drops the prediction's probability by {check.region:.3g} ± "
+            f"{check.region_stderr:.2g}, random regions of its size by {check.random:.3g} ± {check.random_stderr:.2g}: "
+            f"{verdict}")
 
 
 @dataclass

@@ -1,8 +1,7 @@
 """What GAECallback scores at an explanation step: relevance statistics, faithfulness with standard errors, ground truth.
 
-The faithfulness scalars come from the same per-sample scoring as :func:`lightning_gae.compare.compare`
-(:class:`lightning_gae.metrics.stderr.SampleScores`) and the same ground truth -> metric table
-(:data:`lightning_gae.metrics.ground_truth.GROUND_TRUTH`), so the callback and ``compare`` agree on the same samples.
+The faithfulness scalars come from the scoring pipeline :func:`lightning_gae.compare.compare` reads too
+(:func:`lightning_gae.evaluation.score_batches`), so the callback and ``compare`` agree on the same samples.
 No metric here syncs across processes itself: on several ranks, the faithfulness subset's per-sample states
 are gathered before the values are computed (``share``, :func:`lightning_gae.callbacks._distributed.gather_scores`).
 """
@@ -21,18 +20,18 @@ from torchmetrics import Metric
 from lightning_gae._structures import map_tensors, take
 from lightning_gae.callbacks._distributed import random_rows, subset_part
 from lightning_gae.callbacks.samples import Samples
-from lightning_gae.metrics import AlignmentAccuracy, perturbation_metric
+from lightning_gae.evaluation import Batch, score_batches, score_sets, set_scorers
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional import explanation_stability
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, scalar_tag
-from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore, scored_truth, truth_score
+from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore
 
 __all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "finite_scalars", "relevance_scalars",
            "scored_batches", "set_truth_scalars"]
 
-ScoredBatch = tuple[Any, dict[str, Tensor], Tensor, "Tensor | None", "Tensor | None"]
-"""One batch to score: inputs, attributions by method, explained class, labels, ground truth."""
+ScoredBatch = Batch
+"""One batch to score: inputs, attributions by method, explained class, labels, ground truth (:class:`Batch`)."""
 Curves = dict[str, dict[str, tuple[Sequence[float], Tensor]]]
 """Metric -> method -> ``(fractions, mean curve)``."""
 
@@ -72,37 +71,15 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
     """Each metric and method over every batch, with its standard error (``<tag>/stderr``) and the number of samples
     scored (``faithfulness_samples``), and the metrics' curves.
 
-    ``explains_prediction``: the attributions explain each sample's prediction (``target="pred"``); with class
-    labels they are then scored by the papers' *predicted* protocol (Chefer et al., CVPR 2021, Table 1: the 0% step
-    is the accuracy), otherwise by the *target* protocol on the explained class. A batch's ground truth is scored by
-    the modality's entry of :data:`~lightning_gae.metrics.ground_truth.GROUND_TRUTH` when its dims fit, and by each of
-    ``extra_truth`` (e.g. the recall of a causal LM's answer rows). ``share`` turns the per-sample states of
-    ``batches`` into those of every sample scored (on several ranks: every rank's part). ``groups`` labels
-    every sample scored (after ``share``), the samples of one group left out together by the standard errors.
+    The scores are :func:`lightning_gae.evaluation.score_batches`' (``explains_prediction``: the attributions explain
+    each sample's prediction, ``target="pred"``; ``extra_truth``: e.g. the recall of a causal LM's answer rows), with
+    one metric object per name kept in ``cache`` on the module's device. ``share`` turns the per-sample states of
+    ``batches`` into those of every sample scored (on several ranks: every rank's part). ``groups`` labels every
+    sample scored (after ``share``), the samples of one group left out together by the standard errors.
     """
-    scores = SampleScores()
-    for inputs, scored, target, labels, truth in batches:
-        if explains_prediction and labels is not None and labels.dim() == 1 and not labels.is_floating_point():
-            protocol, reference = "predicted", labels.to(module.device)
-        else:
-            protocol, reference = "target", target
-        for name in metrics:
-            metric = cached_metric(cache, f"{name}/{protocol}", module, lambda: perturbation_metric(
-                name, module, modality, protocol=protocol, max_batch=max_batch, sync_on_compute=False))
-            for method, attributions in scored.items():
-                # Each sample's own states from one batched pass: perturbed inputs go through the model
-                # max_batch at a time instead of one sample's few at a time.
-                scores.add_perturbation(name, method, metric, inputs, attributions, reference)
-        if truth is None:
-            continue
-        entries = [scored_truth(modality, truth), *extra_truth]
-        truth = truth.to(module.device)
-        for entry in entries:
-            if entry is None:
-                continue
-            metric = cached_metric(cache, entry.name, module, lambda: entry.metric(modality))
-            for method, attributions in scored.items():
-                scores.add_updates(entry.name, method, metric, entry.update_args(modality, inputs, attributions, truth))
+    scores = score_batches(batches, metrics, module, modality, max_batch=max_batch,
+                           explains_prediction=explains_prediction, extra_truth=extra_truth,
+                           metric=lambda key, build: cached_metric(cache, key, module, build))
     if share is not None:
         scores = share(scores)
     scores.groups = groups
@@ -122,34 +99,36 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
 
 
 def set_truth_scalars(explanations: Mapping[str, Any], rows: Mapping[str, Mapping[str, Tensor]] | None,
-                      sets: Mapping[str, tuple[Modality, int | str]], views: Mapping[str, Any],
-                      keyed: Mapping[str, Tensor], module: LightningModule, cache: dict[str, Metric]) -> dict[str, float]:
+                      sets: Mapping[str, tuple[Modality, int | str]], inputs: Any, keyed: Mapping[str, Tensor],
+                      module: LightningModule, cache: dict[str, Metric]) -> dict[str, float]:
     """A model with several token sets: each set scored against the ground truth the batches carry for it
-    (:data:`~lightning_gae.metrics.ground_truth.SET_TRUTH`: alignment of a decoder's rows, masks, rationales)."""
-    out: dict[str, float] = {}
+    (:data:`~lightning_gae.metrics.ground_truth.SET_TRUTH`: alignment of a decoder's rows, masks, rationales), by
+    :func:`lightning_gae.evaluation.score_sets` as ``compare`` scores them, logged as ``<name>/<method>``.
+
+    A ground truth no set can take alone is left out (the run's start checked what it could), and ``segmentation``
+    is when the batches carry ``masks``."""
     first = next(iter(explanations.values()))
-    alignment = keyed.get("alignment")
-    if alignment is not None and rows is not None:
-        source = next(x for x in first.relevance if x != first.query_set)
-        view = views[source]
-        valid = view.modality.real_tokens(map_tensors(view.inputs, lambda t: t.cpu()))
-        for method, by_set in rows.items():
-            metric = cached_metric(cache, "alignment", module, lambda: AlignmentAccuracy(sync_on_compute=False))
-            metric.update(by_set[source], alignment, valid)
-            out[scalar_tag("alignment_accuracy", method)] = metric.compute().item()
-    for key, kind in SET_TRUTH.items():
-        truth = keyed.get(key)
-        owners = [x for x, (modality, _) in sets.items() if kind is not None and isinstance(modality, kind)]
-        if truth is None or len(owners) != 1 or (key == "segmentation" and "masks" in keyed):
-            continue
-        view = views[owners[0]]
-        entry = truth_score(view.modality)
-        truth = truth.to(module.device)
-        for method, exp in explanations.items():
-            metric = cached_metric(cache, entry.name, module, lambda: entry.metric(view.modality))
-            metric.update(*entry.update_args(view.modality, view.inputs, exp.relevance[owners[0]], truth))
-            out.update({scalar_tag(f"{entry.name}_{k}", method): v.item() for k, v in metric.compute().items()})
-    return out
+    sizes = {x: r.shape[1] for x, r in first.relevance.items()}
+    total = first.tokens.shape[0]
+    owned = {key: truth for key, truth in keyed.items() if SET_TRUTH.get(key, object) is not None
+             and sum(isinstance(m, SET_TRUTH[key]) for m, _ in sets.values()) == 1
+             and not (key == "segmentation" and "masks" in keyed)}
+    scorers = set_scorers(owned, sizes, sets, False, first, total)
+    aligned = {} if rows is None or "alignment" not in keyed else {"alignment": keyed["alignment"]}
+    row_scorers = set_scorers(aligned, sizes, sets, True, first, total)
+    scores = SampleScores()
+
+    def metric(name: str, build: Callable[[], Metric]) -> Metric:
+        return cached_metric(cache, name, module, build)
+
+    for method, exp in explanations.items():
+        truths = {key: truth.to(module.device) for key, truth in owned.items()}
+        score_sets(scores, method, scorers, metric, inputs, exp.relevance, truths)
+        if row_scorers:
+            score_sets(scores, method, row_scorers, metric, inputs, rows[method], aligned)
+    # compare's columns are <set>/<name>; a logged scalar is <name>/<method>.
+    return {f"{column.split('/', 1)[1]}/{method}": score.value for method, columns in scores.columns().items()
+            for column, score in columns.items()}
 
 
 def scored_batches(trainer: Trainer, pl_module: LightningModule, subset: Samples,
@@ -173,7 +152,7 @@ def scored_batches(trainer: Trainer, pl_module: LightningModule, subset: Samples
             # Seeded by position, so that a sample's random ranking is the same at every step and on any ranks.
             scored["random"] = random_rows(first.tokens, rows[start:stop], seed, max_batch, total)
         truth = None if part.truth is None else part.truth[start:stop]
-        yield inputs, scored, first.target, labels, truth
+        yield Batch(inputs, scored, first.target, labels, truth)
 
 
 def finite_scalars(warn_once: Callable[[str, str], None], scalars: dict[str, float], step: int) -> dict[str, float]:

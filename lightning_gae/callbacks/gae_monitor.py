@@ -492,7 +492,7 @@ class GAECallback(Callback):
         if run.scored is None or views is not None:
             # Models with several token sets score no perturbation metric; their ground truth is per set.
             # FaithfulnessOptions(samples=0): the displayed samples are scored, at every step (they are few).
-            batches: Iterable[ScoredBatch] = [(inputs, scored, first.target, run.labels, run.truth)]
+            batches: Iterable[ScoredBatch] = [ScoredBatch(inputs, scored, first.target, run.labels, run.truth)]
             scored_on = f"the {len(self.sample_indices)} tracked validation samples at step {step}"
         elif subset is not None:
             batches, shared, groups = self._scored_batches(trainer, pl_module, subset), len(subset), subset.groups
@@ -506,7 +506,7 @@ class GAECallback(Callback):
         with run.failures.isolated("scoring", step), together():
             scalars.update(self._faithfulness(pl_module, batches, shared, groups))
             if views is not None:
-                scalars.update(set_truth_scalars(explanations, rows, run.sets, views, run.keyed, pl_module,
+                scalars.update(set_truth_scalars(explanations, rows, run.sets, inputs, run.keyed, pl_module,
                                                  run.metric_objects))
             if run.region_masks:
                 relevance = {m: e.tokens for m, e in explanations.items()}

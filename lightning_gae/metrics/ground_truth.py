@@ -48,10 +48,10 @@ GROUND_TRUTH: tuple[TruthScore, ...] = (
     TruthScore("feature_recovery", TabularTokens, 2, lambda m: RationaleAgreement(sync_on_compute=False),
                lambda m, inputs, a, truth: (m.unit_scores(a, inputs), truth)),
 )
-"""Ground truth -> metric, by modality: image masks ``[B, H, W]`` -> ``segmentation_{pixel_accuracy,miou,mean_ap}``
-(:class:`~lightning_gae.metrics.RelevanceSegmentation`); rationale tokens ``[B, T]`` -> ``rationale_{token_f1,auprc}``
-over the removable tokens and informative features ``[B, F]`` -> ``feature_recovery_{token_f1,auprc}``
-(:class:`~lightning_gae.metrics.RationaleAgreement`)."""
+"""The metric of each kind of ground truth, by modality. Image masks ``[B, H, W]`` give
+``segmentation_{pixel_accuracy,miou,mean_ap}`` (:class:`~lightning_gae.metrics.RelevanceSegmentation`); rationale
+tokens ``[B, T]`` give ``rationale_{token_f1,auprc}`` over the removable tokens and informative features ``[B, F]``
+``feature_recovery_{token_f1,auprc}`` (:class:`~lightning_gae.metrics.RationaleAgreement`)."""
 
 
 RECALL = TruthScore("recall", TextTokens, 2, lambda m: RationaleRecall(sync_on_compute=False),

@@ -1,24 +1,31 @@
-"""Relevance on a declared region as ``torchmetrics.Metric`` classes; their maths in
-:mod:`lightning_gae.metrics.functional.regions`."""
+"""Relevance on a declared region as ``torchmetrics.Metric`` classes (their maths in
+:mod:`lightning_gae.metrics.functional.regions`), and the region scoring ``compare`` and ``GAECallback`` share: the
+means with their standard errors (:func:`score_regions`), each sample's share (:func:`held_shares`) and whether the
+model uses the region (:func:`removal_check`). Region scores are computed here and nowhere else."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
 from lightning_gae.metrics.stderr import SampleScores
+from lightning_gae.metrics.functional.health import not_better_than_random
 from lightning_gae.metrics.functional.regions import (
     _region_recall_compute,
     _region_recall_update,
     _region_share_compute,
     _region_share_update,
+    region_removal_drop,
+    region_share,
 )
+from lightning_gae.modalities.tokens import Modality
 
-__all__ = ["RegionRecall", "RegionShare", "score_regions"]
+__all__ = ["RegionRecall", "RegionShare", "RemovalCheck", "held_shares", "removal_check", "score_regions"]
 
 
 class _RegionMetric(Metric):
@@ -142,3 +149,52 @@ def score_regions(scores: SampleScores, method: str, masks: Mapping[str, Tensor]
         args = (relevance[held], mask.to(relevance.device)[held], None if valid is None else valid.to(relevance.device)[held])
         scores.add_updates(f"region_share_{name}", method, RegionShare(sync_on_compute=False), args)
         scores.add_updates(f"region_recall_{name}", method, RegionRecall(k=top_k, sync_on_compute=False), args)
+
+
+def held_shares(relevance: Tensor, masks: Mapping[str, Tensor], valid: Tensor | None = None) -> dict[str, Tensor]:
+    """Region name -> each sample's :func:`~lightning_gae.metrics.functional.region_share` ``[B]``, NaN for a sample
+    that does not hold the region (the samples :func:`score_regions` leaves out).
+
+    >>> import torch
+    >>> held_shares(torch.tensor([[1.0, 3.0], [2.0, 2.0]]), {"word": torch.tensor([[False, True], [False, False]])})
+    {'word': tensor([0.7500,    nan])}
+    """
+    out = {}
+    for name, mask in masks.items():
+        held = mask.any(dim=1).to(relevance.device)
+        out[name] = region_share(relevance, mask, valid).masked_fill(~held, float("nan"))
+    return out
+
+
+class RemovalCheck(NamedTuple):
+    """Whether the model uses a region (:func:`removal_check`): the mean drops of the explained class's probability
+    over the samples that hold it, with their standard errors; NaN when fewer than two samples tell."""
+
+    region: float
+    region_stderr: float
+    random: float
+    random_stderr: float
+    uses: bool
+    """The region's drop is above random regions' beyond the standard errors."""
+    held: int
+    """How many samples hold the region."""
+
+
+def removal_check(model: Callable[..., Any], inputs: Any, mask: Tensor, modality: Modality, seed: int) -> RemovalCheck:
+    """Remove the region from the samples that hold it, and random regions of its size
+    (:func:`~lightning_gae.metrics.functional.region_removal_drop`, drawn with ``seed``), and compare the drops of the
+    explained class's probability (:func:`~lightning_gae.metrics.functional.health.not_better_than_random`)."""
+    held = mask.any(dim=1)
+    nan = float("nan")
+    if not bool(held.any()):
+        return RemovalCheck(nan, nan, nan, nan, False, 0)
+    found = region_removal_drop(model, inputs, mask, modality, target=None, generator=torch.Generator().manual_seed(seed))
+    region = found.region.detach().float().cpu()[held]
+    random = found.random.detach().float().cpu()[held].mean(dim=1)
+    region, random = region[torch.isfinite(region)], random[torch.isfinite(random)]
+    if len(region) < 2 or len(random) < 2:
+        return RemovalCheck(nan, nan, nan, nan, False, int(held.sum()))
+    region_se, random_se = (float(t.std(unbiased=True) / math.sqrt(len(t))) for t in (region, random))
+    uses = not not_better_than_random(float(region.mean()), region_se, float(random.mean()), random_se,
+                                      higher_is_better=True)
+    return RemovalCheck(float(region.mean()), region_se, float(random.mean()), random_se, uses, int(held.sum()))

@@ -3,12 +3,9 @@ faithfulness, and an alert when a suspect region takes a method's relevance (the
 when the same cue carries no label."""
 
 import pytest
-import torch
 from lightning.pytorch import seed_everything
 
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback, RegionOptions
-from lightning_gae.callbacks._regions import region_scalars
-from lightning_gae.metrics.functional import region_share
 from lightning_gae.modalities.regions import Region
 from lightning_gae.tensorboard.method_runs import method_tag
 from lightning_gae.tensorboard.summary import custom_scalars_layout, faithfulness_rows
@@ -42,17 +39,6 @@ def test_region_scalars_are_charted_apart_from_faithfulness():
     layout = custom_scalars_layout(["region_share_word", "positive_perturbation_auc"])
     assert layout["GAE regions"] == {"region_share_word": ["Multiline", ["^gae_regions/region_share_word$"]]}
     assert list(layout["GAE faithfulness"]) == ["positive_perturbation_auc"]
-
-
-def test_the_logged_share_is_the_mean_over_the_samples_that_hold_the_region():
-    relevance = {"gae": torch.tensor([[0.0, 3.0, 1.0, 0.0], [0.0, 1.0, 1.0, 2.0], [0.0, 2.0, 2.0, 0.0]])}
-    masks = {"word": torch.tensor([[False, True, False, False], [False, False, False, True],
-                                   [False, False, False, False]])}  # the third sample has no such token
-    scalars, shares = region_scalars(relevance, masks, ReviewTokens(), torch.ones(3, 4, dtype=torch.long), None)
-    # Plain loop: 3/4 and 2/4, the third left out.
-    assert scalars["region_share_word/gae"] == pytest.approx((0.75 + 0.5) / 2)
-    assert torch.isnan(shares["word"]["gae"][2])
-    assert shares["word"]["gae"][:2].tolist() == pytest.approx(region_share(relevance["gae"][:2], masks["word"][:2]).tolist())
 
 
 def _fit(tmp_path, make_trainer, shortcut: bool, seed: int):

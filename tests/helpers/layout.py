@@ -35,6 +35,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("lightning_gae.modalities", "lightning_gae.language"),
     # what scores explanations through a modality, and the Captum classes
     ("lightning_gae.metrics", "lightning_gae.attribution"),
+    # the one scoring pipeline compare and the callback share: methods x metrics x ground truth x regions
+    ("lightning_gae.evaluation",),
     # consumers that compare, and the options they share with the callback
     ("lightning_gae.compare", "lightning_gae.options"),
     # the faces: TensorBoard (its views lay out what the modalities draw), the callback, the command, the package's

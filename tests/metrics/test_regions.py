@@ -10,6 +10,7 @@ from torchmetrics import MetricCollection
 
 from lightning_gae import ImageTokens, TabularTokens, TextTokens
 from lightning_gae.metrics import RegionRecall, RegionShare
+from lightning_gae.metrics.regions import removal_check
 from lightning_gae.metrics.stderr import per_sample_states, value_and_stderr
 from lightning_gae.metrics.functional import region_recall, region_removal_drop, region_share
 
@@ -274,3 +275,27 @@ def test_removal_on_tabular_features_and_text_tokens_finds_the_used_one():
         region_removal_drop(model, x, used[:, 1:], modality, 1)
     with pytest.raises(ValueError, match="num_random"):
         region_removal_drop(model, x, used, modality, 1, num_random=0)
+
+
+def test_the_removal_check_tells_the_used_feature_from_the_unused_one():
+    modality = TabularTokens(["a", "b", "c", "d"], prefix_tokens=1, means=[0.0] * 4)
+    model = lambda x: torch.stack([torch.zeros(len(x)), 3 * x[:, 2]], dim=1)   # noqa: E731  only "c" counts
+    x = torch.rand(6, 4, generator=torch.Generator().manual_seed(0)) + 0.5
+    used, unused = (torch.zeros(6, 5, dtype=torch.bool) for _ in range(2))
+    used[:, 1 + 2] = True
+    unused[:, 1 + 0] = True
+    check = removal_check(model, x, used, modality, seed=0)
+    assert check.uses and check.held == 6 and check.region > check.random > 0
+    # The means over the samples are region_removal_drop's, drawn with the same seed.
+    drop = region_removal_drop(model, x, used, modality, generator=torch.Generator().manual_seed(0))
+    assert check.region == pytest.approx(drop.region.mean().item())
+    assert check.region_stderr == pytest.approx(drop.region.std().item() / math.sqrt(6))
+    assert check.random == pytest.approx(drop.random.mean(dim=1).mean().item())
+    unused_check = removal_check(model, x, unused, modality, seed=0)
+    assert not unused_check.uses and unused_check.region == 0.0
+    # One sample holding the region cannot tell; none holding it says so.
+    one = torch.zeros_like(used)
+    one[0, 1 + 2] = True
+    assert math.isnan(removal_check(model, x, one, modality, seed=0).region)
+    assert removal_check(model, x, one, modality, seed=0).held == 1
+    assert removal_check(model, x, torch.zeros_like(used), modality, seed=0).held == 0

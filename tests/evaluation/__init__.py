@@ -1,0 +1,1 @@
+"""The scoring pipeline compare() and GAECallback share."""
