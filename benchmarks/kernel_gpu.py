@@ -1,5 +1,5 @@
 """Issue 35's kernel check on a CUDA GPU: the kernels' errors at two shapes, then each variant's backward time against
-SDPA's own at the four attention shapes of ``lightning-gae bench --sizes gpu``. Run by ``benchmarks/kernel_gpu.sh``
+SDPA's own at the four attention shapes of ``python -m benchmarks.bench --sizes gpu``. Run by ``benchmarks/kernel_gpu.sh``
 (which then runs the bench), or alone from the repository root: ``python3 benchmarks/kernel_gpu.py [--quick]``.
 ``--smoke`` runs every step on a CPU on tiny shapes under Triton's interpreter (tests/test_triton_gae_fa2.py does,
 so that the script is known to run before a GPU is lent; its numbers mean nothing).

@@ -2,8 +2,8 @@
 
 ``lightning-gae fit|validate|test|predict ...`` is Lightning's own ``LightningCLI`` (models and data
 modules chosen by ``class_path`` in a YAML config); ``lightning-gae compare`` scores GAE, its
-attention baselines and Captum's gradient methods on a trained checkpoint; ``lightning-gae bench``
-times and sizes explanations against a training step, Captum and the reference code's loop.
+attention baselines and Captum's gradient methods on a trained checkpoint. What an explanation costs is measured
+by the repository's ``python -m benchmarks.bench`` (it measures the repository's recipes, which the wheel does not ship).
 """
 
 from __future__ import annotations
@@ -536,46 +536,26 @@ def _import_from_working_directory() -> None:
         sys.path.insert(0, cwd)
 
 
-def _bench(argv: Sequence[str]) -> None:
-    """``lightning-gae bench``: the repository's ``benchmarks/bench.py``, found from the working directory.
-
-    The benchmark measures the repository's recipes (its ViT and main-job config), which the wheel
-    does not ship; outside a checkout this says so instead of failing on an import.
-    """
-    try:
-        from benchmarks.bench import main as bench_main
-    except ModuleNotFoundError as err:
-        if err.name not in ("benchmarks", "benchmarks.bench", "recipes", "recipes.vit"):
-            raise
-        raise SystemExit(
-            f"lightning-gae bench measures the repository's recipes and main-job config, which are not part of the "
-            f"installed package ({err.name!r} was not found from {os.getcwd()}): run it from the root of a "
-            "lightning-gae checkout (the folder with benchmarks/, recipes/ and configs/)"
-        ) from None
-    bench_main(argv)
-
-
 _SUBCOMMANDS = {
     "fit": "train a config's model with its callbacks (LightningCLI), e.g. --config configs/vit_digits.yaml",
     "validate": "one evaluation epoch over the validation set (LightningCLI)",
     "test": "one evaluation epoch over the test set (LightningCLI)",
     "predict": "run the model on the predict set (LightningCLI)",
     "compare": "score every attribution method on a checkpoint's first validation samples (tables and a picture)",
-    "bench": "what an explanation costs next to a training step and Captum's methods (run from a checkout)",
 }
 
 
 def _overview() -> str:
     lines = ["usage: lightning-gae SUBCOMMAND [options]", "",
              "Generic Attention-model Explainability for PyTorch Lightning: train while watching explanations,",
-             "compare attribution methods, measure their cost.", "", "subcommands:"]
+             "compare attribution methods.", "", "subcommands:"]
     lines += [f"  {name:<10} {what}" for name, what in _SUBCOMMANDS.items()]
     lines += ["", "lightning-gae SUBCOMMAND --help lists a subcommand's options."]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """The ``lightning-gae`` command: ``fit``, ``validate``, ``test`` (LightningCLI), ``compare`` and ``bench``.
+    """The ``lightning-gae`` command: ``fit``, ``validate``, ``test``, ``predict`` (LightningCLI) and ``compare``.
 
     Args:
         argv: the arguments after the command's name; None reads ``sys.argv``. Without arguments, or with
@@ -588,9 +568,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if args and args[0] == "compare":
         compare_main(args[1:])
-        return
-    if args and args[0] == "bench":
-        _bench(args[1:])
         return
     _lightning_cli(None if argv is None else args)
 
