@@ -35,8 +35,8 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
     from lightning.pytorch.cli import LightningCLI
 
     from lightning_gae.callbacks import GAECallback
-    from lightning_gae.callbacks._batch_layout import LayoutUnclear
-    from lightning_gae.callbacks._evaluation import continue_fit_steps
+    from lightning_gae.callbacks.batch_layout import LayoutUnclear
+    from lightning_gae.callbacks.evaluation import continue_fit_steps
 
     given = list(sys.argv[1:] if args is None else args)
     subcommand = given[0] if given else None
@@ -216,7 +216,7 @@ def _regions(choice: str, datamodule: Any, callback: Any) -> Any:
     return None
 
 
-def _configured(config: str) -> tuple[Any, Any, Any]:
+def configured(config: str) -> tuple[Any, Any, Any]:
     """``(model, datamodule, GAECallback or None)`` built from the fit's YAML, without fitting or logging."""
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
@@ -311,7 +311,7 @@ def _first_validation_samples(model: Any, datamodule: Any, count: int, callback:
     signature cannot tell goes to ``refuse`` with the callback's advice, put as ``--inputs`` or the YAML's)."""
     from torch.utils.data import DataLoader
 
-    from lightning_gae.callbacks._batch_layout import fit_to_forward
+    from lightning_gae.callbacks.batch_layout import fit_to_forward
     from lightning_gae.callbacks.samples import (
         default_batch_ground_truth,
         default_batch_inputs,
@@ -427,7 +427,7 @@ def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
     from lightning_gae.options import EngineOptions, FaithfulnessOptions
     from lightning_gae.engine.explain import explain, map_tensors
 
-    model, datamodule, callback = (_configured(args.config) if args.config is not None
+    model, datamodule, callback = (configured(args.config) if args.config is not None
                                    else _from_checkpoint(args.model, args.data, args.ckpt_path))
     checkpoint = torch.load(args.ckpt_path, map_location="cpu", weights_only=True)
     model.load_state_dict(checkpoint["state_dict"])

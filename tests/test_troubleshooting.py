@@ -27,9 +27,9 @@ from recipes.digits import DigitsDataModule
 from recipes.seq2seq import PAD, CopyTaskDataModule, Seq2SeqCopier
 from lightning_gae import AttentionRecorder
 from tests.helpers.models import TAB, MeanPooledViT, PrototypeViT, SumModel, TinySeq2Seq, TinyViT
-from tests.helpers.private import _attended as attended
-from tests.helpers.private import _fit_to_forward as fit_to_forward
-from tests.helpers.private import _relevance_row as relevance_row
+from lightning_gae.callbacks.batch_layout import fit_to_forward
+# engine/explain.py's own helpers, until its rework gives them a public home (tests/test_layout.py allows these two).
+from lightning_gae.engine.explain import _attended as attended, _relevance_row as relevance_row
 from tests.helpers.processes import TENSOR_PARALLEL_SCRIPT
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_gae._structures import display_input, keyword_inputs, map_tensors
-from lightning_gae.callbacks._batch_layout import forward_hint
+from lightning_gae.callbacks.batch_layout import forward_hint
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.callbacks._token_sets import prepare_sets
 from lightning_gae.callbacks.answer_samples import keep_readout

@@ -4,7 +4,7 @@ The faithfulness scalars come from the same per-sample scoring as :func:`lightni
 (:class:`lightning_gae.metrics.stderr.SampleScores`) and the same ground truth -> metric table
 (:data:`lightning_gae.metrics.ground_truth.GROUND_TRUTH`), so the callback and ``compare`` agree on the same samples.
 No metric here syncs across processes itself: on several ranks, the faithfulness subset's per-sample states
-are gathered before the values are computed (``share``, :func:`lightning_gae.callbacks._distributed.gather_scores`).
+are gathered before the values are computed (``share``, :func:`lightning_gae.callbacks.distributed.gather_scores`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from lightning_gae._structures import map_tensors, take
-from lightning_gae.callbacks._distributed import random_rows, subset_part
+from lightning_gae.callbacks.distributed import random_rows, subset_part
 from lightning_gae.callbacks.samples import Samples
 from lightning_gae.metrics import AlignmentAccuracy, perturbation_metric
 from lightning_gae.metrics.stderr import SampleScores

@@ -13,7 +13,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 from torch import Tensor
 
-from lightning_gae.callbacks._batch_layout import fit_to_forward
+from lightning_gae.callbacks.batch_layout import fit_to_forward
 from lightning_gae.callbacks._schedule import interim_part
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.callbacks.answer_samples import answer_samples, has_answer_labels, holds_causal_lm

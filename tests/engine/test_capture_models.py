@@ -15,7 +15,8 @@ from lightning_gae.engine.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.engine.rules import avg_heads
 from tests.helpers.explain import METHODS, assert_matches_reference, logit_score, padded_ids
 from tests.helpers.models import PrototypeViT, TinyViT, hf_reference, vit_reference
-from tests.helpers.private import _attended, _relevance_row
+# engine/explain.py's own helpers, until its rework gives them a public home (tests/test_layout.py allows these two).
+from lightning_gae.engine.explain import _attended, _relevance_row
 
 transformers = pytest.importorskip("transformers")
 

@@ -40,7 +40,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from lightning_gae._structures import map_tensors
-from lightning_gae.callbacks._fsdp1_root import FSDP1
+from lightning_gae.callbacks.fsdp1_root import FSDP1
 from lightning_gae.metrics.stderr import SampleScores
 
 __all__ = ["Lockstep", "RankFailed", "check_strategy", "from_rank_zero", "gather_scores", "random_rows", "subset_part",
