@@ -367,7 +367,8 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
         model.zero_grad(set_to_none=True)
 
     def per_sample_loop() -> list[Tensor]:
-        return [gae_matrix_rows(model, map_tensors(inputs, lambda t: t[i:i + 1]), target[i:i + 1]) for i in range(batch)]
+        return [gae_matrix_rows(model, map_tensors(inputs, lambda t, i=i: t[i:i + 1]), target[i:i + 1])
+                for i in range(batch)]
 
     def saliency() -> Tensor:
         with eval_mode(model):
@@ -625,7 +626,7 @@ def ratio_report(rows: Sequence[dict]) -> str:
         for batch, tokens in llamas:
             at = {m: found.get(("llama", batch, tokens, m)) for m in LLAMA_METHODS}
             floor = at["forward_backward"]
-            cell = lambda m: "-" if at[m] is None else (  # noqa: E731
+            cell = lambda m, at=at, floor=floor: "-" if at[m] is None else (  # noqa: E731
                 f"{at[m]['seconds'] / floor['seconds']:.2f}x, {at[m]['peak_memory_mb'] / floor['peak_memory_mb']:.2f}x")
             rollout = "-" if at["rollout"] is None else f"{at['rollout']['seconds'] / floor['seconds']:.2f}x"
             lines.append(f"| llama | {batch} | {tokens} | {cell('gae')} | {rollout} | {cell('attnlrp')} |")
