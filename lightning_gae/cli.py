@@ -64,7 +64,7 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
                     self.save_config_callback = None
 
         def before_validate(self) -> None:
-            found = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback)]
+            found = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback)]  # type: ignore[attr-defined]  # set by Lightning at run time
             if reader is not None and not found:
                 print(f"lightning-gae {self.subcommand}: error: --inputs reads the batches of a GAECallback; add one "
                       "(--trainer.callbacks+=lightning_gae.callbacks.GAECallback)", file=sys.stderr)
@@ -80,7 +80,8 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
         def before_fit(self) -> None:
             # The callbacks' summaries are printed when fit has returned, under the progress bar's last lines
             # (a rich progress bar keeps drawing until the trainer's teardown, after the callbacks' on_fit_end).
-            self._summaries = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback) and cb.print_summary]
+            self._summaries = [cb for cb in self.trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at run time
+                               if isinstance(cb, GAECallback) and cb.print_summary]
             for callback in self._summaries:
                 callback.print_summary = False
 
@@ -243,7 +244,7 @@ def configured(config: str) -> tuple[Any, Any, Any]:
     finally:
         for logger, level in quiet.items():
             logger.setLevel(level)
-    callback = next((cb for cb in cli.trainer.callbacks if isinstance(cb, GAECallback)), None)
+    callback = next((cb for cb in cli.trainer.callbacks if isinstance(cb, GAECallback)), None)  # type: ignore[attr-defined]  # set by Lightning at run time
     return cli.model, cli.datamodule, callback
 
 
@@ -453,6 +454,7 @@ def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
                          seed=args.seed, protocol=args.protocol, ground_truth=keyed or None, progress=bars,
                          faithfulness=FaithfulnessOptions(metrics=args.metrics or ()),
                          engine=EngineOptions(streams=streams, set_inputs=set_inputs))
+        assert probe is not None  # compare() refused a model whose token sets it cannot tell apart
         layout = token_set_inputs(inputs, {x: r.shape[1] for x, r in probe.relevance.items()}, given, set_inputs)
         sequence = (explained is None and probe.logits is not None and probe.logits.dim() == 3
                     and probe.logits.shape[1] == probe.tokens.shape[1])

@@ -26,6 +26,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -275,7 +276,7 @@ def _per_key(bias: Tensor) -> bool:
         return all(bool((bias[:, :, i:i + 256] == bias[:, :, :1]).all()) for i in range(0, bias.shape[2], 256))
 
 
-def _key_bias(bias: Tensor | None, batch: int, n_k: int, per_key: bool | None = None) -> Tensor | None | bool:
+def _key_bias(bias: Tensor | None, batch: int, n_k: int, per_key: bool | None = None) -> Tensor | Literal[False] | None:
     """``bias`` as one additive value per key ``[B, N_k]`` (None for no bias), or False where it varies by head or
     query. ``per_key``: :func:`_per_key`'s answer where the forward found it already."""
     if bias is None:
@@ -342,14 +343,15 @@ def _kernel_backward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, 
             or q.shape[-2] != k.shape[-2]):
         return None
     state: LeanState = ctx.state
+    assert state.row is not None  # a kernel runs in row mode only
     lse = ctx.lse if kernel == "triton2" and ctx.lse is not None else log_sum_exp(q, k, key_bias, ctx.causal, ctx.scale)
     if kernel == "triton2":
-        grads = _grads_wanted(q, k, v)
+        wanted = _grads_wanted(q, k, v)
         # dQ by atomics varies in its last bits from run to run on a GPU, and reaches the lower layers' relevance:
         # torch.use_deterministic_algorithms(True) gets the second loop instead.
         dq_mode = "loop" if torch.are_deterministic_algorithms_enabled() else "atomic"
         dq, dk, dv, update = gae_attention_backward_fa2(q, k, v, out, lse, dout, state.row, key_bias, ctx.causal,
-                                                        ctx.scale, grads=grads, dq=dq_mode)
+                                                        ctx.scale, grads=wanted, dq=dq_mode)
     else:
         dq, dk, dv, update = gae_attention_backward(q, k, v, out, lse, dout, state.row, key_bias, ctx.causal, ctx.scale)
     state.row = state.row + update.to(state.row.dtype)

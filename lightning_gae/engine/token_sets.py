@@ -339,7 +339,9 @@ def _node_of(t: Tensor) -> Any:
     if t.grad_fn is not None:
         return t.grad_fn
     if t.requires_grad:
-        return t.view_as(t).grad_fn.next_functions[0][0]
+        view = t.view_as(t).grad_fn
+        assert view is not None  # a view of a tensor that requires grad has a node
+        return view.next_functions[0][0]
     return None
 
 
@@ -418,8 +420,9 @@ def assign_token_sets(records: Sequence[AttentionRecord], model: nn.Module, stre
         latest = _latest(mask)
         return None if latest is None else query_sets[position[latest]]
 
+    given = declared or preset
     for rec in records:
-        pair = (declared or preset).match(rec.path) if (declared or preset) is not None else None
+        pair = given.match(rec.path) if given is not None else None
         if declared is not None and pair is None:
             raise ValueError(
                 f"attention at {rec.path or '<model>'!r} matches none of the declared streams "
