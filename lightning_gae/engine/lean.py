@@ -129,6 +129,30 @@ def query_chunks(heads: int, n_q: int, n_k: int, limits: Tensor | None) -> list[
     return spans
 
 
+def _causal_above(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A causal mask without a bias tensor, ``[size, size]``: -inf above the diagonal, which only a chunk's own block
+    of keys (from its first query on) has; the keys before it are open to every query."""
+    return torch.zeros(size, size, dtype=dtype, device=device).masked_fill_(
+        torch.ones(size, size, dtype=torch.bool, device=device).triu_(1), -math.inf)
+
+
+def _causal_block(above: Tensor, rows: int, width: int) -> Tensor:
+    """The causal mask of a chunk of ``rows`` queries over its own block of ``width`` keys."""
+    if width <= above.shape[1]:
+        return above[:rows, :width]
+    return torch.zeros(rows, width, dtype=above.dtype, device=above.device).masked_fill_(
+        torch.ones(rows, width, dtype=torch.bool, device=above.device).triu_(1), -math.inf)
+
+
+def _add_bias_grad(dbias: Tensor, ds4: Tensor, bias: Tensor, sl: slice, n_q: int, nk: int) -> None:
+    """A chunk's score gradient ``ds4`` ``[B, H, rows, nk]`` (queries ``sl``) added to the bias's own, reduced to the
+    bias's broadcast shape."""
+    if bias.shape[-2] == n_q:
+        dbias[..., sl, :nk] += _reduce_to(ds4, bias[..., sl, :nk].shape)
+    else:
+        dbias[..., :nk] += _reduce_to(ds4, bias[..., :nk].shape)
+
+
 def _rows(bias: Tensor | None, sl: slice, n_q: int) -> Tensor | None:
     if bias is None:
         return None
@@ -195,13 +219,7 @@ class LeanAttention(torch.autograd.Function):
         buffers = state.buffers(max(b * h * (stop - start) * nk for start, stop, nk in spans), dtype, q.device)
         kt, vt = kf.transpose(1, 2), vf.transpose(1, 2)
         acc = torch.empty(b * h * max(e, e_v) * max(nk for _, _, nk in spans), dtype=dtype, device=q.device)
-        # A causal mask without a bias tensor: -inf above the diagonal, which only the chunk's own
-        # block of keys (from its first query on) has; the keys before it are open to every query.
-        above = None
-        if ctx.causal:
-            size = max(stop - start for start, stop, _ in spans)
-            above = torch.zeros(size, size, dtype=dtype, device=q.device).masked_fill_(
-                torch.ones(size, size, dtype=torch.bool, device=q.device).triu_(1), -math.inf)
+        above = _causal_above(max(stop - start for start, stop, _ in spans), dtype, q.device) if ctx.causal else None
         # The row form's r·Ā with the mean over heads folded into one product per head: r repeated per head.
         row_h = None if update is None else row.to(dtype)[:, None, None, :].expand(b, h, 1, n_q).reshape(b * h, 1, n_q)
         for start, stop, nk in spans:
@@ -214,10 +232,7 @@ class LeanAttention(torch.autograd.Function):
             if bc is not None:
                 spare.view(b, h, rows, nk).add_(bc[..., :nk].to(dtype))
             if above is not None and nk > start:
-                width = nk - start
-                block = above[:rows, :width] if width <= above.shape[1] else torch.zeros(rows, width, dtype=dtype, device=q.device) \
-                    .masked_fill_(torch.ones(rows, width, dtype=torch.bool, device=q.device).triu_(1), -math.inf)
-                spare[:, :, start:].add_(block)
+                spare[:, :, start:].add_(_causal_block(above, rows, nk - start))
             torch.ops.aten._softmax.out(spare, -1, False, out=probs)
             if bc is not None:
                 # A row whose keys are all masked (-inf) gets probability 0 (softmax gives NaN there).
@@ -247,11 +262,7 @@ class LeanAttention(torch.autograd.Function):
             dq[:, sl] = torch.bmm(dscores, kf[:, :nk])
             dkt[:, :, :nk].add_(torch.bmm(qc.transpose(1, 2), dscores, out=acc[: b * h * e * nk].view(b * h, e, nk)))
             if dbias is not None:
-                ds4 = dscores.view(b, h, rows, nk)
-                if bias.shape[-2] == n_q:
-                    dbias[..., sl, :nk] += _reduce_to(ds4, bias[..., sl, :nk].shape)
-                else:
-                    dbias[..., :nk] += _reduce_to(ds4, bias[..., :nk].shape)
+                _add_bias_grad(dbias, dscores.view(b, h, rows, nk), bias, sl, n_q, nk)
         if update is not None:
             state.row = row + update
         elif abar is not None:

@@ -281,3 +281,24 @@ def outside_reaches(package: Path, folders: Iterable[Path]) -> dict[str, list[st
             if hits:
                 found[str(path.relative_to(package.parent))] = hits
     return found
+
+
+def long_functions(package: Path, limit: int) -> dict[str, int]:
+    """``"path:Class.function" -> lines`` for every function of the package longer than ``limit`` lines, from its
+    ``def`` to its last line (docstring and comments included; decorators not); ``path`` relative to the folder that
+    holds the package."""
+    found: dict[str, int] = {}
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        stack: list[tuple[ast.AST, str]] = [(tree, "")]
+        while stack:
+            node, prefix = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                name = f"{prefix}{child.name}" if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                     ast.ClassDef)) else prefix.rstrip(".")
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = (child.end_lineno or child.lineno) - child.lineno + 1
+                    if lines > limit:
+                        found[f"{path.relative_to(package.parent)}:{name}"] = lines
+                stack.append((child, f"{name}." if name else ""))
+    return found
