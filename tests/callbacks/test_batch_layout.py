@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 
 import lightning_gae as lg
 from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
-from tests.helpers.hf_modules import Batches, HFModule, TextByName, ids_and_mask, images, tiny_bert, tiny_vit
 from lightning_gae.callbacks.batch_layout import fit_to_forward
+from tests.helpers.hf_modules import Batches, HFModule, TextByName, ids_and_mask, images, tiny_bert, tiny_vit
 from tests.helpers.trainer import heatmap_tag, no_skipped_explanation
 
 pytest.importorskip("transformers")

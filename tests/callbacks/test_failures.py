@@ -20,12 +20,12 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 import lightning_gae as lg
 from lightning_gae import ImageTokens
 from lightning_gae.callbacks import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions, GAECallback
+from lightning_gae.callbacks.failures import Failures
 from recipes.digits import DigitsDataModule
 from recipes.vit import Block, ViTClassifier
 from tests.helpers.hf_modules import Batches, TextByName, ids_and_mask, tiny_bert
 from tests.helpers.models import RankOneFails, small_vit
 from tests.helpers.processes import TENSOR_PARALLEL_SCRIPT
-from lightning_gae.callbacks.failures import Failures
 from tests.helpers.trainer import EPOCH_END_STEPS, CPUFSDPStrategy, heatmap_tag, no_skipped_explanation
 
 

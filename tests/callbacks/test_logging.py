@@ -12,9 +12,9 @@ from pytorch_lightning.loggers import TensorBoardLogger as PLTensorBoardLogger
 from torch.utils.data import DataLoader, Subset
 
 from lightning_gae.callbacks import DisplayOptions, FaithfulnessOptions, GAECallback
+from lightning_gae.display.views import MAX_IMAGE_SIDE
 from recipes.digits import DigitsDataModule
 from tests.helpers.models import small_vit
-from lightning_gae.display.views import MAX_IMAGE_SIDE
 from tests.helpers.processes import get_json, tensorboard_server
 from tests.helpers.trainer import EPOCH_END_STEPS, assert_heatmaps_at_steps, heatmap_tag, no_skipped_explanation
 

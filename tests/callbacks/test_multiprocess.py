@@ -17,9 +17,9 @@ from lightning.pytorch import Callback
 from lightning_gae import ImageTokens, explain
 from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
 from lightning_gae.metrics import NegativePerturbationAUC, PositivePerturbationAUC, random_attribution
+from lightning_gae.callbacks.distributed import random_rows, subset_part
 from recipes.digits import DigitsDataModule
 from tests.helpers import processes
-from lightning_gae.callbacks.distributed import random_rows, subset_part
 from tests.helpers.models import small_vit
 from tests.helpers.trainer import heatmap_tag
 

@@ -14,10 +14,10 @@ from torch.utils.data import DataLoader, Subset, SubsetRandomSampler, default_co
 
 from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
 from lightning_gae.callbacks.gae_monitor import default_batch_inputs, default_batch_labels
+from lightning_gae.callbacks.samples import balanced_choice
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
 from tests.helpers.models import small_vit
-from lightning_gae.callbacks.samples import balanced_choice
 from tests.helpers.trainer import heatmap_tag
 
 

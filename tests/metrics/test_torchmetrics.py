@@ -29,8 +29,8 @@ from lightning_gae.metrics import (
     segmentation,
     stability,
 )
-from tests.helpers.models import FEATURES, TAB, SumModel
 from lightning_gae.metrics.stderr import value_and_stderr
+from tests.helpers.models import FEATURES, TAB, SumModel
 from tests.helpers.processes import free_port
 
 matplotlib.use("Agg")
