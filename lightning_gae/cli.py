@@ -454,7 +454,7 @@ def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
                          seed=args.seed, protocol=args.protocol, ground_truth=keyed or None, progress=bars,
                          faithfulness=FaithfulnessOptions(metrics=args.metrics or ()),
                          engine=EngineOptions(streams=streams, set_inputs=set_inputs))
-        assert probe is not None  # compare() refused a model whose token sets it cannot tell apart
+        assert probe is not None  # where the probe raised, compare() has raised the same first
         layout = token_set_inputs(inputs, {x: r.shape[1] for x, r in probe.relevance.items()}, given, set_inputs)
         sequence = (explained is None and probe.logits is not None and probe.logits.dim() == 3
                     and probe.logits.shape[1] == probe.tokens.shape[1])
