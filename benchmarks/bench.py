@@ -1,7 +1,7 @@
-"""``lightning-gae bench``: what an explanation costs next to one training step, Captum and the reference code.
+"""``python -m benchmarks.bench``: what an explanation costs next to one training step, Captum and the reference code.
 
-This file lives in the repository, not in the wheel (like ``recipes/``, whose ViT and main job it
-measures): run ``lightning-gae bench`` from the root of a checkout.
+A script of the repository, not of the wheel: it measures ``recipes/``'s ViT and the main job's config
+(``configs/vit_digits.yaml``), which the wheel does not ship; run it from the root of a checkout.
 
 Methods, on the same batch of one model:
 
@@ -77,8 +77,8 @@ LRP_BENCH_METHODS: tuple[str, ...] = ("attnlrp", "transformer_attribution")
 LLAMA_METHODS: tuple[str, ...] = ("forward_backward", "gae", "rollout", "attnlrp")
 KERNEL_BENCH_METHODS: tuple[str, ...] = ("gae_triton", "gae_triton2", "gae_chunks")
 """Measured only when ``--methods`` names them: ``gae`` with its row form as a Triton kernel (a GPU's, or
-Triton's CPU interpreter): the first (``LIGHTNING_GAE_KERNEL=triton``, :mod:`lightning_gae.engine._triton_gae`) or the
-FlashAttention-2-shaped one (``triton2``, :mod:`lightning_gae.engine._triton_gae_fa2`, CUDA's default); or as the
+Triton's CPU interpreter): the first (``LIGHTNING_GAE_KERNEL=triton``, :mod:`lightning_gae.engine.triton_gae`) or the
+FlashAttention-2-shaped one (``triton2``, :mod:`lightning_gae.engine.triton_gae_fa2`, CUDA's default); or as the
 chunks (``chunks``, the default elsewhere)."""
 _KERNEL_ENV = {"gae_triton": "triton", "gae_triton2": "triton2", "gae_chunks": "chunks"}
 SELECTABLE_CASES = ("vit", "bert", "llama")
@@ -90,6 +90,9 @@ _IG_STEPS = 50
 # ViT batch (64 x 257): IG's memory stays that of a training step while its steps stay batched.
 _IG_TOKENS = 64 * 257
 _REPO = Path(__file__).resolve().parent.parent
+_PROG = "python -m benchmarks.bench"
+# The first argument of a case's own process (run() starts one per case): it measures the case and writes its rows.
+_WORKER = "--measure-case"
 _MAIN_CONFIG = _REPO / "configs" / "vit_digits.yaml"
 
 
@@ -189,7 +192,7 @@ class _PeakMemory:
         self.baseline = 0
         if device.type == "cpu":
             if not Path("/proc/self/clear_refs").exists():
-                raise RuntimeError("lightning-gae bench measures CPU memory with Linux's /proc/self/clear_refs; "
+                raise RuntimeError("the bench measures CPU memory with Linux's /proc/self/clear_refs; "
                                    "run it on Linux, or on a CUDA device (--device cuda)")
             self._trim = ctypes.CDLL(None).malloc_trim
 
@@ -365,7 +368,8 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
         model.zero_grad(set_to_none=True)
 
     def per_sample_loop() -> list[Tensor]:
-        return [gae_matrix_rows(model, map_tensors(inputs, lambda t: t[i:i + 1]), target[i:i + 1]) for i in range(batch)]
+        return [gae_matrix_rows(model, map_tensors(inputs, lambda t, i=i: t[i:i + 1]), target[i:i + 1])
+                for i in range(batch)]
 
     def saliency() -> Tensor:
         with eval_mode(model):
@@ -385,7 +389,7 @@ def _model_methods(subject: _Subject, target: Tensor) -> dict[str, Callable[[], 
                 x, target=target, additional_forward_args=extra, n_steps=_IG_STEPS, internal_batch_size=rows)
 
     def gae_kernel(method: str) -> object:
-        from lightning_gae.engine._triton_gae import available
+        from lightning_gae.engine.triton_gae import available
 
         if method != "gae_chunks" and not available():
             raise RuntimeError(f"{method} needs Triton (CUDA builds of torch ship it): it would measure the chunks")
@@ -537,7 +541,7 @@ def run(cases: Sequence[Case], repeats: int = 5, budget: float = 60.0, device: s
                                         "budget": budget, "device": device, "label": label}))
             began = time.perf_counter()
             try:
-                done = subprocess.run([sys.executable, "-m", "benchmarks.bench", str(spec), str(result)], env=env,
+                done = subprocess.run([sys.executable, "-m", "benchmarks.bench", _WORKER, str(spec), str(result)], env=env,
                                       stdout=subprocess.DEVNULL, check=False)
             except KeyboardInterrupt:
                 raise Interrupted(rows, label) from None
@@ -623,7 +627,7 @@ def ratio_report(rows: Sequence[dict]) -> str:
         for batch, tokens in llamas:
             at = {m: found.get(("llama", batch, tokens, m)) for m in LLAMA_METHODS}
             floor = at["forward_backward"]
-            cell = lambda m: "-" if at[m] is None else (  # noqa: E731
+            cell = lambda m, at=at, floor=floor: "-" if at[m] is None else (  # noqa: E731
                 f"{at[m]['seconds'] / floor['seconds']:.2f}x, {at[m]['peak_memory_mb'] / floor['peak_memory_mb']:.2f}x")
             rollout = "-" if at["rollout"] is None else f"{at['rollout']['seconds'] / floor['seconds']:.2f}x"
             lines.append(f"| llama | {batch} | {tokens} | {cell('gae')} | {rollout} | {cell('attnlrp')} |")
@@ -706,9 +710,10 @@ def ratio_report(rows: Sequence[dict]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``lightning-gae bench [--quick] [--output FILE.json]``: measure, print the ratio tables, optionally write the rows."""
+    """``python -m benchmarks.bench [--quick] [--output FILE.json]``: measure, print the ratio tables, optionally write
+    the rows."""
     parser = argparse.ArgumentParser(
-        prog="lightning-gae bench",
+        prog=_PROG,
         description="What an explanation costs next to one training step, Captum's methods and the reference code: "
                     "median seconds and peak memory of each method on the same batches, and their ratios.")
     parser.add_argument("--quick", action="store_true", help="tiny models and a 3-epoch main job: a smoke test (minutes)")
@@ -747,7 +752,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except Interrupted as stop:
         measured = len({(r["case"], r["batch"], r["tokens"]) for r in stop.rows})
         # "\r": a case's process stopped inside tqdm's first draw leaves that bar's line open; the message writes over it.
-        print(f"\rlightning-gae bench: interrupted in {stop.label}; {measured} of {len(cases)} cases measured before it "
+        print(f"\r{_PROG}: interrupted in {stop.label}; {measured} of {len(cases)} cases measured before it "
               f"(their lines are above); nothing was written and no table printed (they wait for every case)",
               file=sys.stderr)
         raise SystemExit(130) from None
@@ -757,8 +762,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        _worker(sys.argv[1], sys.argv[2])
-    except KeyboardInterrupt:
-        # Ctrl-C reaches every process of the terminal's group: the parent says what was measured.
-        sys.exit(130)
+    if sys.argv[1:2] == [_WORKER]:
+        try:
+            _worker(sys.argv[2], sys.argv[3])
+        except KeyboardInterrupt:
+            # Ctrl-C reaches every process of the terminal's group: the parent says what was measured.
+            sys.exit(130)
+    else:
+        main()

@@ -6,7 +6,7 @@
 #      installs whatever of them is missing there (no network needed), then prints
 #      - benchmarks/kernel_gpu.py: the kernels' errors at two shapes and each variant's backward time against SDPA's
 #        own float32 backward at the four attention shapes (exit 1 if an error bound is missed);
-#      - lightning-gae bench --device cuda --sizes gpu --methods gae_triton gae_triton2 gae_chunks saliency (ViT-B/16 batch 64,
+#      - python -m benchmarks.bench --device cuda --sizes gpu --methods gae_triton gae_triton2 gae_chunks saliency (ViT-B/16 batch 64,
 #        BERT-base N=512 and 4096, the Llama-style decoder at 8k; the main job left out), with the performance targets.
 # --quick: the errors, the two smaller shapes' times and the bench at ViT-B/16 and BERT N=512 only.
 # 'profile': benchmarks/profile_gpu.py alone (where gae's time goes beside saliency's, host waits included).
@@ -40,7 +40,7 @@ fi
 [ "$part" = kernels ] && exit $status
 tokens=()
 [ "${1:-}" = --quick ] && tokens=(--tokens 197 512)
-python3 -m lightning_gae.cli bench --device cuda \
+python3 -m benchmarks.bench --device cuda \
   --sizes gpu --cases vit bert llama "${tokens[@]}" --methods gae_triton gae_triton2 gae_chunks saliency --repeats 3 --budget 20 \
   || status=1
 exit $status

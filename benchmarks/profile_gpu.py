@@ -1,7 +1,7 @@
 """Where ``gae``'s time goes next to Captum's ``saliency`` on a GPU: ``python3 benchmarks/profile_gpu.py`` from the
 repository root (``bash benchmarks/kernel_gpu.sh profile`` brings Captum where it is missing).
 
-For BERT-base at N = 512 (batch 8) and N = 4096 (batch 1), as ``lightning-gae bench --sizes gpu`` builds them: each
+For BERT-base at N = 512 (batch 8) and N = 4096 (batch 1), as ``python -m benchmarks.bench --sizes gpu`` builds them: each
 method's wall time per call, then ``torch.profiler``'s tables of one call (by GPU time, and by host time, where the
 host's waits for the GPU show as ``cudaStreamSynchronize``). When the GPU time of ``gae`` and ``saliency`` is close
 and the wall time is not, the difference is on the host: launches, Python, or copies that wait for the GPU.

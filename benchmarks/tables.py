@@ -1,8 +1,10 @@
 """The docs' performance and faithfulness tables, made from the result files their measuring commands write.
 
-Each ``docs/evidence/results/NAME.json`` (``lightning-gae bench --output``: one row per case and method) has its tables
-beside it (``NAME.md``, and ``NAME_flow.md``/``NAME_fit.md`` where it measured attention flow or the main job's fit); each ``docs/evidence/results/faithfulness/CONFIG/`` (the ``predicted`` and ``target`` runs of
-``lightning-gae compare --output``) has ``CONFIG.md`` beside the folder. The pages include the tables. ``python -m benchmarks.tables`` writes every table from its JSON;
+Each ``docs/evidence/results/NAME.json`` (``python -m benchmarks.bench --output``: one row per case and method) has its
+tables beside it (``NAME.md``, and ``NAME_flow.md``/``NAME_fit.md`` where it measured attention flow or the main job's
+fit); each ``docs/evidence/results/faithfulness/CONFIG/`` (the ``predicted`` and ``target`` runs of
+``lightning-gae compare --output``) has ``CONFIG.md`` beside the folder. The pages include the tables.
+``python -m benchmarks.tables`` writes every table from its JSON;
 ``tests/test_docs.py`` fails when a committed table differs from what this module makes of its JSON, so a number
 on a page is always the measured one. To add a measurement: run the bench with ``--output`` into that folder, run
 this module, include the new table in a page.

@@ -121,7 +121,12 @@ def take(inputs: Any, start: int, stop: int, batch: int) -> Any:
 def first_tensor(inputs: Any) -> Tensor:
     """The first tensor of nested inputs (its dim 0 is the batch)."""
     found: list[Tensor] = []
-    map_tensors(inputs, lambda t: found.append(t) or t)
+
+    def keep(t: Tensor) -> Tensor:
+        found.append(t)
+        return t
+
+    map_tensors(inputs, keep)
     if not found:
         raise TypeError(f"inputs hold no tensor; got {type(inputs).__name__}")
     return found[0]

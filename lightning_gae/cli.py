@@ -2,8 +2,8 @@
 
 ``lightning-gae fit|validate|test|predict ...`` is Lightning's own ``LightningCLI`` (models and data
 modules chosen by ``class_path`` in a YAML config); ``lightning-gae compare`` scores GAE, its
-attention baselines and Captum's gradient methods on a trained checkpoint; ``lightning-gae bench``
-times and sizes explanations against a training step, Captum and the reference code's loop.
+attention baselines and Captum's gradient methods on a trained checkpoint. What an explanation costs is measured
+by the repository's ``python -m benchmarks.bench`` (it measures the repository's recipes, which the wheel does not ship).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
     from lightning.pytorch.cli import LightningCLI
 
     from lightning_gae.callbacks import GAECallback
-    from lightning_gae.callbacks._batch_layout import LayoutUnclear
-    from lightning_gae.callbacks._evaluation import continue_fit_steps
+    from lightning_gae.callbacks.batch_layout import LayoutUnclear
+    from lightning_gae.callbacks.evaluation import continue_fit_steps
 
     given = list(sys.argv[1:] if args is None else args)
     subcommand = given[0] if given else None
@@ -64,7 +64,7 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
                     self.save_config_callback = None
 
         def before_validate(self) -> None:
-            found = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback)]
+            found = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback)]  # type: ignore[attr-defined]  # set by Lightning at run time
             if reader is not None and not found:
                 print(f"lightning-gae {self.subcommand}: error: --inputs reads the batches of a GAECallback; add one "
                       "(--trainer.callbacks+=lightning_gae.callbacks.GAECallback)", file=sys.stderr)
@@ -80,7 +80,8 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
         def before_fit(self) -> None:
             # The callbacks' summaries are printed when fit has returned, under the progress bar's last lines
             # (a rich progress bar keeps drawing until the trainer's teardown, after the callbacks' on_fit_end).
-            self._summaries = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback) and cb.print_summary]
+            self._summaries = [cb for cb in self.trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at run time
+                               if isinstance(cb, GAECallback) and cb.print_summary]
             for callback in self._summaries:
                 callback.print_summary = False
 
@@ -216,7 +217,7 @@ def _regions(choice: str, datamodule: Any, callback: Any) -> Any:
     return None
 
 
-def _configured(config: str) -> tuple[Any, Any, Any]:
+def configured(config: str) -> tuple[Any, Any, Any]:
     """``(model, datamodule, GAECallback or None)`` built from the fit's YAML, without fitting or logging."""
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
@@ -243,7 +244,7 @@ def _configured(config: str) -> tuple[Any, Any, Any]:
     finally:
         for logger, level in quiet.items():
             logger.setLevel(level)
-    callback = next((cb for cb in cli.trainer.callbacks if isinstance(cb, GAECallback)), None)
+    callback = next((cb for cb in cli.trainer.callbacks if isinstance(cb, GAECallback)), None)  # type: ignore[attr-defined]  # set by Lightning at run time
     return cli.model, cli.datamodule, callback
 
 
@@ -311,7 +312,7 @@ def _first_validation_samples(model: Any, datamodule: Any, count: int, callback:
     signature cannot tell goes to ``refuse`` with the callback's advice, put as ``--inputs`` or the YAML's)."""
     from torch.utils.data import DataLoader
 
-    from lightning_gae.callbacks._batch_layout import fit_to_forward
+    from lightning_gae.callbacks.batch_layout import fit_to_forward
     from lightning_gae.callbacks.samples import (
         default_batch_ground_truth,
         default_batch_inputs,
@@ -428,7 +429,7 @@ def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
     from lightning_gae._structures import map_tensors
     from lightning_gae.methods import explain
 
-    model, datamodule, callback = (_configured(args.config) if args.config is not None
+    model, datamodule, callback = (configured(args.config) if args.config is not None
                                    else _from_checkpoint(args.model, args.data, args.ckpt_path))
     checkpoint = torch.load(args.ckpt_path, map_location="cpu", weights_only=True)
     model.load_state_dict(checkpoint["state_dict"])
@@ -454,6 +455,7 @@ def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
                          seed=args.seed, protocol=args.protocol, ground_truth=keyed or None, progress=bars,
                          faithfulness=FaithfulnessOptions(metrics=args.metrics or ()),
                          engine=EngineOptions(streams=streams, set_inputs=set_inputs))
+        assert probe is not None  # where the probe raised, compare() has raised the same first
         layout = token_set_inputs(inputs, {x: r.shape[1] for x, r in probe.relevance.items()}, given, set_inputs)
         sequence = (explained is None and probe.logits is not None and probe.logits.dim() == 3
                     and probe.logits.shape[1] == probe.tokens.shape[1])
@@ -537,46 +539,26 @@ def _import_from_working_directory() -> None:
         sys.path.insert(0, cwd)
 
 
-def _bench(argv: Sequence[str]) -> None:
-    """``lightning-gae bench``: the repository's ``benchmarks/bench.py``, found from the working directory.
-
-    The benchmark measures the repository's recipes (its ViT and main-job config), which the wheel
-    does not ship; outside a checkout this says so instead of failing on an import.
-    """
-    try:
-        from benchmarks.bench import main as bench_main
-    except ModuleNotFoundError as err:
-        if err.name not in ("benchmarks", "benchmarks.bench", "recipes", "recipes.vit"):
-            raise
-        raise SystemExit(
-            f"lightning-gae bench measures the repository's recipes and main-job config, which are not part of the "
-            f"installed package ({err.name!r} was not found from {os.getcwd()}): run it from the root of a "
-            "lightning-gae checkout (the folder with benchmarks/, recipes/ and configs/)"
-        ) from None
-    bench_main(argv)
-
-
 _SUBCOMMANDS = {
     "fit": "train a config's model with its callbacks (LightningCLI), e.g. --config configs/vit_digits.yaml",
     "validate": "one evaluation epoch over the validation set (LightningCLI)",
     "test": "one evaluation epoch over the test set (LightningCLI)",
     "predict": "run the model on the predict set (LightningCLI)",
     "compare": "score every attribution method on a checkpoint's first validation samples (tables and a picture)",
-    "bench": "what an explanation costs next to a training step and Captum's methods (run from a checkout)",
 }
 
 
 def _overview() -> str:
     lines = ["usage: lightning-gae SUBCOMMAND [options]", "",
              "Generic Attention-model Explainability for PyTorch Lightning: train while watching explanations,",
-             "compare attribution methods, measure their cost.", "", "subcommands:"]
+             "compare attribution methods.", "", "subcommands:"]
     lines += [f"  {name:<10} {what}" for name, what in _SUBCOMMANDS.items()]
     lines += ["", "lightning-gae SUBCOMMAND --help lists a subcommand's options."]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """The ``lightning-gae`` command: ``fit``, ``validate``, ``test`` (LightningCLI), ``compare`` and ``bench``.
+    """The ``lightning-gae`` command: ``fit``, ``validate``, ``test``, ``predict`` (LightningCLI) and ``compare``.
 
     Args:
         argv: the arguments after the command's name; None reads ``sys.argv``. Without arguments, or with
@@ -589,9 +571,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if args and args[0] == "compare":
         compare_main(args[1:])
-        return
-    if args and args[0] == "bench":
-        _bench(args[1:])
         return
     _lightning_cli(None if argv is None else args)
 

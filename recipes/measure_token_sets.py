@@ -29,7 +29,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 import lightning_gae
-from lightning_gae.cli import _configured
+from lightning_gae.cli import configured
 from lightning_gae.metrics import AlignmentAccuracy
 from recipes.dual_encoder import image_text_similarity
 from recipes.seq2seq import NO_ALIGNMENT
@@ -40,7 +40,7 @@ _INPUT_KEYS = ("input_ids", "pixel_values", "attention_mask")
 
 
 def _load(config: Path, checkpoint: str) -> tuple[Any, Any]:
-    model, datamodule, _ = _configured(str(config))
+    model, datamodule, _ = configured(str(config))
     model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"])
     datamodule.setup("validate")
     return model.eval(), datamodule

@@ -7,7 +7,7 @@ browser, a real ``tensorboard`` server, the CLI); a plain ``pytest`` runs everyt
 
 import os
 
-# Triton kernels (lightning_gae/engine/_triton_gae.py) run under Triton's CPU interpreter where there is no NVIDIA GPU. The
+# Triton kernels (lightning_gae/engine/triton_gae.py) run under Triton's CPU interpreter where there is no NVIDIA GPU. The
 # switch is read when Triton is imported, which importing torch may already do, so it is set before anything else.
 if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("TRITON_INTERPRET", "1")

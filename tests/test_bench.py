@@ -5,14 +5,13 @@ import torch
 
 from benchmarks import bench
 from lightning_gae import explain
-from lightning_gae.cli import main
 from tests.helpers.models import TinyViT
 
 
 @pytest.mark.slow  # every case runs in processes of its own: about two minutes
 def test_quick_bench_writes_every_case_and_method(tmp_path, capsys):
     output = tmp_path / "bench.json"
-    main(["bench", "--quick", "--output", str(output)])
+    bench.main(["--quick", "--output", str(output)])
     rows = json.loads(output.read_text())["results"]
     for row in rows:
         assert set(row) == {"case", "method", "batch", "tokens", "seconds", "peak_memory_mb", "cpu_seconds"}
@@ -97,7 +96,7 @@ def test_tokens_selects_settings_and_names_a_missing_one(capsys):
     assert [(c.name, c.tokens) for c in chosen] == [("llama", 1024), ("llama", 4096)]
     assert {c.tokens for c in bench.select_cases(bench.full_cases(), ["vit"])} == {65, 257}
     with pytest.raises(SystemExit):
-        main(["bench", "--cases", "llama", "--tokens", "999"])
+        bench.main(["--cases", "llama", "--tokens", "999"])
     assert "no llama case has N in [999]" in capsys.readouterr().err
 
 

@@ -8,11 +8,11 @@ from lightning_gae.cli import main
 def test_help_lists_every_subcommand_with_a_line(capsys):
     main(["--help"])
     text = capsys.readouterr().out
-    for name in ("fit", "validate", "test", "predict", "compare", "bench"):
+    for name in ("fit", "validate", "test", "predict", "compare"):
         assert any(line.split()[:1] == [name] and len(line.split()) > 3 for line in text.splitlines()), name
 
 
-@pytest.mark.parametrize("subcommand", ["compare", "bench"])
+@pytest.mark.parametrize("subcommand", ["compare"])
 def test_subcommand_help_is_plain_text(subcommand, capsys):
     with pytest.raises(SystemExit) as done:
         main([subcommand, "--help"])

@@ -1,4 +1,4 @@
-"""What ``lightning-gae compare`` and ``bench`` show while they run (a bar per method / case, on stderr, with the time
+"""What ``lightning-gae compare`` and ``python -m benchmarks.bench`` show while they run (a bar per method / case, on stderr, with the time
 left) and how Ctrl-C stops them (one line saying what was done and written, exit code 130), run as a user runs them."""
 
 import signal
@@ -63,7 +63,7 @@ def test_ctrl_c_stops_compare_with_one_line_and_exit_code_130(checkpoint, tmp_pa
 @pytest.mark.slow  # each case runs in processes of its own
 def test_bench_draws_a_bar_per_case_and_ctrl_c_stops_it_with_one_line(tmp_path):
     output = tmp_path / "bench.json"
-    done = interrupt_python(["-m", "lightning_gae.cli", "bench", "--quick", "--cases", "vit", "bert", "--output", output],
+    done = interrupt_python(["-m", "benchmarks.bench", "--quick", "--cases", "vit", "bert", "--output", output],
                             cwd=ROOT, when="[2/2] bert batch=2 tokens=33:")
     assert done.returncode == 130, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr
@@ -78,6 +78,6 @@ def test_bench_draws_a_bar_per_case_and_ctrl_c_stops_it_with_one_line(tmp_path):
     # ...then its line of results; the second case was stopped.
     assert any(line.startswith("[1/2] vit batch=2 tokens=17 in ") for line in done.stderr.splitlines())
     assert done.stderr.rstrip().splitlines()[-1] == (
-        "lightning-gae bench: interrupted in [2/2] bert batch=2 tokens=33; 1 of 2 cases measured before it (their lines "
+        "python -m benchmarks.bench: interrupted in [2/2] bert batch=2 tokens=33; 1 of 2 cases measured before it (their lines "
         "are above); nothing was written and no table printed (they wait for every case)")
     assert not output.exists() and done.stdout == ""

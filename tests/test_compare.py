@@ -623,7 +623,7 @@ class _TakesTheBatch(nn.Module):
 
 def test_compare_scores_a_model_taking_the_batch_as_the_same_model_by_keyword():
     # Captum's baselines attribute the batch's input_ids and call the model with the batch rebuilt around them.
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from tests.helpers.hf_modules import tiny_bert
 
     torch.manual_seed(0)

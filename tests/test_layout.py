@@ -120,7 +120,7 @@ def test_the_privacy_check_sees_every_form_in_a_probe_module(tmp_path):
         "from lightning_gae.engine.rules import _x\n"
         "from lightning_gae.lrp.mode import LRPCapture\n"
         "rules._x\n"
-        "e._attended\n"
+        "e._gae_backward\n"
         "sys.modules['lightning_gae.engine.forward']\n"
         "LRPCapture(None)._note_attention\n"
         "getattr(object(), '_note_attention')\n"
@@ -130,10 +130,47 @@ def test_the_privacy_check_sees_every_form_in_a_probe_module(tmp_path):
     assert sorted(found["lightning_gae.callbacks.probe"]) == sorted([
         "import: lightning_gae.engine.rules._x",
         "module attribute: lightning_gae.engine.rules._x",
-        "module attribute: lightning_gae.engine.forward._attended",
+        "module attribute: lightning_gae.engine.forward._gae_backward",
         "sys.modules: lightning_gae.engine.forward",
         "attribute of another module's object: LRPCapture(None)._note_attention",
         "getattr: _note_attention",
+    ])
+
+
+_OUTSIDE = ("tests", "recipes", "benchmarks")
+
+
+def test_nothing_outside_the_package_imports_its_private_modules_or_names():
+    found = layout.outside_reaches(PACKAGE, [PACKAGE.parent / folder for folder in _OUTSIDE])
+    assert found == {}
+
+
+def test_the_outside_privacy_check_sees_every_form_in_a_probe_file(tmp_path):
+    copy = tmp_path / "lightning_gae"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_probe.py").write_text(
+        "import importlib\n"
+        "import lightning_gae.callbacks._state\n"
+        "from lightning_gae.callbacks._report import summary\n"
+        "from lightning_gae.callbacks import _schedule\n"
+        "from lightning_gae.engine.lean import CHUNK_ELEMENTS, _reduce_to\n"
+        "from lightning_gae.engine import lean\n"
+        "lean._reduce_to\n"
+        "def test(monkeypatch):\n"
+        "    monkeypatch.setattr(lean, '_reduce_to', None)\n"
+        "importlib.import_module('lightning_gae.callbacks._token_sets')\n"
+    )
+    found = layout.outside_reaches(copy, [tmp_path / "tests"])
+    assert sorted(found) == ["tests/test_probe.py"]
+    assert sorted(found["tests/test_probe.py"]) == sorted([
+        "import: lightning_gae.callbacks._state",
+        "import: lightning_gae.callbacks._report",
+        "import: lightning_gae.callbacks._schedule",
+        "import: lightning_gae.engine.lean._reduce_to",
+        "module attribute: lightning_gae.engine.lean._reduce_to",
+        "monkeypatch.setattr: lightning_gae.engine.lean._reduce_to",
+        "importlib.import_module: lightning_gae.callbacks._token_sets",
     ])
 
 
@@ -181,16 +218,38 @@ def test_no_module_outgrows_one_job():
     assert all(path in sizes for path in _LONG)
 
 
+# No function runs past this many lines (its def to its last line, docstring included), except the GPU kernels: each
+# Triton program is one launch.
+_MAX_FUNCTION_LINES = 100
+_KERNELS = ("lightning_gae/engine/triton_gae.py", "lightning_gae/engine/triton_gae_fa2.py")
+
+
+def test_no_function_runs_past_100_lines():
+    long = {name for name in layout.long_functions(PACKAGE, _MAX_FUNCTION_LINES) if not name.startswith(_KERNELS)}
+    assert sorted(long) == []
+
+
+def test_the_function_length_check_sees_a_long_method(tmp_path):
+    copy = tmp_path / "lightning_gae"
+    copy.mkdir()
+    body = "".join(f"        x = {i}\n" for i in range(100))  # a def line and 100 lines: 101
+    (copy / "probe.py").write_text(f"class A:\n    def long(self):\n{body}\n    def short(self):\n        pass\n"
+                                   f"def outer():\n    def inner():\n{body}")
+    assert layout.long_functions(copy, 100) == {"lightning_gae/probe.py:A.long": 101,
+                                                "lightning_gae/probe.py:outer": 102,
+                                                "lightning_gae/probe.py:outer.inner": 101}
+    assert layout.long_functions(copy, 101) == {"lightning_gae/probe.py:outer": 102}
+
+
 def test_the_wheel_has_no_upward_import_into_the_repository():
-    # recipes/ and benchmarks/ are not in the wheel: the package never imports them, except the command that runs the
-    # checkout's benchmark from the working directory and says what it needs outside one (test_wheel.py).
+    # recipes/, benchmarks/ and tests/ are not in the wheel: the package never imports them, in any function either.
     found = set()
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             found |= {(path.name, n) for n in names if n.split(".")[0] in ("recipes", "benchmarks", "tests")}
-    assert found == {("cli.py", "benchmarks.bench")}
+    assert found == set()
 
 
 def test_no_code_outside_the_modalities_switches_on_a_concrete_modality():

@@ -28,8 +28,8 @@ from recipes.seq2seq import PAD, CopyTaskDataModule, Seq2SeqCopier
 from lightning_gae import AttentionRecorder
 from tests.helpers.explain import recorded_rows
 from tests.helpers.models import TAB, MeanPooledViT, PrototypeViT, SumModel, TinySeq2Seq, TinyViT
-from tests.helpers.private import _attended as attended
-from tests.helpers.private import _fit_to_forward as fit_to_forward
+from lightning_gae.callbacks.batch_layout import fit_to_forward
+from lightning_gae.engine.forward import attended_keys as attended
 from tests.helpers.processes import TENSOR_PARALLEL_SCRIPT
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "troubleshooting.md"

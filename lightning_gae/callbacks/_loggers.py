@@ -27,7 +27,7 @@ from lightning.pytorch import Trainer
 from PIL import Image
 from lightning.pytorch.loggers.logger import DummyLogger
 
-from lightning_gae.callbacks._failures import Failures
+from lightning_gae.callbacks.failures import Failures
 
 __all__ = ["NOT_SHOWN", "elsewhere_lines", "event_logs", "experiment_of", "image_loggers", "log_pictures",
            "log_scalars", "logger_note", "only_dummy_loggers", "writers"]

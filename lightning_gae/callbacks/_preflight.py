@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_gae._structures import display_input, keyword_inputs, map_tensors
-from lightning_gae.callbacks._batch_layout import forward_hint
+from lightning_gae.callbacks.batch_layout import forward_hint
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.callbacks._token_sets import prepare_sets
 from lightning_gae.callbacks.answer_samples import keep_readout
@@ -52,10 +52,8 @@ def check_explanations(run: RunState, trainer: Trainer, pl_module: LightningModu
         raise ValueError(f"GAECallback(modality={{{', '.join(map(repr, modality))}: ...}}) names token sets, but "
                          f"the model attends over one set of {first.tokens.shape[1]} tokens: pass one modality")
     run.sets = None
-    if modality is None and run.readout is not None:
-        modality = TextTokens()
     if run.readout is not None:
-        modality = keep_readout(modality)
+        modality = keep_readout(TextTokens() if modality is None else modality)
     if modality is None:
         modality = infer_modality(trainer, pl_module, run, inputs, first.tokens.shape[1])
     if modality is None:
@@ -83,9 +81,10 @@ def check_explanations(run: RunState, trainer: Trainer, pl_module: LightningModu
         if metrics:
             modality.unit_scores(first.tokens.cpu(), cpu_inputs)
             check_removal(modality, cpu_inputs, metrics)
-        entry = None if run.truth is None else scored_truth(modality, run.truth)
-        if entry is not None:
-            entry.update_args(modality, cpu_inputs, first.tokens.cpu(), run.truth)
+        truth = run.truth
+        entry = None if truth is None else scored_truth(modality, truth)
+        if entry is not None and truth is not None:
+            entry.update_args(modality, cpu_inputs, first.tokens.cpu(), truth)
     except Exception as err:
         run.modality = None
         if isinstance(err, _CannotRemove):
@@ -137,7 +136,7 @@ def infer_modality(trainer: Trainer, pl_module: LightningModule, run: RunState, 
         mask = keywords.get("attention_mask")
         by_mask = isinstance(mask, Tensor) and mask.shape == shown.shape
         pad = next((c.pad_token_id for c in (getattr(m, "config", None) for m in pl_module.modules())
-                    if isinstance(getattr(c, "pad_token_id", None), int)), None)
+                    if c is not None and isinstance(getattr(c, "pad_token_id", None), int)), None)
         text = TextTokens(pad_id=pad, removal="attention" if by_mask else "replace")
         rank_zero_warn(f"GAECallback: the inputs are token ids, so modality={text!r} (removal={text.removal!r}); "
                        "without a tokenizer the tokens are drawn as ids and special tokens ([CLS], [SEP]) are not "

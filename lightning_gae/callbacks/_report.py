@@ -39,7 +39,7 @@ def whole_subset_hint(trainer: Trainer, subset_size: int | None, scores: Mapping
         lines.append(f"  lightning-gae validate --config {configs[0]} --ckpt_path {checkpoint}")
     else:
         # The fit's own data, as it was passed: a datamodule, or loaders (named as a user would have them).
-        data = "datamodule=datamodule" if trainer.datamodule is not None else "dataloaders=val_dataloader"
+        data = "datamodule=datamodule" if trainer.datamodule is not None else "dataloaders=val_dataloader"  # type: ignore[attr-defined]  # set by Lightning at run time
         lines.append(f"  trainer.validate(model, {data}{', ckpt_path=' + repr(checkpoint) if checkpoint else ''})")
     return lines
 
@@ -112,6 +112,7 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
         lines.append(f"faithfulness: not scored ({not_scored})")
     else:
         names, rows = found
+        assert scores is not None  # rows were found in them
         ranks = rank_labels(scores)
         rows = [[method, *(f"{cell} {ranks[name][method]}" if cell else cell for name, cell in zip(names, cells))]
                 for method, *cells in rows]
@@ -136,7 +137,7 @@ def run_summary(trainer: Trainer, reported: tuple[str, Mapping[str, float]] | No
     scoring, else the run's latest scoring failure at an explanation step), where the logs are; after
     a fit whose last scores were a part of the subset, how to score all of it; then ``after``, what the loggers
     other than TensorBoard got (``elsewhere``) and the failures."""
-    stage = trainer.state.fn.value
+    stage = trainer.state.fn.value  # type: ignore[union-attr]  # a hook runs inside a trainer call, which sets fn
     values = {name: float(value) for name, value in trainer.callback_metrics.items()
               if isinstance(value, Tensor) and value.numel() == 1}
     scored_on, scores = reported if reported is not None else ("", None)

@@ -3,7 +3,7 @@
 The faithfulness scalars come from the scoring pipeline :func:`lightning_gae.compare.compare` reads too
 (:func:`lightning_gae.evaluation.score_batches`), so the callback and ``compare`` agree on the same samples.
 No metric here syncs across processes itself: on several ranks, the faithfulness subset's per-sample states
-are gathered before the values are computed (``share``, :func:`lightning_gae.callbacks._distributed.gather_scores`).
+are gathered before the values are computed (``share``, :func:`lightning_gae.callbacks.distributed.gather_scores`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from lightning_gae._structures import map_tensors, take
-from lightning_gae.callbacks._distributed import random_rows, subset_part
+from lightning_gae.callbacks.distributed import random_rows, subset_part
 from lightning_gae.callbacks.samples import Samples
 from lightning_gae.evaluation import Batch, score_batches, score_sets, set_scorers
 from lightning_gae.metrics.stderr import SampleScores

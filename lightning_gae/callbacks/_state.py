@@ -8,7 +8,7 @@ from typing import Any
 from torch import Tensor
 from torchmetrics import Metric
 
-from lightning_gae.callbacks._failures import Failures
+from lightning_gae.callbacks.failures import Failures
 from lightning_gae.callbacks.samples import Samples
 from lightning_gae.language.answers import NextTokenLogits
 from lightning_gae.modalities.tokens import Modality

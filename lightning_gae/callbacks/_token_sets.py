@@ -29,13 +29,17 @@ __all__ = ["check_set_truth", "prepare_sets", "set_views", "decoder_rows"]
 
 def set_views(run: RunState, inputs: Any) -> dict[str, SetInput]:
     """What the views draw each token set with; a text set among keyword inputs keeps its attention_mask."""
+    assert run.sets is not None  # set at the run's start for a model with several token sets
     return {x: SetInput(modality, *token_set_input(inputs, key)) for x, (modality, key) in run.sets.items()}
 
 
 def decoder_rows(run: RunState, pl_module: LightningModule, inputs: Any, methods: Sequence[str], target: Any,
                  engine: EngineOptions) -> dict[str, dict[str, Tensor]]:
     """Method -> set -> ``[B, T, N_set]``: row ``t`` is ``explain(..., query=t)``'s relevance of the set."""
-    labels = None if target == "pred" else run.labels.to(pl_module.device)
+    assert run.last is not None  # the decoder's positions are read first
+    # Labels exist unless target='pred': target='label' checks it at the start; a callable target without labels
+    # is not handled here (mypy sees it).
+    labels = None if target == "pred" else run.labels.to(pl_module.device)  # type: ignore[union-attr]
     return {m: sequence_rows(pl_module, inputs, m, run.last.to(pl_module.device), labels,
                              attention_modules=engine.attention_modules, streams=engine.streams) for m in methods}
 
@@ -78,13 +82,14 @@ def prepare_sets(run: RunState, trainer: Trainer, pl_module: LightningModule, in
         rows = None
         run.last = None
         if is_sequence_output(first, target):
-            if target == "label" and run.labels.dim() != 2:
+            if target == "label" and run.labels is not None and run.labels.dim() != 2:
                 raise ValueError(f"target='label' on sequence outputs needs labels [B, T], one per target position; "
                                  f"the batches carry labels of shape {tuple(run.labels.shape)}")
             run.last = last_positions(pl_module, inputs, attention_modules=engine.attention_modules,
                                       streams=engine.streams).cpu()
             rows = decoder_rows(run, pl_module, inputs, methods, target, engine)
         check_set_truth(run, first, rows)
+        assert run.sample_indices is not None  # chosen before the first step
         new_views().write([], 0, modality=run.modality, inputs=inputs, shown=views[first.query_set].shown,
                           sample_indices=run.sample_indices, explanations=explanations, labels=run.labels,
                           class_names=class_names(trainer), sets=views, rows=rows)

@@ -13,7 +13,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import CombinedLoader, rank_zero_warn
 from torch import Tensor
 
-from lightning_gae.callbacks._batch_layout import fit_to_forward
+from lightning_gae.callbacks.batch_layout import fit_to_forward
 from lightning_gae.callbacks._schedule import interim_part
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.callbacks.answer_samples import answer_samples, has_answer_labels, holds_causal_lm
@@ -138,8 +138,10 @@ def collect(trainer: Trainer, run: RunState, num_samples: int, batches: BatchOpt
         run.scored = read.subset(scored_indices)
     if explains_answers(trainer, read, answer_tokens):
         # A causal LM: each tracked or scored sequence becomes one sample per answer token.
+        assert run.sample_indices is not None  # chosen above
         tracked, run.row_names = answer_samples(tracked, run.sample_indices)
         if run.scored is not None:
+            assert scored_indices is not None  # the subset was chosen above
             run.scored, _ = answer_samples(run.scored, scored_indices)
     if run.scored is not None:
         run.interim = interim_part(run.scored, faithfulness.interim_samples, batches.seed + 2)
@@ -157,6 +159,7 @@ def tracked_target(target: Any, labels: Tensor | None, device: torch.device, que
         return target
     if target == "pred":
         return None
+    assert labels is not None  # target="label" without labels stops the run at its start
     labels = labels.to(device)
     if labels.dim() == 2 and not isinstance(query, str):
         position = torch.as_tensor(query, device=labels.device).expand(labels.shape[0])

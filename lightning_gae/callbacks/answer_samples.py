@@ -61,6 +61,7 @@ def answer_samples(samples: Samples, indices: Sequence[int], ignore_index: int =
     The labels become the answer tokens ``[R]``; ground truth and keyed tensors are repeated per row, and each
     row's group is its prompt's validation index (a prompt's answer tokens are not independent samples).
     """
+    assert samples.labels is not None  # a causal LM's batches carry its answer tokens as labels
     rows = answer_rows(samples.inputs, samples.labels, ignore_index)
     source = rows.sample.cpu()
     repeat = lambda t: None if t is None else t[source]  # noqa: E731

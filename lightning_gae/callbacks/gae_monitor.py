@@ -4,7 +4,7 @@ The class keeps its arguments, the Trainer's hooks, the schedule and the state a
 delegates has a module of its own: which samples (:mod:`~lightning_gae.callbacks._tracked`), the check when a run
 starts (:mod:`~lightning_gae.callbacks._preflight`), several token sets (:mod:`~lightning_gae.callbacks._token_sets`),
 scoring (:mod:`~lightning_gae.callbacks._scoring`), the summary (:mod:`~lightning_gae.callbacks._report`), what each
-logger gets (:mod:`~lightning_gae.callbacks._loggers`), several processes (:mod:`~lightning_gae.callbacks._distributed`).
+logger gets (:mod:`~lightning_gae.callbacks._loggers`), several processes (:mod:`~lightning_gae.callbacks.distributed`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing_extensions import override
 
 from lightning_gae._structures import display_input, map_tensors
 from lightning_gae.attribution import attribute
-from lightning_gae.callbacks._evaluation import checkpoint_step, logged_step, scorable, test_scalars
-from lightning_gae.callbacks._distributed import (Lockstep, check_strategy, from_rank_zero, gather_scores,
+from lightning_gae.callbacks.evaluation import checkpoint_step, logged_step, scorable, test_scalars
+from lightning_gae.callbacks.distributed import (Lockstep, check_strategy, from_rank_zero, gather_scores,
                                                   together)
-from lightning_gae.callbacks._health import Health
+from lightning_gae.callbacks.health import Health
 from lightning_gae.callbacks._preflight import check_explanations
 from lightning_gae.callbacks._regions import (RegionAlert, announce, new_alerts, region_masks, region_scalars,
                                               with_data_regions)
@@ -200,7 +200,7 @@ class GAECallback(Callback):
         # Declared regions: the first step's shares (what a rise is measured from) and the alerts raised this run.
         self._first_regions: dict[str, float] | None = None
         self._alerts: list[RegionAlert] = []
-        # Explanations that stopped being faithful: the flags raised this fit (:mod:`._health`).
+        # Explanations that stopped being faithful: the flags raised this fit (:mod:`.health`).
         self._health = Health()
 
     @property
@@ -378,7 +378,7 @@ class GAECallback(Callback):
 
     @override
     def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # The whole faithfulness subset of the test data, under test_<tag>, without pictures (:mod:`._evaluation`).
+        # The whole faithfulness subset of the test data, under test_<tag>, without pictures (:mod:`.evaluation`).
         if self._run.inputs is not None and scorable(self._run, self.faithfulness.metrics) and not only_dummy_loggers(trainer):
             step = logged_step(trainer, self._loaded_step)
             self._last_scored = ("test", step)
@@ -582,7 +582,7 @@ class GAECallback(Callback):
 
     @override
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
-        if trainer.state.fn != "fit":  # validate()/test() of a checkpoint log at its step (:mod:`._evaluation`)
+        if trainer.state.fn != "fit":  # validate()/test() of a checkpoint log at its step (:mod:`.evaluation`)
             self._loaded_step = checkpoint_step(checkpoint)
 
     @override

@@ -200,7 +200,7 @@ def read_samples(batches: Iterable[Any], max_batches: int, batch_inputs: Callabl
         raise ValueError("GAECallback: the validation dataloader is empty")
     samples = Samples(
         inputs=concat(inputs),
-        labels=None if any(lbl is None for lbl in labels) else torch.cat(labels),
+        labels=None if any(lbl is None for lbl in labels) else torch.cat([lbl for lbl in labels if lbl is not None]),
         truth=None if any(t is None for t in truths) else concat(truths),
         keyed={k: concat([part[k] for part in keyed]) for k in keyed[0] if all(k in part for part in keyed)},
     )

@@ -16,7 +16,7 @@ import math
 import sys
 import warnings
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, overload
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +39,10 @@ def as_heads(t: Tensor) -> Tensor:
     return t.reshape(t.shape[0], -1, t.shape[-2], t.shape[-1])
 
 
+@overload
+def additive_mask(mask: Tensor, dtype: torch.dtype, allowed_when_true: bool = True) -> Tensor: ...
+@overload
+def additive_mask(mask: None, dtype: torch.dtype, allowed_when_true: bool = True) -> None: ...
 def additive_mask(mask: Tensor | None, dtype: torch.dtype, allowed_when_true: bool = True) -> Tensor | None:
     """A boolean mask as the bias added to the scores (0 where a key may be attended, -inf where not), in ``dtype``;
     a float mask, already additive, as it is. ``allowed_when_true=False`` for ``nn.MultiheadAttention``'s masks,

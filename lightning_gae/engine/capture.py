@@ -163,10 +163,12 @@ class _CaptureMode(TorchFunctionMode):
         """``(tensor to record, path of its softmax)`` when ``t`` carries softmax probabilities."""
         if not isinstance(t, Tensor):
             return None
-        entry = self._tags.get(id(t))
-        if entry is None or entry[0]() is not t:
+        tensor: Tensor = t
+        entry = self._tags.get(id(tensor))
+        if entry is None or entry[0]() is not tensor:
             return None
-        return (t if entry[1] is None else entry[1]), entry[2]
+        _, probs, path = entry
+        return (tensor if probs is None else probs), path
 
     def _tag(self, t: Tensor, origin: Tensor | None, path: str) -> None:
         self._tags[id(t)] = (weakref.ref(t), None if origin is t else origin, path)
@@ -176,7 +178,7 @@ class _CaptureMode(TorchFunctionMode):
         lhs = args[0] if args else kwargs.get("input")
         rhs = args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("mat2"))
         found = self.lookup(lhs)
-        if found is None or not isinstance(rhs, Tensor):
+        if found is None or not isinstance(lhs, Tensor) or not isinstance(rhs, Tensor):
             return None
         reason = _not_attention(lhs, rhs)
         if reason is not None:
@@ -195,6 +197,7 @@ class _CaptureMode(TorchFunctionMode):
         if not all(isinstance(t, Tensor) and t.dim() == 4 for t in (q, k, v)) or not torch.is_grad_enabled():
             return None
         state, token = self.recorder.lean_state, self.recorder.lean_token_on(q.device)
+        assert state is not None  # only a recorder made with lean=True takes this path
         call = LeanCall(index=self.recorder._count)
         out = lean_attention(q, k, v, state, token, call, attn_mask=p.get("attn_mask"),
                              is_causal=p.get("is_causal", False), scale=p.get("scale"), enable_gqa=p.get("enable_gqa", False))
@@ -228,12 +231,13 @@ class _CaptureMode(TorchFunctionMode):
             key = kwargs.get("key", args[1] if len(args) > 1 else None)
             # mha(x + pos, x + pos, x) and mha(norm(x), norm(x), norm(x)) pass equal values as
             # different tensor objects: that is self-attention too.
+            assert isinstance(query, Tensor) and isinstance(key, Tensor)
             same = query is key or (query.shape == key.shape and torch.equal(query, key))
             self.recorder._add(probs, "mha", self_attention=same, query_input=query, key_input=key, output=result[0])
             return result
         if func in _MATMUL:
-            out = self._matmul(func, args, kwargs)
-            return func(*args, **kwargs) if out is None else out
+            recorded = self._matmul(func, args, kwargs)
+            return func(*args, **kwargs) if recorded is None else recorded
         out = func(*args, **kwargs)
         if func in _SOFTMAX:
             dim = _softmax_dim(args, kwargs)
@@ -398,6 +402,7 @@ class AttentionRecorder:
 
     def _hook_output(self, name: str) -> Callable:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
+            assert self._mode is not None  # the hooks are on while the capture's mode is
             self._returned[name] = "probabilities" if self._mode.lookup(output) is not None else type(output).__name__
             if isinstance(output, Tensor):
                 if not output.requires_grad and torch.is_grad_enabled():

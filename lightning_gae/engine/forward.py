@@ -101,7 +101,7 @@ def prepared(model: nn.Module, target: Target, query: Any) -> tuple[nn.Module, T
     return model, target, query
 
 
-def _attended(layers: Sequence[AttentionRecord]) -> Tensor:
+def attended_keys(layers: Sequence[AttentionRecord]) -> Tensor:
     """``[B, N]`` bool: keys that some query of some head of some layer attends to.
 
     A masked (padded) key gets exactly zero probability everywhere; this finds padding that no
@@ -359,12 +359,12 @@ def recorded_forward(model: nn.Module, inputs: Any, target: Target, query: Query
         if len(sets.sizes) == 1:
             num_tokens = layers[0].num_queries
             keep = keep_mask(kwargs, batch, num_tokens, args)
-            keeps = {sets.query_set: _attended(layers) if keep is None else keep.to(device)}
+            keeps = {sets.query_set: attended_keys(layers) if keep is None else keep.to(device)}
         else:
             keeps = {}
             for x in sets.sizes:
                 used = [r for r, k in zip(layers, sets.key_sets) if k == x]
-                keeps[x] = _attended(used) if used else torch.ones(batch, sets.sizes[x], dtype=torch.bool, device=device)
+                keeps[x] = attended_keys(used) if used else torch.ones(batch, sets.sizes[x], dtype=torch.bool, device=device)
         per_set = dict(query) if isinstance(query, Mapping) else {}
         main_query = per_set.pop(sets.query_set, None) if isinstance(query, Mapping) else query
         if main_query is None:

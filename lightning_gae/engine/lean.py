@@ -13,11 +13,11 @@ for that chunk, with ``∇A = dO · Vᵀ``. What happens to ``Ā`` is the :class
   models with several token sets.
 
 With ``LIGHTNING_GAE_KERNEL=triton`` in the environment (and Triton importable), the row form runs as one Triton
-kernel per call instead of the chunks (:mod:`lightning_gae.engine._triton_gae`: tiles of queries and keys, nothing
+kernel per call instead of the chunks (:mod:`lightning_gae.engine.triton_gae`: tiles of queries and keys, nothing
 ``N x N``), where its masks allow (none, causal, or one additive bias per key); otherwise the chunks run.
-``LIGHTNING_GAE_KERNEL=triton2`` runs the FlashAttention-2-shaped kernel instead (:mod:`lightning_gae.engine._triton_gae_fa2`:
+``LIGHTNING_GAE_KERNEL=triton2`` runs the FlashAttention-2-shaped kernel instead (:mod:`lightning_gae.engine.triton_gae_fa2`:
 the log-sum-exp from the fused CUDA forward, the lowest layer's update alone), which is also what CUDA tensors get
-when nothing is asked (``_triton_gae_fa2.DEFAULT_ON_CUDA``); ``chunks`` forces the chunks.
+when nothing is asked (``triton_gae_fa2.DEFAULT_ON_CUDA``); ``chunks`` forces the chunks.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -37,8 +38,8 @@ __all__ = ["LeanState", "LeanCall", "lean_attention"]
 
 # A chunk of queries holds at most this many float32 scores (B·H·chunk·Nk): 16 MiB per buffer, three
 # buffers. Larger chunks gain little time and cost memory (at N = 2049, 2^24 took 3x a training step's peak).
-_CHUNK_ELEMENTS = 1 << 22
-_MIN_QUERIES = 128
+CHUNK_ELEMENTS = 1 << 22
+MIN_QUERIES = 128
 
 
 @dataclass
@@ -101,16 +102,16 @@ def _reduce_to(grad: Tensor, shape: torch.Size) -> Tensor:
     return grad.sum(dim=dims, keepdim=True) if dims else grad
 
 
-def _chunks(heads: int, n_q: int, n_k: int, limits: Tensor | None) -> list[tuple[int, int, int]]:
+def query_chunks(heads: int, n_q: int, n_k: int, limits: Tensor | None) -> list[tuple[int, int, int]]:
     """``(first query, end, keys)`` of each chunk of queries the backward pass takes at once.
 
-    A chunk holds at most :data:`_CHUNK_ELEMENTS` scores (``heads · queries · keys``), or :data:`_MIN_QUERIES` queries' worth. With
+    A chunk holds at most :data:`CHUNK_ELEMENTS` scores (``heads · queries · keys``), or :data:`MIN_QUERIES` queries' worth. With
     ``limits`` (each query's last visible key + 1, a causal mask's) a chunk's keys end at its queries'
     largest limit, so the early chunks of a causal mask take more queries: fewer, larger operations.
     """
-    # At least _MIN_QUERIES queries per chunk (past N ~ 4096 keys that is more than _CHUNK_ELEMENTS): a chunk's
+    # At least MIN_QUERIES queries per chunk (past N ~ 4096 keys that is more than CHUNK_ELEMENTS): a chunk's
     # dozen and a half operations cost the same whatever its size, and they add up over thousands of chunks.
-    budget = max(_CHUNK_ELEMENTS, heads * n_k * _MIN_QUERIES)
+    budget = max(CHUNK_ELEMENTS, heads * n_k * MIN_QUERIES)
     base = max(1, min(n_q, budget // max(1, heads * n_k)))
     spans = []
     start = 0
@@ -128,13 +129,37 @@ def _chunks(heads: int, n_q: int, n_k: int, limits: Tensor | None) -> list[tuple
     return spans
 
 
+def _causal_above(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A causal mask without a bias tensor, ``[size, size]``: -inf above the diagonal, which only a chunk's own block
+    of keys (from its first query on) has; the keys before it are open to every query."""
+    return torch.zeros(size, size, dtype=dtype, device=device).masked_fill_(
+        torch.ones(size, size, dtype=torch.bool, device=device).triu_(1), -math.inf)
+
+
+def _causal_block(above: Tensor, rows: int, width: int) -> Tensor:
+    """The causal mask of a chunk of ``rows`` queries over its own block of ``width`` keys."""
+    if width <= above.shape[1]:
+        return above[:rows, :width]
+    return torch.zeros(rows, width, dtype=above.dtype, device=above.device).masked_fill_(
+        torch.ones(rows, width, dtype=torch.bool, device=above.device).triu_(1), -math.inf)
+
+
+def _add_bias_grad(dbias: Tensor, ds4: Tensor, bias: Tensor, sl: slice, n_q: int, nk: int) -> None:
+    """A chunk's score gradient ``ds4`` ``[B, H, rows, nk]`` (queries ``sl``) added to the bias's own, reduced to the
+    bias's broadcast shape."""
+    if bias.shape[-2] == n_q:
+        dbias[..., sl, :nk] += _reduce_to(ds4, bias[..., sl, :nk].shape)
+    else:
+        dbias[..., :nk] += _reduce_to(ds4, bias[..., :nk].shape)
+
+
 def _rows(bias: Tensor | None, sl: slice, n_q: int) -> Tensor | None:
     if bias is None:
         return None
     return bias if bias.shape[-2] == 1 or bias.shape[-2] != n_q else bias[..., sl, :]
 
 
-class _LeanAttention(torch.autograd.Function):
+class LeanAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, bias, token, scale, state, call, causal):  # type: ignore[override]
         del token  # only there so that autograd.grad(score, token) runs every call's backward
@@ -142,7 +167,7 @@ class _LeanAttention(torch.autograd.Function):
         if _kernel_name(state, q) == "triton2":
             # The second kernel reads each query's log-sum-exp from CUDA's fused forward (None elsewhere). Kept whatever
             # the mode: the row form is chosen after the forward (explain sets it before its backward).
-            from lightning_gae.engine._triton_gae_fa2 import forward_with_lse
+            from lightning_gae.engine.triton_gae_fa2 import forward_with_lse
 
             fused = forward_with_lse(q, k, v, bias, causal, scale)
         out, ctx.lse = fused if fused is not None else (
@@ -188,19 +213,13 @@ class _LeanAttention(torch.autograd.Function):
         update = None if row is None or not wanted else torch.zeros_like(row)
         abar = None if row is not None or not wanted else torch.empty(b, n_q, n_k, dtype=torch.float32, device=q.device)
         limits = ctx.call.key_limits
-        spans = _chunks(b * h, n_q, n_k, limits)
+        spans = query_chunks(b * h, n_q, n_k, limits)
         # Three chunk-sized buffers reused by every chunk and call (ops write into them): fresh N x N-sized
         # temporaries per chunk cost more in page faults than the arithmetic on a CPU.
         buffers = state.buffers(max(b * h * (stop - start) * nk for start, stop, nk in spans), dtype, q.device)
         kt, vt = kf.transpose(1, 2), vf.transpose(1, 2)
         acc = torch.empty(b * h * max(e, e_v) * max(nk for _, _, nk in spans), dtype=dtype, device=q.device)
-        # A causal mask without a bias tensor: -inf above the diagonal, which only the chunk's own
-        # block of keys (from its first query on) has; the keys before it are open to every query.
-        above = None
-        if ctx.causal:
-            size = max(stop - start for start, stop, _ in spans)
-            above = torch.zeros(size, size, dtype=dtype, device=q.device).masked_fill_(
-                torch.ones(size, size, dtype=torch.bool, device=q.device).triu_(1), -math.inf)
+        above = _causal_above(max(stop - start for start, stop, _ in spans), dtype, q.device) if ctx.causal else None
         # The row form's r·Ā with the mean over heads folded into one product per head: r repeated per head.
         row_h = None if update is None else row.to(dtype)[:, None, None, :].expand(b, h, 1, n_q).reshape(b * h, 1, n_q)
         for start, stop, nk in spans:
@@ -213,10 +232,7 @@ class _LeanAttention(torch.autograd.Function):
             if bc is not None:
                 spare.view(b, h, rows, nk).add_(bc[..., :nk].to(dtype))
             if above is not None and nk > start:
-                width = nk - start
-                block = above[:rows, :width] if width <= above.shape[1] else torch.zeros(rows, width, dtype=dtype, device=q.device) \
-                    .masked_fill_(torch.ones(rows, width, dtype=torch.bool, device=q.device).triu_(1), -math.inf)
-                spare[:, :, start:].add_(block)
+                spare[:, :, start:].add_(_causal_block(above, rows, nk - start))
             torch.ops.aten._softmax.out(spare, -1, False, out=probs)
             if bc is not None:
                 # A row whose keys are all masked (-inf) gets probability 0 (softmax gives NaN there).
@@ -246,11 +262,7 @@ class _LeanAttention(torch.autograd.Function):
             dq[:, sl] = torch.bmm(dscores, kf[:, :nk])
             dkt[:, :, :nk].add_(torch.bmm(qc.transpose(1, 2), dscores, out=acc[: b * h * e * nk].view(b * h, e, nk)))
             if dbias is not None:
-                ds4 = dscores.view(b, h, rows, nk)
-                if bias.shape[-2] == n_q:
-                    dbias[..., sl, :nk] += _reduce_to(ds4, bias[..., sl, :nk].shape)
-                else:
-                    dbias[..., :nk] += _reduce_to(ds4, bias[..., :nk].shape)
+                _add_bias_grad(dbias, dscores.view(b, h, rows, nk), bias, sl, n_q, nk)
         if update is not None:
             state.row = row + update
         elif abar is not None:
@@ -275,7 +287,7 @@ def _per_key(bias: Tensor) -> bool:
         return all(bool((bias[:, :, i:i + 256] == bias[:, :, :1]).all()) for i in range(0, bias.shape[2], 256))
 
 
-def _key_bias(bias: Tensor | None, batch: int, n_k: int, per_key: bool | None = None) -> Tensor | None | bool:
+def _key_bias(bias: Tensor | None, batch: int, n_k: int, per_key: bool | None = None) -> Tensor | Literal[False] | None:
     """``bias`` as one additive value per key ``[B, N_k]`` (None for no bias), or False where it varies by head or
     query. ``per_key``: :func:`_per_key`'s answer where the forward found it already."""
     if bias is None:
@@ -285,12 +297,12 @@ def _key_bias(bias: Tensor | None, batch: int, n_k: int, per_key: bool | None = 
     return bias[:, 0, 0, :].expand(batch, n_k)
 
 
-def _log_sum_exp(q: Tensor, k: Tensor, key_bias: Tensor | None, causal: bool, scale: float) -> Tensor:
+def log_sum_exp(q: Tensor, k: Tensor, key_bias: Tensor | None, causal: bool, scale: float) -> Tensor:
     """Each query's log-sum-exp of its scores ``[B, H, N_q]`` (what a fused forward keeps), a chunk of queries at a time."""
     b, h, n_q, _ = q.shape
     n_k = k.shape[-2]
     lse = torch.empty(b, h, n_q, dtype=torch.float32, device=q.device)
-    step = max(1, _CHUNK_ELEMENTS // max(1, b * h * n_k))
+    step = max(1, CHUNK_ELEMENTS // max(1, b * h * n_k))
     for start in range(0, n_q, step):
         stop = min(n_q, start + step)
         s = torch.matmul(q[:, :, start:stop].float() * scale, k.float().transpose(-2, -1))
@@ -308,7 +320,7 @@ def _kernel_name(state: LeanState, q: Tensor) -> str | None:
     if state.kernel in ("triton", "triton2"):
         return state.kernel
     if state.kernel == "" and q.is_cuda:  # not asked: CUDA's default (the kernel, where DEFAULT_ON_CUDA)
-        from lightning_gae.engine._triton_gae_fa2 import DEFAULT_ON_CUDA, available
+        from lightning_gae.engine.triton_gae_fa2 import DEFAULT_ON_CUDA, available
 
         return "triton2" if available() and DEFAULT_ON_CUDA else None
     return None
@@ -334,22 +346,23 @@ def _kernel_backward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, 
                      kernel: str = "triton") -> tuple | None:
     """The row form's backward as a Triton kernel, or None where it does not apply (then the chunks run)."""
     # Imported here, at call time: Triton's import is slow, and only a kernel's backward needs it.
-    from lightning_gae.engine._triton_gae import available, gae_attention_backward
-    from lightning_gae.engine._triton_gae_fa2 import gae_attention_backward_fa2
+    from lightning_gae.engine.triton_gae import available, gae_attention_backward
+    from lightning_gae.engine.triton_gae_fa2 import gae_attention_backward_fa2
 
     key_bias = _key_bias(bias, q.shape[0], k.shape[-2], ctx.call.bias_per_key)
     if (not available() or key_bias is False or ctx.bias_grad or v.shape[-1] != q.shape[-1]
             or q.shape[-2] != k.shape[-2]):
         return None
     state: LeanState = ctx.state
-    lse = ctx.lse if kernel == "triton2" and ctx.lse is not None else _log_sum_exp(q, k, key_bias, ctx.causal, ctx.scale)
+    assert state.row is not None  # a kernel runs in row mode only
+    lse = ctx.lse if kernel == "triton2" and ctx.lse is not None else log_sum_exp(q, k, key_bias, ctx.causal, ctx.scale)
     if kernel == "triton2":
-        grads = _grads_wanted(q, k, v)
+        wanted = _grads_wanted(q, k, v)
         # dQ by atomics varies in its last bits from run to run on a GPU, and reaches the lower layers' relevance:
         # torch.use_deterministic_algorithms(True) gets the second loop instead.
         dq_mode = "loop" if torch.are_deterministic_algorithms_enabled() else "atomic"
         dq, dk, dv, update = gae_attention_backward_fa2(q, k, v, out, lse, dout, state.row, key_bias, ctx.causal,
-                                                        ctx.scale, grads=grads, dq=dq_mode)
+                                                        ctx.scale, grads=wanted, dq=dq_mode)
     else:
         dq, dk, dv, update = gae_attention_backward(q, k, v, out, lse, dout, state.row, key_bias, ctx.causal, ctx.scale)
     state.row = state.row + update.to(state.row.dtype)
@@ -386,7 +399,7 @@ def lean_attention(
         call.attended = (torch.arange(n_k, device=query.device) < n_q).expand(query.shape[0], n_k)
         last = torch.arange(1, n_q + 1).clamp_(max=n_k)
         call.key_limits = last if bool((last < n_k).any()) else None
-        return _LeanAttention.apply(query, key, value, None, token, scale, state, call, True)
+        return LeanAttention.apply(query, key, value, None, token, scale, state, call, True)
     dtype = torch.promote_types(query.dtype, torch.float32)
     bias = additive_mask(attn_mask, dtype)
     if is_causal:
@@ -410,4 +423,4 @@ def lean_attention(
                 # Keyed on the caller's mask, which the layers share (``bias`` is made anew per call).
                 call.key_limits, call.bias_per_key = state.facts(attn_mask, (n_q, n_k, is_causal, bias.dtype), find) \
                     if attn_mask is not None else find()
-    return _LeanAttention.apply(query, key, value, bias, token, scale, state, call, False)
+    return LeanAttention.apply(query, key, value, bias, token, scale, state, call, False)

@@ -178,6 +178,7 @@ def token_set_relevance(
                 new = scale * own if own is not None else 0.0
                 if keys is not None:
                     new = new + scale * torch.bmm(amap, keys)
+                assert isinstance(new, Tensor)  # y came from a pair of s or q: one of own, keys is there
                 updated[y] = new - torch.eye(sizes[s], dtype=new.dtype, device=new.device) if y == s else new
             for y, value in updated.items():
                 rel[(s, y)] = value
@@ -188,6 +189,7 @@ def token_set_relevance(
                 if x != s:
                     continue
                 if rollout:
+                    assert step is not None
                     eye = torch.eye(sizes[s], dtype=step.dtype, device=step.device)
                     # (Â − I) + Â·R̂ for the diagonal pair, Â·R otherwise.
                     rel[(x, y)] = (step - eye) + torch.bmm(step, r) if x == y else torch.bmm(step, r)
@@ -253,11 +255,10 @@ def _flow_graph(units: np.ndarray, query: int):
 
     layers, n, _ = units.shape
     source, target = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-    rows = [l * n + source.ravel() for l in range(layers - 1)] + [(layers - 1) * n + np.arange(n)]
-    cols = [(l + 1) * n + target.ravel() for l in range(layers - 1)] + [np.full(n, layers * n)]
+    rows = np.concatenate([l * n + source.ravel() for l in range(layers - 1)] + [(layers - 1) * n + np.arange(n)])
+    cols = np.concatenate([(l + 1) * n + target.ravel() for l in range(layers - 1)] + [np.full(n, layers * n)])
     # Row j of Â_l.T is what token j sends to every token of the next boundary.
-    caps = [units[l].T.ravel() for l in range(layers - 1)] + [units[-1, query]]
-    rows, cols, caps = np.concatenate(rows), np.concatenate(cols), np.concatenate(caps)
+    caps = np.concatenate([units[l].T.ravel() for l in range(layers - 1)] + [units[-1, query]])
     used = caps > 0
     size = layers * n + 1
     return csr_array((caps[used].astype(np.int32), (rows[used], cols[used])), shape=(size, size))

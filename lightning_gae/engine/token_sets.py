@@ -339,7 +339,9 @@ def _node_of(t: Tensor) -> Any:
     if t.grad_fn is not None:
         return t.grad_fn
     if t.requires_grad:
-        return t.view_as(t).grad_fn.next_functions[0][0]
+        view = t.view_as(t).grad_fn
+        assert view is not None  # a view of a tensor that requires grad has a node
+        return view.next_functions[0][0]
     return None
 
 
@@ -388,6 +390,46 @@ def _name_sets(paths: dict[int, list[str]], edges: set[tuple[int, int]], sizes: 
     return names
 
 
+def _named(records: Sequence[AttentionRecord], query_sets: list[str], key_sets: list[str],
+           inferred: dict[int, list[str]]) -> tuple[list[str], list[str]]:
+    """The calls' query and key sets with each inferred set (``"\\0<i>"``) named (:func:`_name_sets`), apart from the
+    declared and preset names."""
+    edges = set()
+    for rec, q, k in zip(records, query_sets, key_sets):
+        if q.startswith("\0"):
+            inferred[int(q[1:])].append(rec.path)
+        if q != k and q.startswith("\0") and k.startswith("\0"):
+            edges.add((int(q[1:]), int(k[1:])))
+    raw_sizes: dict[int, int] = {}
+    for rec, q in zip(records, query_sets):
+        if q.startswith("\0"):
+            raw_sizes.setdefault(int(q[1:]), rec.num_queries)
+    names = {f"\0{i}": n for i, n in _name_sets(inferred, edges, raw_sizes).items()}
+    taken = {s for s in query_sets + key_sets if not s.startswith("\0")}
+    for raw, name in list(names.items()):
+        while name in taken:
+            name = f"{name}'"
+        names[raw] = name
+        taken.add(name)
+    return [names.get(s, s) for s in query_sets], [names.get(s, s) for s in key_sets]
+
+
+def _set_sizes(records: Sequence[AttentionRecord], query_sets: list[str], key_sets: list[str]) -> dict[str, int]:
+    """Set -> its token count, the same in every call that reads it (else a ValueError naming the two calls)."""
+    sizes: dict[str, int] = {}
+    for rec, q, k in zip(records, query_sets, key_sets):
+        for s, n in ((q, rec.num_queries), (k, rec.num_keys)):
+            if sizes.setdefault(s, n) != n:
+                first = next(r for r, qq, kk in zip(records, query_sets, key_sets) if s in (qq, kk))
+                raise ValueError(
+                    f"token set {s!r} changes size: {first.path or '<model>'!r} sees {sizes[s]} tokens, "
+                    f"{rec.path or '<model>'!r} sees {n}. Models that merge, drop or add tokens between layers "
+                    "are not supported; name one token set's layers with attention_modules=..., or "
+                    + _declare_hint(rec.path)
+                )
+    return sizes
+
+
 def assign_token_sets(records: Sequence[AttentionRecord], model: nn.Module, streams: Streams | None = None) -> TokenSets:
     """Assign every recorded call a query set and a key set (declaration, preset, then data flow).
 
@@ -418,8 +460,9 @@ def assign_token_sets(records: Sequence[AttentionRecord], model: nn.Module, stre
         latest = _latest(mask)
         return None if latest is None else query_sets[position[latest]]
 
+    given = declared or preset
     for rec in records:
-        pair = (declared or preset).match(rec.path) if (declared or preset) is not None else None
+        pair = given.match(rec.path) if given is not None else None
         if declared is not None and pair is None:
             raise ValueError(
                 f"attention at {rec.path or '<model>'!r} matches none of the declared streams "
@@ -469,37 +512,8 @@ def assign_token_sets(records: Sequence[AttentionRecord], model: nn.Module, stre
         query_sets.append(q)
         key_sets.append(k)
 
-    edges = set()
-    for rec, q, k in zip(records, query_sets, key_sets):
-        if q.startswith("\0"):
-            inferred[int(q[1:])].append(rec.path)
-        if q != k and q.startswith("\0") and k.startswith("\0"):
-            edges.add((int(q[1:]), int(k[1:])))
-    raw_sizes: dict[int, int] = {}
-    for rec, q in zip(records, query_sets):
-        if q.startswith("\0"):
-            raw_sizes.setdefault(int(q[1:]), rec.num_queries)
-    names = {f"\0{i}": n for i, n in _name_sets(inferred, edges, raw_sizes).items()}
-    taken = {s for s in query_sets + key_sets if not s.startswith("\0")}
-    for raw, name in list(names.items()):
-        while name in taken:
-            name = f"{name}'"
-        names[raw] = name
-        taken.add(name)
-    query_sets = [names.get(s, s) for s in query_sets]
-    key_sets = [names.get(s, s) for s in key_sets]
-
-    sizes: dict[str, int] = {}
-    for rec, q, k in zip(records, query_sets, key_sets):
-        for s, n in ((q, rec.num_queries), (k, rec.num_keys)):
-            if sizes.setdefault(s, n) != n:
-                first = next(r for r, qq, kk in zip(records, query_sets, key_sets) if s in (qq, kk))
-                raise ValueError(
-                    f"token set {s!r} changes size: {first.path or '<model>'!r} sees {sizes[s]} tokens, "
-                    f"{rec.path or '<model>'!r} sees {n}. Models that merge, drop or add tokens between layers "
-                    "are not supported; name one token set's layers with attention_modules=..., or "
-                    + _declare_hint(rec.path)
-                )
+    query_sets, key_sets = _named(records, query_sets, key_sets, inferred)
+    sizes = _set_sizes(records, query_sets, key_sets)
 
     spec = declared or preset
     query_set = spec.query_set if spec is not None and spec.query_set in sizes else query_sets[-1]

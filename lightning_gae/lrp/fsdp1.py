@@ -93,7 +93,7 @@ class _Gathered:
 
     @staticmethod
     def _detach(unit: nn.Module) -> list[tuple[nn.Module, str, Any, Any]]:
-        handle = unit._handle
+        handle: Any = unit._handle  # FSDP's flat-parameter handle (private, untyped)
         if handle is None:
             return []
         flat = handle.flat_param
@@ -127,7 +127,7 @@ def gather_again(units: list[nn.Module]) -> None:
     first pass's graph see as an in-place change.
     """
     for unit in units:
-        handle = unit._handle
+        handle: Any = unit._handle  # FSDP's flat-parameter handle (private, untyped)
         if handle is not None and handle.uses_sharded_strategy:
             handle._needs_pre_backward_unshard = True
             handle._ran_pre_backward_hook = False

@@ -63,7 +63,8 @@ class _Detached:
             for name, param in module._parameters.items():
                 if param is not None and param.requires_grad:
                     swapped.append((module, name, param))
-                    module._parameters[name] = param.detach()
+                    # A plain tensor in the parameter's place for the forward (put back after it).
+                    module._parameters[name] = param.detach()  # type: ignore[assignment]
         self.swapped.append(swapped)
 
     def post(self, unit: nn.Module, args: Any, output: Any) -> None:

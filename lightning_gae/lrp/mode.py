@@ -43,7 +43,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -209,7 +209,7 @@ def flat_tensors(args: Sequence[Any], kwargs: dict) -> list[Tensor]:
     return found
 
 
-def carries_relevance(t: Any) -> bool:
+def carries_relevance(t: Any) -> TypeGuard[Tensor]:
     return isinstance(t, Tensor) and t.requires_grad
 
 
@@ -423,7 +423,8 @@ class LRPCapture:
     def __init__(self, model: nn.Module, embedding_layer: nn.Module | str | None | bool = None) -> None:
         self.model = model
         # embedding_layer=False: no word-embedding leaf (the caller makes its float inputs require grad).
-        self.embedding = None if embedding_layer is False else word_embedding(model, embedding_layer)
+        # (True is no value a caller passes: the flag means only False.)
+        self.embedding = None if embedding_layer is False else word_embedding(model, embedding_layer)  # type: ignore[arg-type]
         self._names = {m: n for n, m in model.named_modules(remove_duplicate=False)}
         self._stack: list[nn.Module] = []
         self._units = 0
@@ -525,7 +526,8 @@ class LRPCapture:
                 stack.enter_context(self.embedding.register_forward_hook(self._leaf))
             stack.enter_context(nn.modules.module.register_module_forward_pre_hook(self._push))
             stack.enter_context(nn.modules.module.register_module_forward_hook(self._pop, always_call=True))
-            stack.enter_context(self.mode_class(self))
+            # LRPMode or a rule set's own mode: each takes the capture (TorchFunctionMode's __init__ takes nothing).
+            stack.enter_context(self.mode_class(self))  # type: ignore[call-arg]
             self._exit = stack.pop_all()
         return self
 

@@ -53,7 +53,7 @@ from lightning_gae.engine.rules import start_rows
 from lightning_gae.lrp import mode
 from lightning_gae.lrp.fsdp1 import fsdp1_units, gather_again
 from lightning_gae.lrp._ops import unbind
-from lightning_gae.lrp._ta_attention import Layer, fused_attention
+from lightning_gae.lrp.ta_attention import Layer, fused_attention
 
 __all__ = ["TransformerAttributionCapture", "attribution_row"]
 

@@ -39,6 +39,9 @@ class AlignmentAccuracy(Metric):
         tensor(0.5000)
     """
 
+    hits: Tensor
+    count: Tensor
+
     is_differentiable = False
     higher_is_better = True
     full_state_update = False

@@ -41,7 +41,8 @@ class TruthScore:
 
 
 GROUND_TRUTH: tuple[TruthScore, ...] = (
-    TruthScore("segmentation", ImageTokens, 3, lambda m: RelevanceSegmentation(m, sync_on_compute=False),
+    # This entry is read for ImageTokens only (its modality field), which RelevanceSegmentation takes.
+    TruthScore("segmentation", ImageTokens, 3, lambda m: RelevanceSegmentation(m, sync_on_compute=False),  # type: ignore[arg-type]
                lambda m, inputs, a, truth: (a, truth)),
     TruthScore("rationale", TextTokens, 2, lambda m: RationaleAgreement(sync_on_compute=False),
                lambda m, inputs, a, truth: (m.unit_scores(a, inputs), truth, m.removable(inputs))),

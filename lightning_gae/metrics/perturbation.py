@@ -56,6 +56,7 @@ def _empty(attributions: Tensor) -> bool:
 class _ModelMetric(Metric):
     """A metric that runs a model on perturbed inputs; the model is used, never owned."""
 
+    forward_fn: Callable[..., Any]
     is_differentiable = False
     full_state_update = False
 

@@ -53,6 +53,10 @@ class RelevanceSegmentation(DictMetric):
     {'pixel_accuracy': 0.75, 'miou': 0.5833, 'mean_ap': 0.8542}
     """
 
+    confusion: Tensor
+    ap_sum: Tensor
+    ap_count: Tensor
+
     plot_lower_bound = 0.0
     plot_upper_bound = 1.0
 
@@ -106,6 +110,10 @@ class RationaleAgreement(DictMetric):
         min-max normalised per sample (see :func:`~lightning_gae.metrics.functional.rationale_agreement`).
     """
 
+    f1_sum: Tensor
+    auprc_sum: Tensor
+    count: Tensor
+
     plot_lower_bound = 0.0
     plot_upper_bound = 1.0
 
@@ -143,6 +151,11 @@ class RationaleRecall(DictMetric):
     Compute:
         ``{"top1", "hit_at_k", "mass"}``, averaged over samples that have a rationale.
     """
+
+    top1_sum: Tensor
+    hit_sum: Tensor
+    mass_sum: Tensor
+    count: Tensor
 
     higher_is_better = True
     plot_lower_bound = 0.0

@@ -38,6 +38,12 @@ class ExplanationStability(DictMetric):
     (0.8, 1.0)
     """
 
+    spearman_sum: Tensor
+    spearman_count: Tensor
+    iou_sum: Tensor
+    overlap_sum: Tensor
+    count: Tensor
+
     plot_lower_bound = -1.0
     plot_upper_bound = 1.0
 

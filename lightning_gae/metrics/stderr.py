@@ -26,7 +26,8 @@ def per_sample_states(metric: Metric, update: Callable[[int], None], count: int)
     for i in range(count):
         metric.reset()
         update(i)
-        states.append({name: value.detach().clone() for name, value in metric.metric_state.items()})
+        # Every state of a metric scored per sample is a tensor (sum-reduced); Metric declares lists too.
+        states.append({name: value.detach().clone() for name, value in metric.metric_state.items()})  # type: ignore[union-attr]
     return states
 
 
@@ -90,7 +91,7 @@ class Score(NamedTuple):
     value: float
     stderr: float
     """The jackknife standard error (NaN for one sample)."""
-    count: int
+    count: int  # type: ignore[assignment]  # the number of samples, a field that shadows tuple.count
     higher_is_better: bool
 
 
@@ -126,7 +127,8 @@ class SampleScores:
     def add_perturbation(self, name: str, method: str, metric: Metric, inputs: Any, attributions: Tensor,
                          target: Any) -> None:
         """A perturbation metric's states of every sample of the batch, from one batched pass (``per_sample_states``)."""
-        rows = metric.per_sample_states(inputs, attributions, target)
+        # A perturbation metric's own method, which Metric does not declare.
+        rows = metric.per_sample_states(inputs, attributions, target)  # type: ignore[operator]
         count = attributions.shape[0]
         self._keep(name, method, metric, [{state: value[i] for state, value in rows.items()} for i in range(count)])
 
@@ -187,6 +189,7 @@ class SampleScores:
             total = {state: torch.stack([s[state] for s in states]).sum(dim=0) for state in states[0]}
             for state, value in total.items():
                 setattr(metric, state, value)
-            out.setdefault(name, {})[method] = (metric.fractions, metric.curve().float().cpu())
+            # A perturbation AUC's own fractions and curve, which Metric does not declare.
+            out.setdefault(name, {})[method] = (metric.fractions, metric.curve().float().cpu())  # type: ignore[assignment,operator]
             metric.reset()
         return out

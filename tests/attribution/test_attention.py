@@ -369,7 +369,7 @@ def test_inputs_must_be_tensors(vit, images):
 
 def test_a_model_taking_the_batch_is_refused_with_a_call_that_works_when_pasted():
     # Captum's contract attributes tensors: a batch mapping is refused naming the forward_func that builds it.
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from tests.helpers.hf_modules import tiny_bert
 
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""lightning_gae.callbacks._batch_layout and the modality inferred at fit start: the batch formats users have (Hugging
+"""lightning_gae.callbacks.batch_layout and the modality inferred at fit start: the batch formats users have (Hugging
 Face mappings of images, text and features, dataclasses of the same, tuples, a forward that takes the batch) work
 without arguments; what the forward's signature cannot tell stops the run at its start with a reader that works when
 passed (the tests pass it)."""
@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader
 
 import lightning_gae as lg
 from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
+from lightning_gae.callbacks.batch_layout import fit_to_forward
 from tests.helpers.hf_modules import Batches, HFModule, TextByName, ids_and_mask, images, tiny_bert, tiny_vit
-from tests.helpers.private import _fit_to_forward
 from tests.helpers.trainer import heatmap_tag, no_skipped_explanation
 
 pytest.importorskip("transformers")
@@ -193,7 +193,6 @@ def test_a_tuple_batch_whose_forward_takes_more_than_its_first_item_is_refused_w
 
 
 def test_the_forward_signature_decides_how_a_mapping_is_passed():
-    fit_to_forward = _fit_to_forward
     batch = {"pixel_values": torch.zeros(2, 3, 4, 4), "index": torch.arange(2)}
     assert fit_to_forward(ImagesByName(nn.Identity()), batch).keys() == {"pixel_values"}
     assert fit_to_forward(TakesTheBatch(nn.Identity()), batch) == (batch,)
@@ -343,14 +342,14 @@ def test_a_dataclass_forward_whose_signature_cannot_tell_is_refused_with_readers
 
 def test_the_forward_signature_decides_how_a_dataclass_is_passed():
     batch = TextBatch(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), torch.zeros(2))
-    by_name = _fit_to_forward(TextByNameDC(nn.Identity()), batch)
+    by_name = fit_to_forward(TextByNameDC(nn.Identity()), batch)
     assert by_name.keys() == {"input_ids", "attention_mask"} and by_name["input_ids"] is batch.input_ids
-    assert _fit_to_forward(TakesTextBatch(nn.Identity()), batch) == (batch,)
-    assert _fit_to_forward(HFModule(nn.Identity()), batch).keys() == {"input_ids", "attention_mask"}  # **kwargs
+    assert fit_to_forward(TakesTextBatch(nn.Identity()), batch) == (batch,)
+    assert fit_to_forward(HFModule(nn.Identity()), batch).keys() == {"input_ids", "attention_mask"}  # **kwargs
     images = ImageBatch(torch.zeros(2, 3, 4, 4), torch.zeros(2))
-    assert _fit_to_forward(TakesImageBatch(nn.Identity()), images) == (images,)
+    assert fit_to_forward(TakesImageBatch(nn.Identity()), images) == (images,)
     with pytest.raises(ValueError, match=r"ImagesAsXDC.forward\(x\).*lambda batch: batch.pixel_values"):
-        _fit_to_forward(ImagesAsXDC(nn.Identity()), images)
+        fit_to_forward(ImagesAsXDC(nn.Identity()), images)
 
 
 class TakesTheTextBatch(HFModule):

@@ -12,7 +12,7 @@ from lightning.pytorch import seed_everything
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
-from lightning_gae.callbacks._evaluation import checkpoint_step
+from lightning_gae.callbacks.evaluation import checkpoint_step
 from recipes.digits import DigitsDataModule
 from tests.helpers.models import small_vit
 from tests.helpers.report import section, value_and_error

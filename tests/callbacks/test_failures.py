@@ -20,12 +20,12 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 import lightning_gae as lg
 from lightning_gae import ImageTokens
 from lightning_gae.callbacks import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions, GAECallback
+from lightning_gae.callbacks.failures import Failures
 from recipes.digits import DigitsDataModule
 from recipes.vit import Block, ViTClassifier
 from tests.helpers.hf_modules import Batches, TextByName, ids_and_mask, tiny_bert
 from tests.helpers.models import RankOneFails, small_vit
 from tests.helpers.processes import TENSOR_PARALLEL_SCRIPT
-from tests.helpers.private import _Failures
 from tests.helpers.trainer import EPOCH_END_STEPS, CPUFSDPStrategy, heatmap_tag, no_skipped_explanation
 
 
@@ -394,7 +394,7 @@ def test_the_lrp_methods_under_fsdp1_train_as_without_the_callback_and_explain_l
 
 
 def test_failures_are_warned_once_per_kind_and_counted_per_step():
-    failures = _Failures()
+    failures = Failures()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in (1, 3, 5, 7):
@@ -418,7 +418,7 @@ def test_failures_are_warned_once_per_kind_and_counted_per_step():
 
 def test_a_logger_failing_where_nothing_was_explained_counts_among_the_steps_logged_at():
     # A logger fails at an explanation step and at fit's end-of-run scoring (no explanation step): both are counted.
-    failures = _Failures()
+    failures = Failures()
     with failures.attempt(1):
         pass
     with pytest.warns(UserWarning, match=r"^GAECallback: the tracking server is down$"):

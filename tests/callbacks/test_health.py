@@ -12,8 +12,7 @@ import torch
 from lightning.pytorch import seed_everything
 
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
-from tests.helpers.private import _Health as Health
-from tests.helpers.private import _health_flags as health_flags
+from lightning_gae.callbacks.health import Health, health_flags
 from lightning_gae.metrics.functional.health import differs_beyond_stderr
 from lightning_gae.tensorboard.summary import rank_labels
 from recipes.common import TensorDictDataset

@@ -12,9 +12,9 @@ from pytorch_lightning.loggers import TensorBoardLogger as PLTensorBoardLogger
 from torch.utils.data import DataLoader, Subset
 
 from lightning_gae.callbacks import DisplayOptions, FaithfulnessOptions, GAECallback
+from lightning_gae.display.views import MAX_IMAGE_SIDE
 from recipes.digits import DigitsDataModule
 from tests.helpers.models import small_vit
-from tests.helpers.private import _MAX_IMAGE_SIDE
 from tests.helpers.processes import get_json, tensorboard_server
 from tests.helpers.trainer import EPOCH_END_STEPS, assert_heatmaps_at_steps, heatmap_tag, no_skipped_explanation
 
@@ -114,7 +114,7 @@ def test_more_samples_than_the_validation_set_warns_and_every_picture_stays_boun
     # Every picture is one row (input and GAE, 256 px panels) whatever the number of samples.
     assert len(sizes) == 1 and next(iter(sizes))[0] < 2 * 256
     evolution = acc.Images("gae_evolution/val_0")[0]
-    assert evolution.width == _MAX_IMAGE_SIDE and evolution.height < evolution.width / 20
+    assert evolution.width == MAX_IMAGE_SIDE and evolution.height < evolution.width / 20
 
 
 class _ScalarsOnly(Logger):

@@ -17,9 +17,9 @@ from lightning.pytorch import Callback
 from lightning_gae import ImageTokens, explain
 from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
 from lightning_gae.metrics import NegativePerturbationAUC, PositivePerturbationAUC, random_attribution
+from lightning_gae.callbacks.distributed import random_rows, subset_part
 from recipes.digits import DigitsDataModule
 from tests.helpers import processes
-from tests.helpers.private import _random_rows, _subset_part
 from tests.helpers.models import small_vit
 from tests.helpers.trainer import heatmap_tag
 
@@ -38,13 +38,13 @@ def test_the_ranks_parts_cover_the_subset_once_with_the_random_rows_of_one_proce
     one = torch.cat([random_attribution(like[start:start + batch], seed + start) for start in range(0, total, batch)])
     scored = []
     for rank in range(world):
-        rows, positions = _subset_part(total, world, rank)
+        rows, positions = subset_part(total, world, rank)
         # As many rows on every rank (the same number of forwards); the padding repeats the last sample.
         assert len(rows) == -(-total // world)
         real = positions >= 0
         assert rows == [p if p >= 0 else total - 1 for p in positions.tolist()]
         scored += positions[real].tolist()
-        drawn = _random_rows(like[rows], rows, seed, batch, total)
+        drawn = random_rows(like[rows], rows, seed, batch, total)
         assert torch.equal(drawn[real], one[positions[real]])
     assert scored == list(range(total))
 

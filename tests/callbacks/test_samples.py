@@ -14,20 +14,20 @@ from torch.utils.data import DataLoader, Subset, SubsetRandomSampler, default_co
 
 from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback
 from lightning_gae.callbacks.gae_monitor import default_batch_inputs, default_batch_labels
+from lightning_gae.callbacks.samples import balanced_choice
 from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
 from tests.helpers.models import small_vit
-from tests.helpers.private import _balanced_choice
 from tests.helpers.trainer import heatmap_tag
 
 
 def test_samples_are_class_balanced():
     labels = torch.arange(10).repeat_interleave(20)
 
-    chosen = _balanced_choice(labels, 200, 10, seed=0)
+    chosen = balanced_choice(labels, 200, 10, seed=0)
     assert sorted(int(labels[i]) for i in chosen) == list(range(10))
-    assert chosen == _balanced_choice(labels, 200, 10, seed=0)
-    assert chosen != _balanced_choice(labels, 200, 10, seed=1)
+    assert chosen == balanced_choice(labels, 200, 10, seed=0)
+    assert chosen != balanced_choice(labels, 200, 10, seed=1)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import lightning_gae as lg
 from lightning_gae.engine.capture import AttentionRecord, AttentionRecorder
 from tests.helpers.explain import METHODS, assert_matches_reference, logit_score, padded_ids, recorded_rows
 from tests.helpers.models import PrototypeViT, TinyViT, hf_reference, vit_reference
-from tests.helpers.private import _attended
+from lightning_gae.engine.forward import attended_keys
 
 transformers = pytest.importorskip("transformers")
 
@@ -271,7 +271,7 @@ def test_layers_on_different_devices_meet_on_the_rows_device(method):
     row = recorded_rows(method, layers, grads, query, keep)
     assert row.device.type == "meta" and row.shape == (2, 5)
     # The keys attended anywhere, gathered on the first layer's device (data cannot leave "meta").
-    assert _attended(layers[::-1]).device.type == "meta"
+    assert attended_keys(layers[::-1]).device.type == "meta"
 
 
 # --- item 17: models whose prediction is not read from a CLS token ------------------------------

@@ -6,10 +6,9 @@ import torch
 from lightning_gae.engine import lean, rules
 from lightning_gae.engine.attention import explicit_scaled_dot_product_attention
 from lightning_gae.engine.capture import AttentionRecorder
-from lightning_gae.engine.lean import LeanCall, LeanState, lean_attention
-from tests.helpers.models import TinySeq2Seq, TinyViT
+from lightning_gae.engine.lean import LeanAttention, LeanCall, LeanState, lean_attention, query_chunks
 from tests.helpers.explain import explain_gae
-from tests.helpers.private import _chunks, _LeanAttention
+from tests.helpers.models import TinySeq2Seq, TinyViT
 
 CASES = {
     "plain": {},
@@ -51,8 +50,8 @@ def _inputs(case, gqa=False):
 def test_lean_attention_gradients_and_abar_equal_the_explicit_ones(case, gqa, chunk_queries, monkeypatch):
     if chunk_queries is not None:
         # b * h * chunk * n_k scores per chunk: 6 queries go as 4 then 2, through the reused buffers.
-        monkeypatch.setattr(lean, "_CHUNK_ELEMENTS", 2 * 4 * chunk_queries * 6)
-        monkeypatch.setattr(lean, "_MIN_QUERIES", 1)
+        monkeypatch.setattr(lean, "CHUNK_ELEMENTS", 2 * 4 * chunk_queries * 6)
+        monkeypatch.setattr(lean, "MIN_QUERIES", 1)
     q, k, v, kwargs = _inputs(case, gqa)
     if gqa:
         kwargs["enable_gqa"] = True
@@ -115,8 +114,8 @@ def test_lean_and_recorded_paths_agree(model_and_inputs):
 def test_causal_without_a_mask_takes_no_bias_and_equals_the_explicit_attention(monkeypatch):
     """is_causal alone: no N x N bias is built (the fused kernel and the chunks skip what it hides), also
     for fewer queries than keys (top-left aligned), chunk by chunk."""
-    monkeypatch.setattr(lean, "_CHUNK_ELEMENTS", 2 * 4 * 2 * 6)   # two queries of six keys per chunk at most
-    monkeypatch.setattr(lean, "_MIN_QUERIES", 1)
+    monkeypatch.setattr(lean, "CHUNK_ELEMENTS", 2 * 4 * 2 * 6)   # two queries of six keys per chunk at most
+    monkeypatch.setattr(lean, "MIN_QUERIES", 1)
     g = torch.Generator().manual_seed(4)
     q = torch.randn(2, 4, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
     k, v = (torch.randn(2, 4, 6, 5, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2))
@@ -141,11 +140,11 @@ def test_causal_lm_lean_equals_recorded(monkeypatch):
     """A Llama at batch 1 without a mask (Hugging Face passes is_causal to SDPA), its last position
     explained: the lean path, in causal chunks of a few queries, equals the recorded probabilities' GAE."""
     transformers = pytest.importorskip("transformers")
-    monkeypatch.setattr(lean, "_CHUNK_ELEMENTS", 4 * 3 * 11)   # chunks of 3 queries at most
-    monkeypatch.setattr(lean, "_MIN_QUERIES", 1)
+    monkeypatch.setattr(lean, "CHUNK_ELEMENTS", 4 * 3 * 11)   # chunks of 3 queries at most
+    monkeypatch.setattr(lean, "MIN_QUERIES", 1)
     causal = []
-    apply = _LeanAttention.apply
-    monkeypatch.setattr(_LeanAttention, "apply", lambda *a: causal.append(a[-1]) or apply(*a))
+    apply = LeanAttention.apply
+    monkeypatch.setattr(LeanAttention, "apply", lambda *a: causal.append(a[-1]) or apply(*a))
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, intermediate_size=64, initializer_range=0.3,
@@ -164,12 +163,12 @@ def test_causal_chunks_cover_every_query_once_within_their_budget(n):
     """The backward's plan for 8 heads: chunks follow each other, hold no more scores than allowed, end their keys
     at their last query, and a causal mask's plan needs fewer chunks than the keys-for-all plan."""
     limits = torch.arange(1, n + 1)
-    spans = _chunks(8, n, n, limits)
+    spans = query_chunks(8, n, n, limits)
     assert spans[0][0] == 0 and spans[-1][1] == n
     assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
-    budget = max(lean._CHUNK_ELEMENTS, 8 * n * lean._MIN_QUERIES)
+    budget = max(lean.CHUNK_ELEMENTS, 8 * n * lean.MIN_QUERIES)
     assert all(8 * (stop - start) * keys <= budget and keys == stop for start, stop, keys in spans)
-    uniform = _chunks(8, n, n, None)
+    uniform = query_chunks(8, n, n, None)
     assert all(keys == n for _, _, keys in uniform)
     assert len(spans) < len(uniform) if n >= 4096 else len(spans) <= len(uniform)
 

@@ -1,4 +1,4 @@
-"""The Triton kernel of GAE's attention step (lightning_gae/engine/_triton_gae.py) against the lean CPU path and the tiled
+"""The Triton kernel of GAE's attention step (lightning_gae/engine/triton_gae.py) against the lean CPU path and the tiled
 reference: the same gradients of q, k, v and the same row update ``r · E_h[(∇A ⊙ A)⁺]`` (< 1e-3 of the largest
 value in float32, issue 24's agreement target), with padding keys, a sample whose queries see no key, causal masks
 and token counts that are no multiple of the blocks. On a GPU it runs compiled; elsewhere under Triton's
@@ -15,7 +15,7 @@ from tests.helpers.models import tiny_hf_bert
 pytest.importorskip("triton", reason="Triton is not installed: it ships with CUDA builds of torch; "
                                      "`pip install triton` runs this test under its CPU interpreter")
 
-from lightning_gae.engine._triton_gae import gae_attention_backward  # noqa: E402
+from lightning_gae.engine.triton_gae import gae_attention_backward  # noqa: E402
 from lightning_gae.engine.lean import LeanCall, LeanState, lean_attention  # noqa: E402
 from tests.helpers.tiled_attention import tiled_backward, tiled_forward  # noqa: E402
 
@@ -60,12 +60,12 @@ def _bert(device):
 
 def test_explain_runs_the_kernel_when_asked_and_gives_the_same_relevance(monkeypatch):
     import lightning_gae as lg
-    from lightning_gae.engine import _triton_gae
+    from lightning_gae.engine import triton_gae
     from recipes.vit import ViTClassifier
 
     calls = []
-    kernel = _triton_gae.gae_attention_backward
-    monkeypatch.setattr(_triton_gae, "gae_attention_backward", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    kernel = triton_gae.gae_attention_backward
+    monkeypatch.setattr(triton_gae, "gae_attention_backward", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
     torch.manual_seed(0)
     vit = ViTClassifier(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=2, heads=2).to(DEVICE).eval()
     images = torch.randn(4, 1, 8, 8, device=DEVICE)

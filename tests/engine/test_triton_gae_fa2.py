@@ -1,4 +1,4 @@
-"""The FlashAttention-2-shaped kernel of GAE's attention step (lightning_gae/engine/_triton_gae_fa2.py, issue 35).
+"""The FlashAttention-2-shaped kernel of GAE's attention step (lightning_gae/engine/triton_gae_fa2.py, issue 35).
 
 Held against an independent dense oracle written here (float64, one sample at a time, autograd for the gradients)
 and the tiled reference (tests/helpers/tiled_attention.py): its variants (``dQ`` by atomics, ``dQ`` by a second loop,
@@ -22,8 +22,8 @@ from tests.helpers.models import tiny_hf_bert
 pytest.importorskip("triton", reason="Triton is not installed: it ships with CUDA builds of torch; "
                                      "`pip install triton` runs this test under its CPU interpreter")
 
-from lightning_gae.engine import _triton_gae_fa2 as fa2  # noqa: E402
-from lightning_gae.engine._triton_gae_fa2 import gae_attention_backward_fa2  # noqa: E402
+from lightning_gae.engine import triton_gae_fa2 as fa2  # noqa: E402
+from lightning_gae.engine.triton_gae_fa2 import gae_attention_backward_fa2  # noqa: E402
 from tests.helpers.tiled_attention import tiled_backward  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -327,7 +327,7 @@ import os
 os.environ.pop("TRITON_INTERPRET", None)
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
-from lightning_gae.engine import _triton_gae_fa2 as fa2
+from lightning_gae.engine import triton_gae_fa2 as fa2
 consts = dict(HAS_KEY_BIAS=True, CAUSAL={causal}, NEED_GRADS={grads}, DQ_ATOMIC={grads}, BLOCK_Q=32, BLOCK_K=128, E=64,
               E_PAD=64, PRECISION="{precision}", UPCAST=False)
 types = dict(Q="*{dtype}", K="*{dtype}", V="*{dtype}", DO="*{dtype}", LIVE="*i8", heads="i32", n_q="i32", n_k="i32",
@@ -364,8 +364,8 @@ def test_the_backward_reads_the_log_sum_exp_the_forward_kept(monkeypatch):
         return out, padded
 
     monkeypatch.setattr(fa2, "forward_with_lse", cpu_fused)
-    extra_pass = lean._log_sum_exp
-    monkeypatch.setattr(lean, "_log_sum_exp", lambda *a: passes.append(1) or extra_pass(*a))
+    extra_pass = lean.log_sum_exp
+    monkeypatch.setattr(lean, "log_sum_exp", lambda *a: passes.append(1) or extra_pass(*a))
     torch.manual_seed(0)
     vit = ViTClassifier(image_size=8, patch_size=2, in_chans=1, num_classes=10, dim=32, depth=3, heads=2).eval()
     images = torch.randn(4, 1, 8, 8)

@@ -8,7 +8,7 @@ probe module in it and see them fire.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 # Modules that may import inside a function, and why.
@@ -285,3 +285,75 @@ def layer_of(module: str) -> int:
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     """``"a -> b"`` for every import of a higher layer's module by a lower layer's."""
     return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets if layer_of(b) > layer_of(a))
+
+
+def _private_path(dotted: str) -> bool:
+    """``lightning_gae.a._b.c``: a dotted name of the package with a private part."""
+    return dotted.startswith("lightning_gae") and any(_is_private(part) for part in dotted.split("."))
+
+
+def outside_reaches(package: Path, folders: Iterable[Path]) -> dict[str, list[str]]:
+    """``file -> ["<how>: <name>", ...]`` for every private module or name of the package that a file of ``folders``
+    (the repository's tests, recipes and benchmarks) imports, in any form: ``import lightning_gae.x._y``,
+    ``from lightning_gae.x._y import z``, ``from lightning_gae.x import _y`` (a private module or name),
+    ``x._name``, ``getattr(x, "_name")`` and ``monkeypatch.setattr(x, "_name", ...)`` where ``x`` is a module of the
+    package however it was imported, ``importlib.import_module(...)`` and ``sys.modules[...]`` naming one. Files are named relative to the folder that holds the package."""
+    known = set(modules(package))
+    found: dict[str, list[str]] = {}
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            aliases = _module_aliases(tree, known)
+            hits = []
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    hits += [f"import: {a.name}" for a in node.names if _private_path(a.name)]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lightning_gae"):
+                    if _private_path(node.module):
+                        hits.append(f"import: {node.module}")
+                    else:
+                        hits += [f"import: {node.module}.{a.name}" for a in node.names if _is_private(a.name)]
+                elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+                    base = node.value
+                    if isinstance(base, ast.Name) and base.id in aliases:
+                        hits.append(f"module attribute: {aliases[base.id]}.{node.attr}")
+                    elif ast.unparse(base) in known:
+                        hits.append(f"module attribute: {ast.unparse(node)}")
+                elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules":
+                    key = node.slice
+                    if isinstance(key, ast.Constant) and _private_path(str(key.value)):
+                        hits.append(f"sys.modules: {key.value}")
+                elif isinstance(node, ast.Call):
+                    func = ast.unparse(node.func)
+                    if func in ("importlib.import_module", "import_module", "__import__", "sys.modules.get"):
+                        hits += [f"{func}: {a.value}" for a in node.args
+                                 if isinstance(a, ast.Constant) and isinstance(a.value, str) and _private_path(a.value)]
+                    elif func.split(".")[-1] in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) > 1:
+                        owner, attr = node.args[0], node.args[1]
+                        if (isinstance(owner, ast.Name) and owner.id in aliases and isinstance(attr, ast.Constant)
+                                and isinstance(attr.value, str) and _is_private(attr.value)):
+                            hits.append(f"{func}: {aliases[owner.id]}.{attr.value}")
+            if hits:
+                found[str(path.relative_to(package.parent))] = hits
+    return found
+
+
+def long_functions(package: Path, limit: int) -> dict[str, int]:
+    """``"path:Class.function" -> lines`` for every function of the package longer than ``limit`` lines, from its
+    ``def`` to its last line (docstring and comments included; decorators not); ``path`` relative to the folder that
+    holds the package."""
+    found: dict[str, int] = {}
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        stack: list[tuple[ast.AST, str]] = [(tree, "")]
+        while stack:
+            node, prefix = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                name = f"{prefix}{child.name}" if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                     ast.ClassDef)) else prefix.rstrip(".")
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = (child.end_lineno or child.lineno) - child.lineno + 1
+                    if lines > limit:
+                        found[f"{path.relative_to(package.parent)}:{name}"] = lines
+                stack.append((child, f"{name}." if name else ""))
+    return found

@@ -529,7 +529,7 @@ def test_explaining_again_does_not_show_a_warning_twice():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         for _ in range(3):
-            warnings.warn("shown once at this place", UserWarning)
+            warnings.warn("shown once at this place", UserWarning, stacklevel=1)
             lg.explain(model, pixels, method="attnlrp")
             lg.explain(model, pixels, method="transformer_attribution")
     assert sum("shown once" in str(w.message) for w in caught) == 1

@@ -314,7 +314,7 @@ def test_fused_attention_on_the_queried_rows_alone_equals_the_written_out_one(au
 def test_a_layers_abar_from_the_rows_each_pass_ran_on(rules_rows, plain_rows) -> None:
     """``E_h[(R ⊙ ∇A)⁺]`` where each pass ran on some query rows (None: all) equals it on dense ``[B, H, Nq, Nk]``
     matrices with the other rows 0 (B == H == 2, Nq = 5, Nk = 3)."""
-    from tests.helpers.private import _Layer, _layer_abar
+    from lightning_gae.lrp.ta_attention import Layer, layer_abar
 
     g = torch.Generator().manual_seed(5)
     shape = torch.Size((2, 2, 5, 3))
@@ -326,10 +326,10 @@ def test_a_layers_abar_from_the_rows_each_pass_ran_on(rules_rows, plain_rows) ->
         dense.append(full)
     expected = (dense[0] * dense[1]).clamp(min=0).mean(dim=1)
     rows = [d.reshape(4, 5, 3) if at is None else d.reshape(4, 5, 3)[:, at] for d, at in zip(dense, (rules_rows, plain_rows))]
-    layer = _Layer(())
+    layer = Layer(())
     layer.relevance = rows[0].clone()
     layer.relevance_at = None if rules_rows is None else torch.tensor(rules_rows)
-    found = _layer_abar(layer, rows[1].clone(), None if plain_rows is None else torch.tensor(plain_rows), shape)
+    found = layer_abar(layer, rows[1].clone(), None if plain_rows is None else torch.tensor(plain_rows), shape)
     torch.testing.assert_close(found, expected)
 
 

@@ -29,8 +29,8 @@ from lightning_gae.metrics import (
     segmentation,
     stability,
 )
+from lightning_gae.metrics.stderr import value_and_stderr
 from tests.helpers.models import FEATURES, TAB, SumModel
-from tests.helpers.private import _value_and_stderr
 from tests.helpers.processes import free_port
 
 matplotlib.use("Agg")
@@ -119,23 +119,23 @@ def test_per_sample_states_are_each_samples_own_update_and_the_auc_is_linear(nam
         own = states[metric._total_name].double()
     assert own.mean().item() == pytest.approx(metric.compute().item(), abs=1e-5)
     # The jackknife over these states is the sample standard deviation of the own scores over sqrt(n).
-    value, stderr = _value_and_stderr(metric, [{k: v[i] for k, v in states.items()} for i in range(12)])
+    value, stderr = value_and_stderr(metric, [{k: v[i] for k, v in states.items()} for i in range(12)])
     assert value[""] == pytest.approx(own.mean().item(), abs=1e-5)
     assert stderr[""] == pytest.approx((own.std() / math.sqrt(12)).item(), rel=1e-4, abs=1e-6)
     assert stderr[""] > 0
     # Samples that are not independent (a prompt's answer tokens) share a group and are left out together: the
     # delete-a-group jackknife, written out over the own scores (the value stays the mean over all samples).
     groups = [0, 0, 1, 1, 1, 2, 3, 3, 4, 5, 5, 5]
-    value, grouped = _value_and_stderr(metric, [{k: v[i] for k, v in states.items()} for i in range(12)], groups)
+    value, grouped = value_and_stderr(metric, [{k: v[i] for k, v in states.items()} for i in range(12)], groups)
     left_out = [statistics.fmean(float(own[i]) for i in range(12) if groups[i] != g) for g in range(6)]
     mean_left_out = statistics.fmean(left_out)
     assert value[""] == pytest.approx(own.mean().item(), abs=1e-5)
     assert grouped[""] == pytest.approx(math.sqrt(5 / 6 * sum((t - mean_left_out) ** 2 for t in left_out)), rel=1e-4)
     # One group per sample is the plain jackknife; a label too few is refused.
-    alone = _value_and_stderr(metric, [{k: v[i] for k, v in states.items()} for i in range(12)], list(range(12)))
+    alone = value_and_stderr(metric, [{k: v[i] for k, v in states.items()} for i in range(12)], list(range(12)))
     assert alone[1][""] == pytest.approx(stderr[""], rel=1e-6)
     with pytest.raises(ValueError, match="groups has 11 labels for 12 samples"):
-        _value_and_stderr(metric, [{k: v[i] for k, v in states.items()} for i in range(12)], groups[:-1])
+        value_and_stderr(metric, [{k: v[i] for k, v in states.items()} for i in range(12)], groups[:-1])
     if hasattr(metric, "per_sample_values"):
         # The closed form equals the jackknife written out: compute() with each sample left out.
         total = {k: v.sum(dim=0) for k, v in states.items()}

@@ -139,7 +139,7 @@ def test_the_summary_ranks_the_methods_on_the_scalars_the_callback_logged(run, s
             assert [e.step for e in logged] == entry["steps"]
             np.testing.assert_allclose(served_values["values"], [e.value for e in logged], rtol=1e-6)
             np.testing.assert_allclose(served_values["stderr"], [e.value for e in errors], rtol=1e-6)
-        for j, step in enumerate(entry["steps"]):
+        for j in range(len(entry["steps"])):
             at = {m: v["values"][j] for m, v in entry["methods"].items()}
             best_first = sorted(at, key=at.get, reverse=entry["higher_is_better"])
             ranks = [entry["methods"][m]["ranks"][j] for m in best_first]
@@ -201,7 +201,7 @@ def test_chromium_shows_the_summary_first_and_one_colour_scale_read_off_the_bar(
             flagged = {f["method"] for f in info["flags"]}
             assert [r[1].removesuffix(" ⚠") for r in rows] == entry["ranking"]
             assert [r[1].endswith(" ⚠") for r in rows] == [m in flagged for m in entry["ranking"]]
-            tied = lambda m, j: "=" if entry["methods"][m]["tied"][j] else ""  # noqa: E731
+            tied = lambda m, j, entry=entry: "=" if entry["methods"][m]["tied"][j] else ""  # noqa: E731
             assert [r[0] for r in rows] == [f"{entry['methods'][m]['ranks'][-1]}{tied(m, -1)}" for m in entry["ranking"]]
             best = entry["methods"][entry["ranking"][0]]
             value, error = (float(v) for v in rows[0][2].split(" ± "))

@@ -9,7 +9,7 @@ from torchmetrics.functional import spearman_corrcoef
 __all__ = ["explanation_stability"]
 
 
-def _explanation_stability_update(first: Tensor, second: Tensor, top_fraction: float = 0.1) -> tuple[Tensor, Tensor, Tensor, int, int]:
+def _explanation_stability_update(first: Tensor, second: Tensor, top_fraction: float = 0.1) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
     """``(spearman_sum, spearman_count, iou_sum, overlap_sum, count)`` over samples."""
     if first.shape != second.shape or first.dim() != 2:
         raise ValueError(f"two explanations [B, N] of the same samples are needed; got {tuple(first.shape)} and {tuple(second.shape)}")

@@ -49,6 +49,7 @@ def layer_abar(layer: Layer, da: Tensor, at: Tensor | None, shape: torch.Size) -
     """``E_h[(R ⊙ ∇A)⁺]`` ``[B, Nq, Nk]`` from the rules' pass's ``R`` and the plain pass's ``∇A``, each on
     its own query rows (the product in ``R``'s memory where both cover the same)."""
     r, r_at = layer.relevance, layer.relevance_at
+    assert r is not None  # the rules' pass has run
     queries = shape[-2]
     if r_at is not None and at is not None and torch.equal(r_at, at):
         rows = r.mul_(da).clamp_(min=0)
@@ -129,6 +130,7 @@ class FusedAttention(torch.autograd.Function):
             layer.relevance_at = at
         if not wanted:
             return None, None, None, None, None, None, None
+        assert dv is not None
         half = 1.0 if plain else 0.5
         dq = torch.bmm(dscores, k3).mul_(half * ctx.scale)
         dk = torch.bmm(dscores.transpose(-2, -1), q3)

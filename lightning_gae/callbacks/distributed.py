@@ -40,7 +40,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from lightning_gae._structures import map_tensors
-from lightning_gae.callbacks._fsdp1_root import FSDP1
+from lightning_gae.callbacks.fsdp1_root import FSDP1
 from lightning_gae.metrics.stderr import SampleScores
 
 __all__ = ["Lockstep", "RankFailed", "check_strategy", "from_rank_zero", "gather_scores", "random_rows", "subset_part",
@@ -253,7 +253,7 @@ class Lockstep:
         dist.all_gather_object(errors, _portable(error))
         if self._entered:
             for root in self.roots:
-                root.reset_iter_state()
+                root.reset_iter_state()  # type: ignore[operator]  # FSDP2's FSDPModule method (a class made at run time)
             if self.fsdp1 is not None:
                 self.fsdp1.reset()
         if error is not None:
@@ -331,6 +331,7 @@ def from_rank_zero(trainer: Trainer, read: Callable[[], None], owner: Any, names
         raise error
     if shared_error is not None:
         raise shared_error
+    assert values is not None  # rank zero read them without an error
     for name, value in values.items():
         setattr(owner, name, value)
 
@@ -369,6 +370,7 @@ def random_rows(like: Tensor, positions: Sequence[int], seed: int, batch: int, t
 class _PerSample(Metric):
     """Per-sample states kept apart: on ``compute``, every rank's rows in order of position, padding dropped."""
 
+    position: list[Tensor]
     full_state_update = False
 
     def __init__(self, count: int) -> None:

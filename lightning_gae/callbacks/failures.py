@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_gae.callbacks._distributed import RankFailed
+from lightning_gae.callbacks.distributed import RankFailed
 
 __all__ = ["Failures"]
 

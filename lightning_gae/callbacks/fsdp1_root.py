@@ -20,7 +20,7 @@ runs it by hand.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -63,7 +63,7 @@ def _kept_grad(param: Tensor) -> Callable[[], None]:
     return restore
 
 
-def _kept_flat(flat: Tensor) -> Callable[[], None]:
+def _kept_flat(flat: Any) -> Callable[[], None]:
     """What puts back a flat parameter's gradient and FSDP1's bookkeeping of it."""
     restore_grad = _kept_grad(flat)
     saved = getattr(flat, "_saved_grad_shard", _MISSING)
@@ -91,7 +91,7 @@ class FSDP1:
             explain(pl_module, inputs)
     """
 
-    def __init__(self, module: nn.Module, root: nn.Module | None, units: list[nn.Module]) -> None:
+    def __init__(self, module: nn.Module, root: nn.Module | None, units: Sequence[nn.Module]) -> None:
         self.module = module
         # The unit that wraps the module itself (Lightning's wrapping), or None (units wrapped in configure_model).
         self.root = root
@@ -137,7 +137,7 @@ class FSDP1:
                 restore()
 
     @staticmethod
-    def _register_parameters(units: list[nn.Module]) -> None:
+    def _register_parameters(units: Sequence[Any]) -> None:
         """Without sharding (``NO_SHARD``, which FSDP1 switches to on one process), the original parameters of idle
         units registered on their modules again, as the post-backward hook that no explanation fires would have done.
 
@@ -148,7 +148,7 @@ class FSDP1:
         adopted it for good (``_writeback_orig_params``): the optimizer's parameters received no gradient again.
         """
         for unit in units:
-            handle = unit._handle
+            handle: Any = unit._handle  # FSDP's flat-parameter handle (private, untyped)
             if handle is not None and not handle.uses_sharded_strategy and unit.training_state.name == "IDLE":
                 handle._use_sharded_views()  # without sharding: the unsharded views, as parameters
 
@@ -159,7 +159,7 @@ class FSDP1:
         parameter's ``.grad`` (``use_orig_params=True``: a view into the flat one)."""
         kept = []
         for unit in self.units:
-            handle = unit._handle
+            handle: Any = unit._handle  # FSDP's flat-parameter handle (private, untyped)
             if handle is None:
                 continue
             flat = handle.flat_param
@@ -190,7 +190,7 @@ class FSDP1:
             finally:
                 inside = False
 
-        module._call_impl = call
+        module._call_impl = call  # type: ignore[method-assign]  # this instance's calls go through the root, for the block
         try:
             with through_root(root):
                 yield

@@ -1,4 +1,4 @@
-"""GAE's attention step as a FlashAttention-2-shaped Triton backward, beside :mod:`._triton_gae` for an A/B.
+"""GAE's attention step as a FlashAttention-2-shaped Triton backward, beside :mod:`.triton_gae` for an A/B.
 
 The same quantities as the first kernel: the gradients of ``q``, ``k``, ``v`` of ``softmax(scale · q kᵀ + key_bias) v``
 and GAE's row update ``u = r · E_h[(∇A ⊙ A)⁺]`` (Eq. 5-6 in row form, ``∇A = dO · Vᵀ``), from the forward's per-query
@@ -243,7 +243,7 @@ if triton is not None:
     _KEY_CONFIGS = [(16, 64, 4, 2), (16, 128, 8, 2), (32, 64, 8, 2), (32, 128, 8, 2), (64, 64, 8, 2)]
     _DQ_CONFIGS = [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2)]
     _AUTOTUNE_KEY = ["n_bucket", "E", "CAUSAL", "PRECISION"]  # (and the tensors' dtypes, which Triton adds)
-    _fa2_tuned = triton.autotune(_configs(("BLOCK_Q", "BLOCK_K"), _KEY_CONFIGS),
+    fa2_tuned = triton.autotune(_configs(("BLOCK_Q", "BLOCK_K"), _KEY_CONFIGS),
                                  key=[*_AUTOTUNE_KEY, "NEED_GRADS", "DQ_ATOMIC"], reset_to_zero=["DQ"])(_fa2_kernel)
     _dq_tuned = triton.autotune(_configs(("BLOCK_Q", "BLOCK_K"), _DQ_CONFIGS), key=_AUTOTUNE_KEY)(_dq_kernel)
 
@@ -319,7 +319,7 @@ def gae_attention_backward_fa2(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
         bq, bk = block_q or 32, block_k or 64
         _fa2_kernel[(triton.cdiv(n_k, bk), b * h)](*args, BLOCK_Q=bq, BLOCK_K=bk, **flags, **launch)
     else:
-        _fa2_tuned[lambda meta: (triton.cdiv(n_k, meta["BLOCK_K"]), b * h)](*args, **flags)
+        fa2_tuned[lambda meta: (triton.cdiv(n_k, meta["BLOCK_K"]), b * h)](*args, **flags)
     if grads and dq == "loop":
         dq_args = (qc, kc, vc, doc, lse_c, d, live, bias, dq_buf, h, n_q, n_k, lse_c.shape[-1], scale, bucket)
         if fixed:

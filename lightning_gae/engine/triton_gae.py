@@ -9,7 +9,7 @@ together with GAE's row form of Eq. 5-6, ``u = r · E_h[(∇A ⊙ A)⁺]`` with 
 Status: the kernel's semantics equal :mod:`lightning_gae.engine.lean`'s chunked backward (tests/test_triton_gae.py, run
 under Triton's CPU interpreter, ``TRITON_INTERPRET=1``, where ``triton`` is installed). ``lean_attention``'s
 row form runs it when asked (``LIGHTNING_GAE_KERNEL=triton``, :mod:`lightning_gae.engine.lean`); on CUDA the default
-is the FlashAttention-2-shaped kernel (:mod:`._triton_gae_fa2`), and this one stays for comparison: its errors and
+is the FlashAttention-2-shaped kernel (:mod:`.triton_gae_fa2`), and this one stays for comparison: its errors and
 per-call times on a GPU are on the contributing page (the Triton kernel). Masks it takes: causal, and an additive
 bias per key (padding); others stay on the lean path. Products in exact float32 by default (``precision="ieee"``).
 """
