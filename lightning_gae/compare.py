@@ -386,8 +386,9 @@ def _plan(model: nn.Module, inputs: Any, target: SetTarget, modality: Modality |
         if scored_truth(modality, ground_truth) is None:
             raise ValueError(f"ground_truth {tuple(ground_truth.shape)}: {type(modality).__name__}'s ground truth "
                              f"({entry.name}) has {entry.truth_dims} dims with the samples")
-    if recall and (ground_truth is None or not isinstance(modality, RECALL.modality)):
-        raise ValueError("compare(recall=True) scores text rationales: pass ground_truth=[N, T] and a TextTokens modality")
+    if recall and (ground_truth is None or modality.ground_truth != RECALL.truth):
+        raise ValueError("compare(recall=True) scores text rationales: pass ground_truth=[N, T] and a modality that "
+                         "scores rationales (TextTokens)")
     groups = None if groups is None else torch.as_tensor(groups)
     if groups is not None and groups.numel() != total:
         raise ValueError(f"compare(groups=...) has {groups.numel()} labels for {total} samples: pass one "

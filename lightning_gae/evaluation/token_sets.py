@@ -54,7 +54,7 @@ def set_scorers(truths: Mapping[str, Tensor], sizes: Mapping[str, int], layout: 
     """Each ground truth's scorer (:data:`SetScorers`) of a model with several token sets, or raise.
 
     ``"alignment"`` scores the source set's rows per target position (``sequence`` outputs of two sets); the other keys
-    score the one set of their modality (``layout``: set -> ``(modality, input key)``, as
+    score the one set whose modality's ``ground_truth`` is their kind (``layout``: set -> ``(modality, input key)``, as
     :func:`~lightning_gae.modalities.inputs.token_set_inputs` gives it) by its entry of
     :data:`~lightning_gae.metrics.ground_truth.GROUND_TRUTH`.
     """
@@ -72,9 +72,10 @@ def set_scorers(truths: Mapping[str, Tensor], sizes: Mapping[str, int], layout: 
             scorers[key] = (f"{source}/alignment_accuracy", lambda: AlignmentAccuracy(sync_on_compute=False),
                             _alignment_args(source, *layout[source]))
             continue
-        owners = [x for x, (m, _) in layout.items() if isinstance(m, kind)]
+        owners = [x for x, (m, _) in layout.items() if m.ground_truth == kind]
         if len(owners) != 1 or sequence:
-            raise ValueError(f"ground_truth[{key!r}] scores the one {kind.__name__} set of a model read at one position; "
+            raise ValueError(f"ground_truth[{key!r}] scores the one set whose modality scores {kind!r} ground truth, of "
+                             "a model read at one position; "
                              f"the sets are {[f'{x}: {m!r}' for x, (m, _) in layout.items()]}"
                              + ("; its outputs are sequences" if sequence else ""))
         x, (set_modality, input_key) = owners[0], layout[owners[0]]

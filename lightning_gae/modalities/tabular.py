@@ -37,6 +37,9 @@ class TabularTokens(Modality):
         torch.Size([2, 3])
     """
 
+    # Samples may carry the informative features [B, F] (a synthetic table): the relevance is scored by how it recovers them.
+    ground_truth = "feature_recovery"
+
     def __init__(self, feature_names: Sequence[str], prefix_tokens: int = 1, means: Sequence[float] | None = None) -> None:
         if prefix_tokens < 0:
             raise ValueError(f"prefix_tokens must be >= 0; got {prefix_tokens}")

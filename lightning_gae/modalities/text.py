@@ -41,6 +41,9 @@ class TextTokens(Modality):
     (['[CLS]', 'a', 'b', '_'], tensor([[0.5000, 0.2000, 0.3000, 0.0000]]))
     """
 
+    # Samples may carry rationale tokens [B, T] (ERASER): the relevance is scored by how it finds them.
+    ground_truth = "rationale"
+
     def __init__(
         self,
         tokenizer: Any = None,
