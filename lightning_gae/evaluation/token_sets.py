@@ -5,6 +5,7 @@ the ground truth its samples carry, each batch key scoring the set it belongs to
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from torch import Tensor
@@ -25,7 +26,7 @@ SetScorers = dict[str, tuple[str, Callable[[], Metric], Callable[..., tuple[Any,
 """Batch key -> (column prefix, a new metric, (chunk, relevance by set, truth) -> its update arguments)."""
 
 
-def set_truths(metrics: Sequence[str], modality: Mapping[str, Modality] | None,
+def set_truths(metrics: Sequence[str], modality: Modality | Mapping[str, Modality] | None,
                 ground_truth: Tensor | Mapping[str, Tensor] | None, sizes: Mapping[str, int]) -> dict[str, Tensor]:
     """The ground truth by batch key of a model with several token sets (``compare``'s arguments), or raise: no
     perturbation metric applies, and the modality and ground truth are mappings by set and by batch key."""
@@ -85,7 +86,7 @@ def set_scorers(truths: Mapping[str, Tensor], sizes: Mapping[str, int], layout: 
                         k: int | str = input_key, score: TruthScore = score) -> tuple[Any, ...]:
             return score.update_args(m, token_set_input(chunk, k)[1], by_set[x], truth)
 
-        scorers[key] = (f"{x}/{score.name}", lambda m=set_modality, score=score: score.metric(m), update_args)
+        scorers[key] = (f"{x}/{score.name}", partial(score.metric, set_modality), update_args)
     return scorers
 
 

@@ -191,8 +191,11 @@ class TabularTokens(Modality):
         Returns:
             uint8 ``[h, w, 3]``.
         """
-        values = None if x is None else x.detach().float().cpu().reshape(-1)
-        if values is not None and values.numel() != len(self.feature_names):
-            raise ValueError(f"TabularTokens({len(self.feature_names)} feature_names) draws one value per feature; got {list(x.shape)}")
+        values = None
+        if x is not None:
+            values = x.detach().float().cpu().reshape(-1)
+            if values.numel() != len(self.feature_names):
+                raise ValueError(f"TabularTokens({len(self.feature_names)} feature_names) draws one value per feature; "
+                                 f"got {list(x.shape)}")
         lengths = torch.zeros(len(self.feature_names)) if relevance is None else relevance.detach().float().cpu()
         return display.feature_bars(self.feature_names, lengths, title, values=values)
