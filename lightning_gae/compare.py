@@ -87,6 +87,7 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torchmetrics import Metric
 
 from lightning_gae.display import grid
 from lightning_gae._structures import ClassTarget, class_index, first_tensor, take
@@ -94,7 +95,7 @@ from lightning_gae.attribution import ATTRIBUTION_METHODS, attribute
 from lightning_gae.attribution.gradients import batch_tensor, predict
 from lightning_gae.methods import explain, get_method, method_names, methods_of
 from lightning_gae.engine.readout import check_inputs
-from lightning_gae.evaluation import Batch, region_masks, score_batches, score_sets, set_scorers, set_truths
+from lightning_gae.evaluation import Batch, MetricSource, region_masks, score_batches, score_sets, set_scorers, set_truths
 from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional.perturbation import Protocol, check_protocol
@@ -369,6 +370,9 @@ def _plan(model: nn.Module, inputs: Any, target: SetTarget, modality: Modality |
         raise ValueError(f"compare(faithfulness=FaithfulnessOptions(metrics={list(metrics)})): choose at least one "
                          f"of {list(PERTURBATION_METRICS)}")
     check_protocol(protocol)
+    if callable(target):
+        raise ValueError("compare(target=<callable>) reads one scalar per sample of a model with several token sets; "
+                         "for a model with one, pass None, an int or one class per sample")
     x, _ = batch_tensor(inputs)
     total = x.shape[0]
     starts = range(0, total, batch_size)
@@ -386,8 +390,9 @@ def _plan(model: nn.Module, inputs: Any, target: SetTarget, modality: Modality |
         if scored_truth(modality, ground_truth) is None:
             raise ValueError(f"ground_truth {tuple(ground_truth.shape)}: {type(modality).__name__}'s ground truth "
                              f"({entry.name}) has {entry.truth_dims} dims with the samples")
-    if recall and (ground_truth is None or not isinstance(modality, RECALL.modality)):
-        raise ValueError("compare(recall=True) scores text rationales: pass ground_truth=[N, T] and a TextTokens modality")
+    if recall and (ground_truth is None or modality.ground_truth != RECALL.truth):
+        raise ValueError("compare(recall=True) scores text rationales: pass ground_truth=[N, T] and a modality that "
+                         "scores rationales (TextTokens)")
     groups = None if groups is None else torch.as_tensor(groups)
     if groups is not None and groups.numel() != total:
         raise ValueError(f"compare(groups=...) has {groups.numel()} labels for {total} samples: pass one "
@@ -436,13 +441,19 @@ def _silent(method: str, done: int, total: int) -> None:
     """No progress to show."""
 
 
+def _made(metrics: Mapping[str, Metric]) -> MetricSource:
+    """The metric objects of one method, made before its batches, by column name."""
+    return lambda name, build: metrics[name]
+
+
 def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Sequence[str], metrics: Sequence[str],
-                  modality: Mapping[str, Modality] | None, batch_size: int, seed: int, protocol: str,
+                  modality: Modality | Mapping[str, Modality] | None, batch_size: int, seed: int, protocol: str,
                   ground_truth: Tensor | Mapping[str, Tensor] | None, streams: Streams | None,
                   set_inputs: Mapping[str, int | str] | None, probe: Any, total: int, progress: Progress) -> Comparison:
     """:func:`compare` for a model with several token sets: each set's relevance, scored against its own ground truth."""
     sizes = {x: r.shape[1] for x, r in probe.relevance.items()}
     truths = set_truths(metrics, modality, ground_truth, sizes)
+    assert modality is None or isinstance(modality, Mapping)  # set_truths refuses one modality for several sets
     layout = token_set_inputs(inputs, sizes, modality, set_inputs, "compare")
     sequence = is_sequence_output(probe, target)
     scorers = set_scorers(truths, sizes, layout, sequence, probe, total)
@@ -487,7 +498,7 @@ def _compare_sets(model: nn.Module, inputs: Any, target: SetTarget, methods: Seq
             seconds += time.perf_counter() - began
             for x, r in by_set.items():
                 parts.setdefault(x, []).append(r)
-            score_sets(scores, method, scorers, lambda name, build, made=metrics_now: made[name], chunk, by_set,
+            score_sets(scores, method, scorers, _made(metrics_now), chunk, by_set,
                        {key: truth[start:stop].cpu() for key, truth in truths.items()})
             progress(method, stop, total)
         relevance[method] = {x: torch.cat(found) for x, found in parts.items()}

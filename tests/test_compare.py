@@ -461,7 +461,7 @@ def test_seq2seq_metrics_that_cannot_apply_are_errors(seq2seq):
     common = {"methods": ("gae",), "modality": modality, "engine": EngineOptions(set_inputs={"encoder": 0, "decoder": 1})}
     with pytest.raises(ValueError, match=r"cannot apply to a model with the token sets \['encoder', 'decoder'\]"):
         compare(model, inputs, **common, faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",)))
-    with pytest.raises(ValueError, match=r"ground_truth\['masks'\] scores the one ImageTokens set"):
+    with pytest.raises(ValueError, match=r"ground_truth\['masks'\] scores the one set whose modality scores 'segmentation' ground truth"):
         compare(model, inputs, ground_truth={"masks": torch.zeros(6, 7, 7, dtype=torch.bool)}, **common,
                 faithfulness=FaithfulnessOptions(metrics=()))
     with pytest.raises(ValueError, match=r"is a mapping from the batch key"):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_gae.metrics.ground_truth import GROUND_TRUTH
+from lightning_gae.metrics.ground_truth import GROUND_TRUTH, RECALL, SET_TRUTH
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from tests.helpers import layout
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lightning_gae"
@@ -274,13 +275,20 @@ def test_the_modality_switch_check_sees_each_form_in_a_probe_module(tmp_path):
         "        case TextTokens():\n"
         "            pass\n"
         "    return isinstance(m, modalities.Modality) and type(m) is int\n"
+        # A table of classes, and class tests that read one: the switch moved into data.
+        "TABLE = {'masks': ImageTokens, 'rows': modalities.TextTokens}\n"
+        "ENTRY = dict(modality=TextTokens)\n"
+        "def g(m, entry, key, modality_class, x: ImageTokens) -> TextTokens:\n"
+        "    ImageTokens.infer(m, 3), TextTokens(), modalities.TabularTokens()\n"
+        "    return isinstance(m, entry.modality) or issubclass(m, TABLE[key]) or isinstance(m, (int, modality_class))\n"
     )
     # The modalities themselves may: a probe there is not reported.
     (copy / "modalities" / "probe.py").write_text("from lightning_gae.modalities.image import ImageTokens\n"
                                                    "def f(m):\n    return isinstance(m, ImageTokens)\n")
     found = layout.modality_switches(copy)
     assert list(found) == ["lightning_gae.compare_probe"]
-    assert [hit.split(":")[0] for hit in found["lightning_gae.compare_probe"]] == ["4", "5", "6", "7", "8", "10"]
+    assert [hit.split(":")[0] for hit in found["lightning_gae.compare_probe"]] == [
+        "4", "5", "6", "7", "8", "10", "13", "13", "14", "17", "17", "17"]
 
 
 @pytest.mark.parametrize("module", sorted(_PUBLIC))
@@ -344,7 +352,13 @@ def test_the_tests_mirror_the_package():
     assert sorted(p.name for p in tests.glob("*/*.py") if p.parent.name not in folders | {"helpers"}) == []
 
 
-def test_every_ground_truth_has_one_entry_per_modality():
-    kinds = [entry.modality for entry in GROUND_TRUTH]
-    assert len(set(kinds)) == len(kinds)
-    assert {entry.name for entry in GROUND_TRUTH} == {"segmentation", "rationale", "feature_recovery"}
+def test_each_modality_names_the_ground_truth_it_scores_and_the_table_holds_no_classes():
+    # The table is read by the modality's ground_truth, never matched against modality classes.
+    ours = {m.ground_truth for m in (ImageTokens, TextTokens, TabularTokens)}
+    assert ours == set(GROUND_TRUTH) == {"segmentation", "rationale", "feature_recovery"}
+    assert Modality.ground_truth is None
+    assert [kind for kind, entry in GROUND_TRUTH.items() if entry.truth != kind] == []
+    assert {kind for kind in SET_TRUTH.values() if kind is not None} <= set(GROUND_TRUTH)
+    assert RECALL.truth in GROUND_TRUTH
+    held = [value for entry in [*GROUND_TRUTH.values(), RECALL] for value in vars(entry).values()]
+    assert [v for v in [*held, *SET_TRUTH.values()] if isinstance(v, type)] == []

@@ -212,7 +212,8 @@ def _not_a_tensor(position: int, x: Any, attribution: str) -> str:
             f".attribute({read(first)}{extra})")
 
 
-def _no_input_matches(inputs: tuple[Tensor, ...], num_tokens: int, modality: Modality | None) -> ValueError:
+def _no_input_matches(inputs: tuple[Tensor, ...], num_tokens: int,
+                      modality: Modality | Mapping[str, Modality] | None) -> ValueError:
     shapes = ", ".join(f"input {i}: {tuple(x.shape)}" for i, x in enumerate(inputs))
     if modality is not None:
         return ValueError(f"{modality!r} maps onto none of the inputs ({shapes}) of a model attending over {num_tokens} tokens")
@@ -299,7 +300,7 @@ class AttentionAttribution(GradientAttribution):
             TypeError: an input that is not a tensor.
         """
         is_tuple = isinstance(inputs, tuple)
-        inputs_tuple: tuple[Tensor, ...] = inputs if is_tuple else (inputs,)
+        inputs_tuple: tuple[Tensor, ...] = inputs if isinstance(inputs, tuple) else (inputs,)
         for position, x in enumerate(inputs_tuple):
             if not isinstance(x, Tensor):
                 raise TypeError(_not_a_tensor(position, x, type(self).__name__))

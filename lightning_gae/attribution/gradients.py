@@ -168,19 +168,23 @@ def captum_attribute(method: str, model: nn.Module, inputs: Any, target: Tensor,
     found = get_method(method)
     x, key = batch_tensor(inputs)
     batch, token_ids = x.shape[0], not x.is_floating_point()
-    rest = {k: v for k, v in keyword_inputs(inputs).items() if k != key} if key is not None else {}
+    # A key names the attributed tensor among keyword inputs (batch_tensor): the others go with it.
+    keywords = keyword_inputs(inputs) if key is not None else None
+    rest = {k: v for k, v in keywords.items() if k != key} if keywords is not None else {}
     tensor_keys = [k for k, v in rest.items() if isinstance(v, Tensor)]
     fixed = {k: v for k, v in rest.items() if not isinstance(v, Tensor)}
     given = None if key is None else _batch_argument(inputs)
-    forward: Callable[..., Tensor] = _LogitsForward(model, key, tensor_keys, fixed, given)
+    logits = _LogitsForward(model, key, tensor_keys, fixed, given)
+    forward: Callable[..., Tensor] = logits
     with _seeded(seed, _cuda_devices(model)), eval_mode(model), torch.inference_mode(False), torch.enable_grad():
         # Fresh copies: tensors made under inference mode (a validation loop) cannot enter a graph.
         x, target = x.detach().clone(), target.clone()
         extra = tuple(rest[k].detach().clone() for k in tensor_keys)
         if token_ids:
             layer, name = _embedding_layer(model, embedding_layer)
-            forward = _EmbeddingForward(forward, layer, name)
-            x, extra = forward.embeddings(x, *extra), (x, *extra)
+            embedded = _EmbeddingForward(logits, layer, name)
+            x, extra = embedded.embeddings(x, *extra), (x, *extra)
+            forward = embedded
         x.requires_grad_()
         kwargs = {**({} if found.options is None else found.options(x, batch)), **options}
         result = found.rule(forward).attribute(x, target=target, additional_forward_args=extra or None, **kwargs)

@@ -111,7 +111,7 @@ def set_truth_scalars(explanations: Mapping[str, Any], rows: Mapping[str, Mappin
     sizes = {x: r.shape[1] for x, r in first.relevance.items()}
     total = first.tokens.shape[0]
     owned = {key: truth for key, truth in keyed.items() if SET_TRUTH.get(key, object) is not None
-             and sum(isinstance(m, SET_TRUTH[key]) for m, _ in sets.values()) == 1
+             and sum(m.ground_truth == SET_TRUTH[key] for m, _ in sets.values()) == 1
              and not (key == "segmentation" and "masks" in keyed)}
     scorers = set_scorers(owned, sizes, sets, False, first, total)
     aligned = {} if rows is None or "alignment" not in keyed else {"alignment": keyed["alignment"]}

@@ -135,7 +135,7 @@ def _gae_backward(score: Tensor, layers: list[AttentionRecord], recorder: Attent
     explicit = [r for r in layers if r.lean is None]
     if state is not None:
         # Every SDPA call of the forward runs the lean backward; only the selected ones may add to R.
-        state.calls = {r.lean.index for r in lean}
+        state.calls = {call.index for call in (r.lean for r in lean) if call is not None}
     if state is not None and row_start is not None:
         state.mode, state.row = "row", row_start
     tokens = list(recorder.lean_tokens.values()) if lean else []
@@ -151,6 +151,7 @@ def _gae_backward(score: Tensor, layers: list[AttentionRecord], recorder: Attent
     abars = []
     for rec in layers:
         if rec.lean is not None:
+            assert state is not None  # a lean call is recorded only by a recorder with a lean state
             abar = state.abars.get(rec.lean.index)
             abars.append(abar if abar is not None else
                          torch.zeros(rec.batch_size, rec.num_queries, rec.num_keys, device=rec.tensor.device))

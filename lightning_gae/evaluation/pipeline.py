@@ -11,6 +11,7 @@ read their numbers from it; only how they gather the batches and print the resul
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 from torch import Tensor
@@ -92,41 +93,43 @@ def score_batches(batches: Iterable[Batch], metrics: Sequence[str], model: Calla
         device = next(iter(batch.attributions.values())).device
         protocol, reference = _protocol(batch, explains_prediction, device)
         for name in metrics:
-            scorer = metric(f"{name}/{protocol}", lambda name=name, protocol=protocol: perturbation_metric(
-                name, model, modality, protocol=protocol, max_batch=max_batch, sync_on_compute=False))
+            scorer = metric(f"{name}/{protocol}", partial(perturbation_metric, name, model, modality, protocol=protocol,
+                                                          max_batch=max_batch, sync_on_compute=False))
             for method, attributions in batch.attributions.items():
                 # Each sample's own states from one batched pass: perturbed inputs go through the model
                 # max_batch at a time instead of one sample's few at a time.
                 scores.add_perturbation(name, method, scorer, batch.inputs, attributions, reference)
         if batch.truth is not None:
-            _score_truth(scores, batch, [scored_truth(modality, batch.truth), *extra_truth], modality, metric)
+            _score_truth(scores, batch, batch.truth, [scored_truth(modality, batch.truth), *extra_truth], modality, metric)
         if batch.regions:
-            _score_regions(scores, batch, modality, top_k)
+            _score_regions(scores, batch, batch.regions, modality, top_k)
     return scores
 
 
-def _score_truth(scores: SampleScores, batch: Batch, entries: Sequence[TruthScore | None], modality: Modality,
-                 metric: MetricSource) -> None:
-    """Each method of ``batch`` against its ground truth, by every entry that applies."""
+def _score_truth(scores: SampleScores, batch: Batch, truth: Tensor, entries: Sequence[TruthScore | None],
+                 modality: Modality, metric: MetricSource) -> None:
+    """Each method of ``batch`` against its ground truth ``truth``, by every entry that applies."""
     for entry in entries:
         if entry is None:
             continue
-        scorer = metric(entry.name, lambda entry=entry: entry.metric(modality))
+        scorer = metric(entry.name, partial(entry.metric, modality))
         for method, attributions in batch.attributions.items():
-            truth = batch.truth.to(attributions.device)
-            scores.add_updates(entry.name, method, scorer, entry.update_args(modality, batch.inputs, attributions, truth))
+            scores.add_updates(entry.name, method, scorer,
+                               entry.update_args(modality, batch.inputs, attributions, truth.to(attributions.device)))
 
 
-def _score_regions(scores: SampleScores, batch: Batch, modality: Modality, top_k: int | None) -> None:
-    """Each region's share and recall of every method of ``batch`` whose attributions are token relevance or can be
-    made into it (:func:`~lightning_gae.modalities.regions.token_relevance`); padding does not count."""
-    tokens = next(iter(batch.regions.values())).shape[1]
+def _score_regions(scores: SampleScores, batch: Batch, regions: Mapping[str, Tensor], modality: Modality,
+                   top_k: int | None) -> None:
+    """Each region's share and recall (``regions``: the batch's) of every method of ``batch`` whose attributions are
+    token relevance or can be made into it (:func:`~lightning_gae.modalities.regions.token_relevance`); padding does
+    not count."""
+    tokens = next(iter(regions.values())).shape[1]
     cpu = map_tensors(batch.inputs, lambda t: t.detach().cpu())
     valid = region_valid_tokens(modality, cpu, tokens)
     for method, attributions in batch.attributions.items():
         relevance = token_relevance(modality, attributions, cpu, tokens)
         if relevance is not None:
-            score_regions(scores, method, batch.regions, relevance, valid, top_k)
+            score_regions(scores, method, regions, relevance, valid, top_k)
 
 
 def region_masks(regions: Sequence[Region], modality: Modality, inputs: Any) -> dict[str, Tensor]:

@@ -5,6 +5,7 @@ the ground truth its samples carry, each batch key scoring the set it belongs to
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from torch import Tensor
@@ -25,7 +26,7 @@ SetScorers = dict[str, tuple[str, Callable[[], Metric], Callable[..., tuple[Any,
 """Batch key -> (column prefix, a new metric, (chunk, relevance by set, truth) -> its update arguments)."""
 
 
-def set_truths(metrics: Sequence[str], modality: Mapping[str, Modality] | None,
+def set_truths(metrics: Sequence[str], modality: Modality | Mapping[str, Modality] | None,
                 ground_truth: Tensor | Mapping[str, Tensor] | None, sizes: Mapping[str, int]) -> dict[str, Tensor]:
     """The ground truth by batch key of a model with several token sets (``compare``'s arguments), or raise: no
     perturbation metric applies, and the modality and ground truth are mappings by set and by batch key."""
@@ -54,7 +55,7 @@ def set_scorers(truths: Mapping[str, Tensor], sizes: Mapping[str, int], layout: 
     """Each ground truth's scorer (:data:`SetScorers`) of a model with several token sets, or raise.
 
     ``"alignment"`` scores the source set's rows per target position (``sequence`` outputs of two sets); the other keys
-    score the one set of their modality (``layout``: set -> ``(modality, input key)``, as
+    score the one set whose modality's ``ground_truth`` is their kind (``layout``: set -> ``(modality, input key)``, as
     :func:`~lightning_gae.modalities.inputs.token_set_inputs` gives it) by its entry of
     :data:`~lightning_gae.metrics.ground_truth.GROUND_TRUTH`.
     """
@@ -72,9 +73,10 @@ def set_scorers(truths: Mapping[str, Tensor], sizes: Mapping[str, int], layout: 
             scorers[key] = (f"{source}/alignment_accuracy", lambda: AlignmentAccuracy(sync_on_compute=False),
                             _alignment_args(source, *layout[source]))
             continue
-        owners = [x for x, (m, _) in layout.items() if isinstance(m, kind)]
+        owners = [x for x, (m, _) in layout.items() if m.ground_truth == kind]
         if len(owners) != 1 or sequence:
-            raise ValueError(f"ground_truth[{key!r}] scores the one {kind.__name__} set of a model read at one position; "
+            raise ValueError(f"ground_truth[{key!r}] scores the one set whose modality scores {kind!r} ground truth, of "
+                             "a model read at one position; "
                              f"the sets are {[f'{x}: {m!r}' for x, (m, _) in layout.items()]}"
                              + ("; its outputs are sequences" if sequence else ""))
         x, (set_modality, input_key) = owners[0], layout[owners[0]]
@@ -84,7 +86,7 @@ def set_scorers(truths: Mapping[str, Tensor], sizes: Mapping[str, int], layout: 
                         k: int | str = input_key, score: TruthScore = score) -> tuple[Any, ...]:
             return score.update_args(m, token_set_input(chunk, k)[1], by_set[x], truth)
 
-        scorers[key] = (f"{x}/{score.name}", lambda m=set_modality, score=score: score.metric(m), update_args)
+        scorers[key] = (f"{x}/{score.name}", partial(score.metric, set_modality), update_args)
     return scorers
 
 

@@ -239,6 +239,7 @@ def explain_answers(
         index = (sample[start:stop], number[start:stop])
         relevance[index] = exp.tokens.detach().float().cpu()
         scores[index] = exp.score.detach().float().cpu()
+        assert exp.target is not None  # a class target (labels or the prediction), never a callable
         explained[index] = exp.target.detach().cpu()
     valid = positions >= 0
     return AnswerExplanation(relevance=relevance, answers=answers, positions=positions, valid=valid, scores=scores,

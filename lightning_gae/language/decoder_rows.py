@@ -31,7 +31,9 @@ def last_positions(model: nn.Module, inputs: Any, **options: Any) -> Tensor:
 
     ``options``: ``attention_modules`` or ``streams`` of :func:`~lightning_gae.explain`.
     """
-    return explain(model, inputs, method="raw_attention", query="last", **options).query
+    query = explain(model, inputs, method="raw_attention", query="last", **options).query
+    assert query is not None  # None only for query="mean"
+    return query
 
 
 def sequence_rows(model: nn.Module, inputs: Any, method: str, last: Tensor, labels: Tensor | None = None,

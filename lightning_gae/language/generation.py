@@ -114,7 +114,8 @@ def explain_generation(
             raise ValueError(f"explain_generation({name}={value!r}): pass an int >= 1")
     if max_new_tokens < 1 or max_batch < 1:
         raise ValueError(f"max_new_tokens ({max_new_tokens}) and max_batch ({max_batch}) must be >= 1")
-    if not callable(getattr(model, "generate", None)):
+    generate = getattr(model, "generate", None)
+    if not callable(generate):
         raise ValueError(f"{type(model).__name__} has no generate(): explain_generation needs a causal LM (e.g. a Hugging "
                          "Face *ForCausalLM); for one given continuation call explain(..., query=position) per token")
     ids, mask = _prompt_mask(inputs)
@@ -127,7 +128,7 @@ def explain_generation(
     model.eval()
     try:
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, **options)
+            out = generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, **options)
     finally:
         model.train(was_training)
     sequences = out if isinstance(out, Tensor) else out.sequences

@@ -61,7 +61,7 @@ from lightning_gae.engine.attention import (
     run_eagerly,
 )
 
-__all__ = ["LRPCapture", "UnsupportedOperation", "identity_rule", "on_gradient", "scale_gradient", "word_embedding"]
+__all__ = ["LRPCapture", "RuleMode", "UnsupportedOperation", "identity_rule", "on_gradient", "scale_gradient", "word_embedding"]
 
 
 class UnsupportedOperation(ValueError):
@@ -247,11 +247,12 @@ _LN_SIGNATURE = inspect.signature(F.layer_norm)
 _RMS_SIGNATURE = inspect.signature(F.rms_norm)
 
 
-class LRPMode(TorchFunctionMode):
-    """Swaps each operation of the forward for its AttnLRP form (see the module docstring)."""
+class RuleMode(TorchFunctionMode):
+    """A rule set's mode over one capture: what every rule set does with an operation it has no rule for
+    (:meth:`no_rule`, :meth:`refuse`), naming its own ``supported`` operations; its ``__torch_function__`` applies
+    the rules."""
 
-    supported = ("linear maps, sums, LayerNorm/RMSNorm, elementwise activations, products (uniform rule), softmax, "
-                 "attention (SDPA, nn.MultiheadAttention, softmax -> matmul) and shape ops (lightning_gae.lrp).")
+    supported = ""
 
     def __init__(self, capture: LRPCapture) -> None:
         super().__init__()
@@ -270,6 +271,24 @@ class LRPMode(TorchFunctionMode):
         if isinstance(out, (tuple, list)):
             return type(out)(on_gradient(t, _no_rule(message)) if carries_relevance(t) else t for t in out)
         return out
+
+    def refuse(self, func: Callable, inplace: bool, args: tuple, kwargs: dict) -> Any:
+        if inplace:
+            where = self.capture.current_path or "<model>"
+            module = self.capture.current_type
+            raise UnsupportedOperation(
+                f"method={self.capture.method!r} has no relevance rule for the in-place {_full_name(func)} on a relevance-carrying "
+                f"tensor (in module {where!r}{f', {module}' if module else ''}); an in-place operation cannot be given "
+                "one afterwards (lightning_gae.lrp)"
+            )
+        return self.no_rule(func, func(*args, **kwargs))
+
+
+class LRPMode(RuleMode):
+    """Swaps each operation of the forward for its AttnLRP form (see the module docstring)."""
+
+    supported = ("linear maps, sums, LayerNorm/RMSNorm, elementwise activations, products (uniform rule), softmax, "
+                 "attention (SDPA, nn.MultiheadAttention, softmax -> matmul) and shape ops (lightning_gae.lrp).")
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -329,17 +348,6 @@ class LRPMode(TorchFunctionMode):
         if base in LINEAR_OPS or name in ("detach", "requires_grad_"):
             return func(*args, **kwargs)
         return self.refuse(func, inplace, args, kwargs)
-
-    def refuse(self, func: Callable, inplace: bool, args: tuple, kwargs: dict) -> Any:
-        if inplace:
-            where = self.capture.current_path or "<model>"
-            module = self.capture.current_type
-            raise UnsupportedOperation(
-                f"method={self.capture.method!r} has no relevance rule for the in-place {_full_name(func)} on a relevance-carrying "
-                f"tensor (in module {where!r}{f', {module}' if module else ''}); an in-place operation cannot be given "
-                "one afterwards (lightning_gae.lrp)"
-            )
-        return self.no_rule(func, func(*args, **kwargs))
 
     @staticmethod
     def product_operands(base: str, args: tuple, kwargs: dict) -> list[Any]:
@@ -418,7 +426,7 @@ class LRPCapture:
     """
 
     method = "attnlrp"
-    mode_class: type[TorchFunctionMode] = LRPMode
+    mode_class: type[RuleMode] = LRPMode
 
     def __init__(self, model: nn.Module, embedding_layer: nn.Module | str | None | bool = None) -> None:
         self.model = model
@@ -526,8 +534,8 @@ class LRPCapture:
                 stack.enter_context(self.embedding.register_forward_hook(self._leaf))
             stack.enter_context(nn.modules.module.register_module_forward_pre_hook(self._push))
             stack.enter_context(nn.modules.module.register_module_forward_hook(self._pop, always_call=True))
-            # LRPMode or a rule set's own mode: each takes the capture (TorchFunctionMode's __init__ takes nothing).
-            stack.enter_context(self.mode_class(self))  # type: ignore[call-arg]
+            # LRPMode or a rule set's own mode, on this capture.
+            stack.enter_context(self.mode_class(self))
             self._exit = stack.pop_all()
         return self
 

@@ -40,7 +40,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from lightning_gae._structures import first_tensor, map_tensors, model_logits
 from lightning_gae.engine.attention import (
@@ -243,7 +242,8 @@ class _AddRule(torch.autograd.Function):
         a, b = ctx.saved_tensors
         needed = ctx.needs_input_grad[:2]
         if ctx.capture.plain:
-            return (*(grad.sum_to_size(x.shape) if n else None for x, n in zip((a, b), needed)), None)
+            ga, gb = (grad.sum_to_size(x.shape) if n else None for x, n in zip((a, b), needed))
+            return ga, gb, None
         ra, rb = (_per_sample_dot(x, grad, ctx.capture.scratch) for x in (a, b))
         # ΣR of the sum, R = (a + b) * g, is ra + rb.
         total, share = ra + rb, ra.abs() + rb.abs()
@@ -267,20 +267,14 @@ _NORMS = {F.layer_norm, F.rms_norm}
 _KEEPS_PROBS = {"dropout", "to", "type", "type_as", "float", "contiguous", "clone", "masked_fill"}
 
 
-class _TAMode(TorchFunctionMode):
+class _TAMode(mode.RuleMode):
     """The authors' LRP rules, each with the plain gradient as its second backward; records the attention probabilities."""
 
     supported = ("linear layers (alpha-beta), residual sums (Add rule), LayerNorm/RMSNorm, elementwise activations and "
                  "softmax (identity), attention products Q·Kᵀ and A·V (z-rule halved), fused attention (SDPA, "
                  "nn.MultiheadAttention), products with constants and shape ops (lightning_gae.lrp.transformer_attribution).")
 
-    def __init__(self, capture: TransformerAttributionCapture) -> None:
-        super().__init__()
-        self.capture = capture
-
-    # mode.LRPMode's messages, with this rule set's list of what is supported.
-    no_rule = mode.LRPMode.no_rule
-    refuse = mode.LRPMode.refuse
+    capture: TransformerAttributionCapture
 
     def _tag(self, out: Any) -> Any:
         if isinstance(out, Tensor):
@@ -446,8 +440,13 @@ def explain(model: nn.Module, inputs: Any, target: Any, query: Any,
 def _explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_layer: nn.Module | str | None) -> Explanation:
     if isinstance(query, dict):
         raise ValueError(f"method={METHOD!r} explains one token set; query={{set: ...}} is for models with several")
-    floats = []
-    map_tensors(inputs, lambda t: floats.append(t.is_floating_point()) or t)
+    floats: list[bool] = []
+
+    def note(t: Tensor) -> Tensor:
+        floats.append(t.is_floating_point())
+        return t
+
+    map_tensors(inputs, note)
     # Float inputs (pixels) are the leaves: a tensor carries relevance when it depends on them. Token ids are
     # not: the word embedding's output is, then.
     leaf = False if any(floats) else embedding_layer
@@ -486,7 +485,7 @@ def _explain(model: nn.Module, inputs: Any, target: Any, query: Any, embedding_l
             if plain:
                 gather_again(fsdp1_units(model))  # FSDP1 resharded its units at the end of the first pass
             grads = iter(torch.autograd.grad(score, targets, grad_outputs=seed, allow_unused=True, retain_graph=not plain))
-            per_layer = []
+            per_layer: list[Tensor | None] = []
             for i in range(len(capture.probs)):
                 if i in capture.layers:
                     for _ in capture.layers[i].inputs:

@@ -17,7 +17,7 @@ from lightning_gae.metrics.functional.segmentation import (
     _relevance_segmentation_compute,
     _relevance_segmentation_update,
 )
-from lightning_gae.modalities import ImageTokens
+from lightning_gae.modalities import Modality
 
 __all__ = ["RationaleAgreement", "RationaleRecall", "RelevanceSegmentation"]
 
@@ -33,7 +33,8 @@ class RelevanceSegmentation(DictMetric):
     :func:`~lightning_gae.metrics.functional.relevance_segmentation`.
 
     Args:
-        modality: an ``ImageTokens`` to turn token relevance ``[B, N]`` into pixels; not needed for
+        modality: an ``ImageTokens`` (or any modality whose ``to_input`` maps token relevance onto the masks'
+            pixels) to turn token relevance ``[B, N]`` into pixels; not needed for
             pixel maps ``[B, H, W]`` or input-shaped maps ``[B, C, H, W]`` (summed over channels).
 
     Update:
@@ -60,7 +61,7 @@ class RelevanceSegmentation(DictMetric):
     plot_lower_bound = 0.0
     plot_upper_bound = 1.0
 
-    def __init__(self, modality: ImageTokens | None = None, **kwargs: Any) -> None:
+    def __init__(self, modality: Modality | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.modality = modality
         self.add_state("confusion", default=torch.zeros(2, 2, dtype=torch.long), dist_reduce_fx="sum")

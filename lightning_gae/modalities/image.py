@@ -57,6 +57,9 @@ class ImageTokens(Modality):
         For an ImageNet ViT: ``ImageTokens(patch_size=16, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))``.
     """
 
+    # Samples may carry object masks [B, H, W]: the relevance is scored as a segmentation of them.
+    ground_truth = "segmentation"
+
     def __init__(
         self,
         patch_size: int,

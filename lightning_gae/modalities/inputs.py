@@ -67,8 +67,8 @@ def token_set_inputs(
                              f"they are {list(candidates)}")
         chosen = given.get(x)
         if chosen is None:
-            inferred = [(k, ImageTokens.infer(v, size)) for k, v in candidates.items() if key in (None, k)]
-            inferred = [(k, m) for k, m in inferred if m is not None]
+            guesses = [(k, ImageTokens.infer(v, size)) for k, v in candidates.items() if key in (None, k)]
+            inferred = [(k, m) for k, m in guesses if m is not None]
             if len(inferred) != 1:
                 raise ValueError(f"{caller}: cannot infer the modality of token set {x!r} ({size} tokens); pass "
                                  f"modality={{{x!r}: ImageTokens(patch_size=...) or TextTokens(...)}} for every set "
@@ -100,7 +100,14 @@ def token_set_input(inputs: Any, key: int | str) -> tuple[Tensor, Any]:
     The second is the tensor itself, or for ``input_ids`` among keyword inputs a mapping that also
     holds their ``attention_mask``, so that text padding is known.
     """
-    tensor = inputs[key] if isinstance(inputs, (Mapping, tuple, list)) else inputs
+    if isinstance(inputs, Mapping):
+        tensor = inputs[key]
+    elif isinstance(inputs, (tuple, list)):
+        if not isinstance(key, int):
+            raise TypeError(f"inputs given as a tuple are found by position; got the key {key!r}")
+        tensor = inputs[key]
+    else:
+        tensor = inputs
     mask = inputs.get("attention_mask") if isinstance(inputs, Mapping) and key == "input_ids" else None
     with_mask = isinstance(mask, Tensor) and mask.shape == tensor.shape
     return tensor, ({"input_ids": tensor, "attention_mask": mask} if with_mask else tensor)

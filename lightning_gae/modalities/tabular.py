@@ -37,6 +37,9 @@ class TabularTokens(Modality):
         torch.Size([2, 3])
     """
 
+    # Samples may carry the informative features [B, F] (a synthetic table): the relevance is scored by how it recovers them.
+    ground_truth = "feature_recovery"
+
     def __init__(self, feature_names: Sequence[str], prefix_tokens: int = 1, means: Sequence[float] | None = None) -> None:
         if prefix_tokens < 0:
             raise ValueError(f"prefix_tokens must be >= 0; got {prefix_tokens}")
@@ -188,8 +191,11 @@ class TabularTokens(Modality):
         Returns:
             uint8 ``[h, w, 3]``.
         """
-        values = None if x is None else x.detach().float().cpu().reshape(-1)
-        if values is not None and values.numel() != len(self.feature_names):
-            raise ValueError(f"TabularTokens({len(self.feature_names)} feature_names) draws one value per feature; got {list(x.shape)}")
+        values = None
+        if x is not None:
+            values = x.detach().float().cpu().reshape(-1)
+            if values.numel() != len(self.feature_names):
+                raise ValueError(f"TabularTokens({len(self.feature_names)} feature_names) draws one value per feature; "
+                                 f"got {list(x.shape)}")
         lengths = torch.zeros(len(self.feature_names)) if relevance is None else relevance.detach().float().cpu()
         return display.feature_bars(self.feature_names, lengths, title, values=values)

@@ -41,6 +41,9 @@ class TextTokens(Modality):
     (['[CLS]', 'a', 'b', '_'], tensor([[0.5000, 0.2000, 0.3000, 0.0000]]))
     """
 
+    # Samples may carry rationale tokens [B, T] (ERASER): the relevance is scored by how it finds them.
+    ground_truth = "rationale"
+
     def __init__(
         self,
         tokenizer: Any = None,
@@ -135,10 +138,11 @@ class TextTokens(Modality):
             if not isinstance(mask, Tensor) or mask.shape != ids.shape:
                 raise ValueError("TextTokens(removal='attention') needs inputs as a mapping with an attention_mask [B, T]")
             return replace_input(inputs, mask, mask.masked_fill(drop, 0))
+        removed_id = self.mask_id if self.mask_id is not None else self.pad_id
         if fill is not None:
             replacement = self._input_ids(fill)
-        elif self.mask_id is not None or self.pad_id is not None:
-            replacement = torch.full_like(ids, self.mask_id if self.mask_id is not None else self.pad_id)
+        elif removed_id is not None:
+            replacement = torch.full_like(ids, removed_id)
         else:
             raise ValueError("TextTokens cannot remove tokens without an id to put in their place: pass mask_id= "
                              "(or pad_id=, or a tokenizer with a mask or pad token), or use removal='attention'")

@@ -90,9 +90,13 @@ class Modality(ABC):
     Attributes:
         prefix_tokens: tokens before the input's units (CLS, distillation, registers); they are
             never removed, never in a region and drawn muted by the defaults.
+        ground_truth: the kind of ground truth this modality's samples carry, by the name of its entry in
+            :data:`~lightning_gae.metrics.ground_truth.GROUND_TRUTH` that scores it (``"segmentation"``,
+            ``"rationale"``, ``"feature_recovery"``); None: no ground truth is scored.
     """
 
     prefix_tokens: int = 0
+    ground_truth: str | None = None
 
     # --- tokens <-> input (implement these) ---------------------------------------------------
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import matplotlib
 import numpy as np
+from matplotlib.colors import ListedColormap
 from tensorboard import errors, plugin_util
 from tensorboard.backend import http_util
 from tensorboard.data import provider
@@ -88,6 +89,12 @@ def _input_payload(d: dict[str, Any], value: np.ndarray) -> dict[str, Any]:
         sample["input"] = {"values": _json_values(value.reshape(-1))}
     return sample
 
+
+
+def _route(serve: Callable[[Any, wrappers.Request], wrappers.Response]) -> Callable[..., Any]:
+    """A WSGI route of a plugin method, by werkzeug's ``Request.application``: it passes the arguments before the
+    environ through (the plugin), though its annotation takes a function of the request alone."""
+    return wrappers.Request.application(serve)  # type: ignore[arg-type]  # werkzeug's annotation: no self
 
 class GAEDashboardPlugin(base_plugin.TBPlugin):
     """Samples x methods at a chosen step, the step slider, the relevance values and the faithfulness curves."""
@@ -159,16 +166,16 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
 
     # --- routes ---------------------------------------------------------------------------------
 
-    @wrappers.Request.application
+    @_route
     def _serve_index(self, request: wrappers.Request) -> wrappers.Response:
-        script = resources.files("lightning_gae.tensorboard").joinpath("static", "index.js").read_bytes()
+        script = resources.files("lightning_gae.tensorboard").joinpath("static").joinpath("index.js").read_bytes()
         return http_util.Respond(request, script, "text/javascript")
 
-    @wrappers.Request.application
+    @_route
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
         return http_util.Respond(request, {"runs": sorted(self._descriptions(request))}, "application/json")
 
-    @wrappers.Request.application
+    @_route
     def _serve_run(self, request: wrappers.Request) -> wrappers.Response:
         run, described = self._run_descriptions(request)
         inputs = self._of_kind(described, "input")
@@ -297,7 +304,7 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
                             "text": text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)})
         return sorted(out, key=lambda e: (e["step"], *(e[k] for k in keys)))
 
-    @wrappers.Request.application
+    @_route
     def _serve_step(self, request: wrappers.Request) -> wrappers.Response:
         run, described = self._run_descriptions(request)
         try:
@@ -347,13 +354,15 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
         return http_util.Respond(request, {"run": run, "step": step, "samples": samples, "curves": curves},
                                  "application/json")
 
-    @wrappers.Request.application
+    @_route
     def _serve_colormaps(self, request: wrappers.Request) -> wrappers.Response:
         def table(name: str) -> list[list[int]]:
             rgb = matplotlib.colormaps[name](np.linspace(0.0, 1.0, 256))[:, :3]
             return (rgb * 255.0 + 0.5).astype(int).tolist()
 
-        palette = (np.asarray(matplotlib.colormaps["tab10"].colors) * 255.0 + 0.5).astype(int).tolist()
+        tab10 = matplotlib.colormaps["tab10"]
+        assert isinstance(tab10, ListedColormap)  # a list of ten colours
+        palette = (np.asarray(tab10.colors) * 255.0 + 0.5).astype(int).tolist()
         payload = {"sequential": {n: table(n) for n in SEQUENTIAL_COLORMAPS},
                    "diverging": {n: table(n) for n in DIVERGING_COLORMAPS}, "palette": palette}
         return http_util.Respond(request, payload, "application/json")

@@ -137,7 +137,8 @@ def higher_is_better(metric: str) -> bool:
     """Which way ``metric``'s methods rank: a perturbation metric's own ``higher_is_better``; every ground-truth
     score the callback logs (segmentation, rationale agreement, alignment accuracy) is better higher."""
     found = PERTURBATION_METRICS.get(metric)
-    return True if found is None else bool(found.higher_is_better)
+    # The table holds callables; every one declares higher_is_better (register_metric admits no other).
+    return True if found is None else bool(getattr(found, "higher_is_better", True))
 
 
 def rank_labels(scalars: Mapping[str, float]) -> dict[str, dict[str, str]]:
@@ -334,9 +335,8 @@ class TensorBoardViews(StepViews):
         ranges = self.ranges(shown_maps, None if flags is None else flags[0] & ~flags[1])
         predictions = self.predictions(first, len(sample_indices))
 
-        values: list[Summary.Value] = []
-        inputs_values: list[Summary.Value] = []
-        pictures: dict[str, np.ndarray] = {}
+        # Typed by the several-sets branch above, which returns the same three.
+        values, inputs_values, pictures = [], [], {}
         # The inputs go once to each writer: only drawn while some writer has not had them.
         need_inputs = any(_writer_key(w) not in self._inputs_written for w in writers)
         for k, index in enumerate(sample_indices):

@@ -315,8 +315,8 @@ class StepViews:
             for method, by_set in rows.items():
                 line = []
                 for x, tensor in by_set.items():
-                    s = sets[x]
-                    columns = np.flatnonzero(flags[x][0][k]) if flags[x] is not None else np.arange(tensor.shape[2])
+                    s, drawn_x = sets[x], flags[x]
+                    columns = np.flatnonzero(drawn_x[0][k]) if drawn_x is not None else np.arange(tensor.shape[2])
                     matrix = tensor[k].detach().float().cpu().numpy()[positions][:, columns]
                     names = s.modality.token_labels(s.shown[k], tensor.shape[2])
                     col_labels = [names[c] for c in columns]
@@ -330,7 +330,7 @@ class StepViews:
                     panel = display.matrix_panel(matrix, row_labels, col_labels, (vmin, vmax), self.panel_px)
                     bar = display.colorbar(vmin, vmax, max(panel.shape[1], 128), saturated=saturated)
                     line.append((f"{method} · {x} (rows: targets)", display.stack([panel, bar], axis=0, gap=3)))
-                    if flags[x] is not None:
+                    if drawn_x is not None:
                         tables.append((f"{method} · {x}", row_labels, col_labels, matrix))
                 panels.append(line)
             out["panels"].append(panels)
@@ -348,10 +348,12 @@ class StepViews:
                       ranges: Mapping[tuple[str, str], list[tuple[float, float, bool]]], header: str) -> np.ndarray:
         """The inputs, then one line per method: every set's relevance side by side (images as heatmaps, text as tokens,
         as each set's modality draws it: :meth:`~lightning_gae.Modality.set_panels`)."""
-        inputs, lines = [], {m: [] for m in shown_maps}
+        inputs: list[tuple[str, np.ndarray]] = []
+        lines: dict[str, list[tuple[str, np.ndarray]]] = {m: [] for m in shown_maps}
         for x, s in sets.items():
             maps = [MethodMap(m, by_set[x][k], ranges[(m, x)][k][:2], ranges[(m, x)][k][2]) for m, by_set in shown_maps.items()]
-            row = None if flags[x] is None else (flags[x][0][k], flags[x][1][k])
+            drawn = flags[x]
+            row = None if drawn is None else (drawn[0][k], drawn[1][k])
             shown, cells = s.modality.set_panels(x, s.shown[k], maps, row, self.panel_px, self.alpha)
             inputs.append((f"input · {x}", shown))
             for m, cell in zip(maps, cells):
@@ -375,9 +377,10 @@ class StepViews:
             return "\n".join(parts) if len(parts) > 1 else ""
         methods = list(shown_maps)
         for x, s in sets.items():
-            if flags[x] is None:
+            drawn = flags[x]
+            if drawn is None:
                 continue
-            keep = flags[x][0][k]
+            keep = drawn[0][k]
             tokens = [t for t, v in zip(s.modality.token_labels(s.shown[k], len(keep)), keep) if v]
             parts += ["", f"**{markdown_cell(x)}**", "", "| " + " | ".join(["token", *methods]) + " |",
                       "| --- |" + " ---: |" * len(methods)]

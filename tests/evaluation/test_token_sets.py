@@ -34,7 +34,7 @@ def test_each_ground_truth_needs_the_one_set_it_scores():
     probe = SimpleNamespace(query_set="text", logits=None)
     sizes = {"text": 4, "image": 5}
     two_texts = {"text": (TextTokens(vocab=VOCAB), "input_ids"), "image": (TextTokens(vocab=VOCAB), "pixel_values")}
-    with pytest.raises(ValueError, match=r"ground_truth\['rationales'\] scores the one TextTokens set"):
+    with pytest.raises(ValueError, match=r"ground_truth\['rationales'\] scores the one set whose modality scores 'rationale' ground truth"):
         set_scorers({"rationales": torch.zeros(2, 4)}, sizes, two_texts, False, probe, 2)
     with pytest.raises(ValueError, match=r"ground_truth\['alignment'\] scores a source set per target position"):
         set_scorers({"alignment": torch.zeros(2, 4)}, sizes, two_texts, False, probe, 2)

@@ -244,30 +244,74 @@ def _is_type_of(node: ast.AST) -> bool:
              and len(node.args) == 1) or (isinstance(node, ast.Attribute) and node.attr == "__class__"))
 
 
+def _annotations(tree: ast.AST) -> set[int]:
+    """The ids of every node inside an annotation (a parameter's, a return's, a variable's)."""
+    roots: list[ast.AST] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            roots.append(node.returns)
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            roots.append(node.annotation)
+        elif isinstance(node, ast.AnnAssign):
+            roots.append(node.annotation)
+    return {id(n) for root in roots for n in ast.walk(root)}
+
+
+def _looked_up_class(node: ast.AST) -> bool:
+    """A class test's class read from data: ``TABLE[key]``, ``entry.modality``, ``modality_class`` (or in a tuple)."""
+    if isinstance(node, ast.Tuple):
+        return any(_looked_up_class(e) for e in node.elts)
+    if isinstance(node, ast.Subscript):
+        return True
+    # A value (lower case), not a class such as Modality itself.
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
+    return name[:1].islower() and "modalit" in name
+
+
 def modality_switches(package: Path, allowed: str = "modalities") -> dict[str, list[str]]:
     """``module -> ["<line>: <code>", ...]`` for every test of a value against a concrete modality class outside the
     ``allowed`` folder: ``isinstance``/``issubclass`` naming one, ``type(x) is/== ImageTokens``, ``x.__class__ ...``,
-    and ``match`` cases ``ImageTokens()``."""
+    and ``match`` cases ``ImageTokens()``; a class test whose class comes from a table (``isinstance(m, TABLE[key])``,
+    ``isinstance(m, entry.modality)``); and the tables themselves: a concrete modality class as a value (in a tuple, a
+    dict, an argument, an assignment) rather than built (``ImageTokens(...)``), asked (``ImageTokens.infer``) or named
+    in an annotation."""
     found: dict[str, list[str]] = {}
     for name, path in modules(package).items():
         if name.startswith(f"{package.name}.{allowed}"):
             continue
+        tree = ast.parse(path.read_text())
+        annotated = _annotations(tree)
+        # A class name that is called or whose attribute is read is used, not held.
+        used = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        used |= {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        tested: set[int] = set()
         hits = []
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(tree):
             names: set[str] = set()
+            looked_up = False
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                     and node.func.id in ("isinstance", "issubclass") and len(node.args) == 2):
                 names = _names(node.args[1])
+                looked_up = _looked_up_class(node.args[1])
+                tested |= {id(n) for n in ast.walk(node.args[1])}
             elif isinstance(node, ast.Compare):
                 sides = [node.left, *node.comparators]
                 if any(_is_type_of(side) for side in sides):
                     names = set().union(*(_names(side) for side in sides))
+                    tested |= {id(n) for side in sides for n in ast.walk(side)}
             elif isinstance(node, ast.MatchClass):
                 names = _names(node.cls)
-            if names & set(CONCRETE_MODALITIES):
-                hits.append(f"{node.lineno}: {ast.unparse(node)}")
+                tested |= {id(n) for n in ast.walk(node.cls)}
+            if names & set(CONCRETE_MODALITIES) or looked_up:
+                hits.append((node.lineno, f"{node.lineno}: {ast.unparse(node)}"))
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Name, ast.Attribute)) or not isinstance(node.ctx, ast.Load):
+                continue
+            held = node.id if isinstance(node, ast.Name) else node.attr
+            if held in CONCRETE_MODALITIES and id(node) not in annotated | used | tested:
+                hits.append((node.lineno, f"{node.lineno}: the class {held} as a value"))
         if hits:
-            found[name] = hits
+            found[name] = [hit for _, hit in sorted(hits)]
     return found
 
 

@@ -18,6 +18,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_gae import Modality, display
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
+from lightning_gae.compare import attribute, compare
+from lightning_gae.metrics.functional import rationale_agreement
 from lightning_gae.modalities.regions import Region
 from lightning_gae.options import RegionOptions
 from tests.helpers.models import TinyBlock
@@ -31,6 +33,9 @@ class SignalPatches(Modality):
 
     Removing a patch sets its samples to 0; a region is a window of samples, ``mask`` ``[1, T]`` or ``[B, T]``.
     """
+
+    # Samples may carry the patches that decide their class [B, P]: scored as rationales are, per patch.
+    ground_truth = "rationale"
 
     def __init__(self, patch: int, prefix_tokens: int = 1) -> None:
         if patch < 1 or prefix_tokens < 0:
@@ -188,6 +193,29 @@ def test_its_picture_changes_with_the_relevance():
     one[:8], other[-8:] = 1.0, 1.0
     first, second = modality.render(signal[1], one, "x"), modality.render(signal[1], other, "x")
     assert first.dtype == np.uint8 and first.shape == second.shape and not np.array_equal(first, second)
+
+
+def test_the_ground_truth_it_declares_is_scored_with_the_existing_metric():
+    # ground_truth = "rationale": the patches of the window [N, P] are scored as text rationales are, through its
+    # unit_scores and removable, with no table entry of its own.
+    torch.manual_seed(0)
+    modality, signals = SignalPatches(PATCH), _signals(6, 3).tensors[0]
+    patches = modality.region_tokens(Region("bump", "evidence", mask=_window()), signals)[:, 1:].long()
+    model = SignalTransformer().eval()
+    result = compare(model, signals, methods=("gae",), modality=modality, ground_truth=patches, batch_size=4,
+                     faithfulness=FaithfulnessOptions(metrics=("deletion_auc",)))
+    gae = modality.unit_scores(attribute("gae", model, signals), signals)
+    expected = rationale_agreement(gae, patches, modality.removable(signals))
+    assert {k: result.methods["gae"][f"rationale_{k}"] for k in expected} == pytest.approx(
+        {k: v.item() for k, v in expected.items()}, abs=1e-5)
+
+
+    class Misnamed(SignalPatches):
+        ground_truth = "masks"                              # a batch key, not a kind of ground truth
+
+    with pytest.raises(ValueError, match=r"Misnamed.ground_truth = 'masks' names no ground truth"):
+        compare(model, signals, methods=("gae",), modality=Misnamed(PATCH), ground_truth=patches,
+                faithfulness=FaithfulnessOptions(metrics=("deletion_auc",)))
 
 
 # --- the callback on it, end to end ------------------------------------------------------------------------------
