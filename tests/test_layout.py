@@ -182,6 +182,14 @@ def test_no_import_cycles_and_none_hidden_in_functions():
     assert hidden == {}
 
 
+def test_no_cycle_between_folders():
+    # Folders in one layer (modalities and language, metrics and attribution) are not ordered by the layers' check.
+    assert layout.cycles(layout.folders(layout.imports(PACKAGE, in_functions=True))) == []
+    assert layout.cycles(layout.folders({"lightning_gae.engine.rules": {"lightning_gae.lrp.mode"},
+                                         "lightning_gae.lrp.mode": {"lightning_gae.engine.capture"}})) == [
+        ["lightning_gae.engine", "lightning_gae.lrp"]]
+
+
 def test_the_cycle_check_sees_one(tmp_path):
     copy = tmp_path / "lightning_gae"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))

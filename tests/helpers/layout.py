@@ -173,6 +173,18 @@ def imports(package: Path, in_functions: bool = False) -> dict[str, set[str]]:
     return graph
 
 
+def folders(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between the package's folders (a top-level module is a folder of its own): an edge where some
+    module of one imports some module of another."""
+    def folder(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    found: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        found.setdefault(folder(module), set()).update(folder(m) for m in imported if folder(m) != folder(module))
+    return found
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Every import cycle, as the modules on it (Tarjan's strongly connected components of size > 1)."""
     index: dict[str, int] = {}
