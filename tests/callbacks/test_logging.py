@@ -12,7 +12,7 @@ from pytorch_lightning.loggers import TensorBoardLogger as PLTensorBoardLogger
 from torch.utils.data import DataLoader, Subset
 
 from lightning_gae.callbacks import DisplayOptions, FaithfulnessOptions, GAECallback
-from lightning_gae.display.views import MAX_IMAGE_SIDE
+from lightning_gae.tensorboard.views import MAX_IMAGE_SIDE
 from recipes.digits import DigitsDataModule
 from tests.helpers.models import small_vit
 from tests.helpers.processes import get_json, tensorboard_server
