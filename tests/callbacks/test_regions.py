@@ -80,7 +80,7 @@ def test_the_alert_fires_when_the_model_learns_the_spurious_word_and_not_without
     assert "alerts (suspect regions that took a method's relevance):" in capsys.readouterr().out
     # The same cue carrying no label: nothing to warn about, and the share stays near the floor.
     clean, clean_trainer = _fit(tmp_path / "clean", make_trainer, shortcut=False, seed=seed)
-    assert clean._alerts == []
+    assert clean.run.alerts == []
     clean_events = read_events(clean_trainer.logger.log_dir)
     assert clean_events.scalar_events("region_share_spurious_word/gae")["region_share_spurious_word/gae"][-1][1] < 0.5
 
