@@ -45,10 +45,16 @@ from lightning_gae.engine.readout import Explanation
 from lightning_gae.language.answers import NextTokenLogits
 from lightning_gae.methods.random import RANDOM
 from lightning_gae.metrics.ground_truth import RECALL
+from lightning_gae.options import DisplayOptions
 from lightning_gae.tensorboard.summary import TensorBoardViews, faithfulness_rows
 from lightning_gae.tensorboard.views import SetInput
 
-__all__ = ["Run"]
+__all__ = ["Run", "new_views"]
+
+
+def new_views(display: DisplayOptions) -> TensorBoardViews:
+    """The TensorBoard views drawn as ``display`` says (a run keeps its own across stages)."""
+    return TensorBoardViews(scale=display.heatmap_scale, evolution_length=display.evolution_length)
 
 
 def _stage(trainer: Trainer) -> str:
@@ -108,7 +114,7 @@ class Run:
         self.args = args
         check_strategy(trainer.strategy)
         if self.views is None:
-            self.views = self._new_views()
+            self.views = new_views(self.args.display)
         self.loaded_step = None  # a checkpoint is loaded after setup
         if stage == "fit":
             self.summary = None
@@ -120,10 +126,6 @@ class Run:
             )
         if trainer.is_global_zero and (note := logger_note(trainer)) is not None:
             warn_once(self.warned, "loggers", note)  # what the loggers that are not TensorBoard get and cannot show
-
-    def _new_views(self) -> TensorBoardViews:
-        return TensorBoardViews(scale=self.args.display.heatmap_scale,
-                                evolution_length=self.args.display.evolution_length)
 
     def teardown(self) -> None:
         """The stage ended: the metric objects hold the module; the next fit or validate reads its own samples."""
@@ -170,11 +172,9 @@ class Run:
                                  "ground_truth=...)") from err
             self.explainer = Explainer(args.methods, args.captum_baselines, args.target, args.query, args.engine,
                                        args.batches.seed, state.labels, state.readout)
-            new_views = partial(TensorBoardViews, scale=args.display.heatmap_scale,
-                                evolution_length=args.display.evolution_length)
             check_explanations(state, trainer, pl_module, self._model_inputs(trainer, pl_module), self.explainer,
                                args.modality, args.methods, args.target, args.query, args.faithfulness.metrics,
-                               args.captum_baselines, args.engine, new_views)
+                               args.captum_baselines, args.engine, partial(new_views, args.display))
             regions = with_data_regions(args.regions, trainer.datamodule)  # type: ignore[attr-defined]  # set by Lightning at run time
             self.args = replace(self.args, regions=regions)
             if regions.regions:
