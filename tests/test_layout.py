@@ -370,3 +370,52 @@ def test_each_modality_names_the_ground_truth_it_scores_and_the_table_holds_no_c
     assert RECALL.truth in GROUND_TRUTH
     held = [value for entry in [*GROUND_TRUTH.values(), RECALL] for value in vars(entry).values()]
     assert [v for v in [*held, *SET_TRUTH.values()] if isinstance(v, type)] == []
+
+
+def _handed_over(source: str) -> list[str]:
+    """Where a class of ``source`` hands itself (``self``) or one of its own methods (``self.<method>``, properties
+    aside) to a call, as ``"<line>: <Class>: <what>"``; the builtins that only read an attribute
+    (``getattr(self, name)``) aside."""
+    found = []
+    for cls in (node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)):
+        methods = {f.name for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and not any(isinstance(d, ast.Name) and d.id == "property" for d in f.decorator_list)}
+        for call in (node for node in ast.walk(cls) if isinstance(node, ast.Call)):
+            if isinstance(call.func, ast.Name) and call.func.id in ("getattr", "hasattr", "isinstance"):
+                continue
+            for arg in [*call.args, *(keyword.value for keyword in call.keywords)]:
+                arg = arg.value if isinstance(arg, ast.Starred) else arg
+                if isinstance(arg, ast.Name) and arg.id == "self":
+                    found.append(f"{arg.lineno}: {cls.name}: self")
+                elif (isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == "self"
+                      and arg.attr in methods):
+                    found.append(f"{arg.lineno}: {cls.name}: self.{arg.attr}")
+    return found
+
+
+# The callback's hooks hand their work to its Run, and neither hands itself or its methods to the modules that do
+# the jobs: those are functions of data, called with data (a module that calls back into the callback is a hub).
+_THIN = ("callbacks/gae_monitor.py", "callbacks/run.py")
+
+
+@pytest.mark.parametrize("path", _THIN)
+def test_the_callback_and_its_run_hand_no_method_of_theirs_to_a_helper(path):
+    assert _handed_over((PACKAGE / path).read_text()) == []
+
+
+def test_the_handed_method_check_sees_each_form_in_a_probe():
+    probe = ("class Hub:\n"
+             "    @property\n"
+             "    def size(self):\n"
+             "        return 1\n"
+             "    def _explain(self, x):\n"
+             "        return x\n"
+             "    def step(self, helper):\n"
+             "        helper(self._explain, self.size, self.value)\n"
+             "        helper(self)\n"
+             "        helper(explain=self._explain)\n"
+             "        helper(*self.step)\n"
+             "        helper(getattr(self, 'size'), self._explain(1))\n"
+             "        return self._explain(1)\n")
+    assert _handed_over(probe) == ["8: Hub: self._explain", "9: Hub: self", "10: Hub: self._explain",
+                                   "11: Hub: self.step"]

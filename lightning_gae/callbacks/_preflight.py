@@ -16,21 +16,18 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_gae._structures import display_input, keyword_inputs, map_tensors
+from lightning_gae.callbacks._explainer import Explainer
 from lightning_gae.callbacks.batch_layout import forward_hint
 from lightning_gae.callbacks._state import RunState
 from lightning_gae.callbacks._token_sets import prepare_sets
 from lightning_gae.callbacks.answer_samples import keep_readout
 from lightning_gae.options import EngineOptions
 from lightning_gae.callbacks.samples import class_names
-from lightning_gae.engine.readout import Explanation
 from lightning_gae.metrics.ground_truth import scored_truth
 from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
 from lightning_gae.tensorboard.summary import TensorBoardViews
 
 __all__ = ["check_explanations", "check_removal", "infer_modality"]
-
-Explainer = Callable[[LightningModule, Any], tuple[dict[str, Explanation], dict[str, Tensor]]]
-
 
 def check_explanations(run: RunState, trainer: Trainer, pl_module: LightningModule, inputs: Any, explain: Explainer,
                        modality: Modality | Mapping[str, Modality] | None, methods: Sequence[str], target: Any,

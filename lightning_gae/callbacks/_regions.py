@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from lightning_gae import evaluation
 from lightning_gae._structures import map_tensors
 from lightning_gae.evaluation import Batch, score_batches
+from lightning_gae.methods.random import RANDOM
 from lightning_gae.metrics.regions import held_shares, removal_check
 from lightning_gae.modalities.regions import Region, region_valid_tokens, regions_of
 from lightning_gae.modalities.tokens import Modality
@@ -51,7 +52,8 @@ def region_scalars(relevance: Mapping[str, Tensor], masks: Mapping[str, Tensor],
     them), and region -> method -> the per-sample shares ``[B]`` (NaN where not held,
     :func:`lightning_gae.metrics.regions.held_shares`)."""
     rows = {method: tokens.detach().float().cpu() for method, tokens in relevance.items()}
-    scores = score_batches([Batch(inputs, rows, regions=masks)], (), None, modality, top_k=top_k)
+    # No metric, so the model is never called (score_batches types it as always given).
+    scores = score_batches([Batch(inputs, rows, regions=masks)], (), None, modality, top_k=top_k)  # type: ignore[arg-type]
     scalars = {f"{column}/{method}": score.value for method, columns in scores.columns().items()
                for column, score in columns.items() if math.isfinite(score.value)}
     cpu = map_tensors(inputs, lambda t: t.detach().cpu())
@@ -111,7 +113,8 @@ def faithfulness_beside(method: str, scores: Mapping[str, float] | None) -> str:
     by_method = {row[0]: row[1:] for row in rows}
     if method not in by_method:
         return "its faithfulness: not scored"
-    cells = [f"{metric} {value}" + (f" (random {by_method['random'][i]})" if "random" in by_method else "")
+    floor = by_method.get(RANDOM.name)
+    cells = [f"{metric} {value}" + (f" (random {floor[i]})" if floor is not None else "")
              for i, (metric, value) in enumerate(zip(metrics, by_method[method])) if value]
     return "its faithfulness: " + ", ".join(cells)
 
@@ -126,7 +129,7 @@ def due_alerts(regions: RegionOptions, scalars: Mapping[str, float], shares: Map
         if not region.suspect:
             continue
         for method, per_sample in shares.get(region.name, {}).items():
-            if method == "random" or (region.name, method) in raised:
+            if method == RANDOM.name or (region.name, method) in raised:
                 continue
             share = scalars.get(share_tag(region.name, method))
             if share is None:
@@ -150,11 +153,12 @@ def new_alerts(regions: RegionOptions, run: RunState, scalars: Mapping[str, floa
     done = {(a.region, a.method) for a in raised}
     found = []
     removals: dict[str, str] = {}  # the check removes the region from the samples: the same for every method
+    assert run.modality is not None  # settled when the run started
     for region, method, share, samples in due_alerts(regions, scalars, shares, first, done, run.shown):
         if region.name not in removals:
             removals[region.name] = removal_verdict(module, inputs, run.region_masks[region.name], run.modality, seed)
         removal = removals[region.name]
-        found.append(RegionAlert(step, region.name, method, share, scalars.get(share_tag(region.name, "random")),
+        found.append(RegionAlert(step, region.name, method, share, scalars.get(share_tag(region.name, RANDOM.name)),
                                  samples, faithfulness_beside(method, scores), removal))
     return found
 

@@ -14,8 +14,8 @@ from lightning.pytorch import Trainer
 from torch import Tensor
 
 from lightning_gae.callbacks._state import RunState
-
 from lightning_gae.callbacks._loggers import event_logs, only_dummy_loggers
+from lightning_gae.methods.random import RANDOM
 from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, faithfulness_rows, rank_labels
 
@@ -116,7 +116,7 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
         ranks = rank_labels(scores)
         rows = [[method, *(f"{cell} {ranks[name][method]}" if cell else cell for name, cell in zip(names, cells))]
                 for method, *cells in rows]
-        floor = "; random is the floor" if any(row[0] == "random" for row in rows) else ""
+        floor = "; random is the floor" if any(row[0] == RANDOM.name for row in rows) else ""
         lines += [f"faithfulness ({scored_on}; value ± standard error and rank, #k= where the errors do not tell "
                   f"methods apart{floor}):",
                   *text_table(["method", *(name + _direction(name) for name in names)], rows), *after_scores]

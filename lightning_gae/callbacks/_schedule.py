@@ -15,7 +15,23 @@ from lightning.pytorch import Trainer
 
 from lightning_gae.callbacks.samples import Samples, balanced_choice
 
-__all__ = ["final_explanation", "fit_part", "interim_part", "subset_due"]
+__all__ = ["epoch_due", "final_explanation", "fit_part", "interim_part", "step_due", "subset_due"]
+
+
+def epoch_due(trainer: Trainer, every_n_epochs: int | None, log_sanity_check: bool) -> bool:
+    """Whether the validation epoch that ends explains: every ``every_n_epochs``-th of ``fit`` (None: none), every one
+    of ``validate``/``test``, and the sanity check's with ``log_sanity_check``."""
+    if trainer.sanity_checking:
+        return log_sanity_check
+    if trainer.state.fn != "fit":
+        return True
+    return every_n_epochs is not None and (trainer.current_epoch + 1) % every_n_epochs == 0
+
+
+def step_due(global_step: int, every_n_train_steps: int | None) -> bool:
+    """Whether the optimizer step ``global_step`` explains: every ``every_n_train_steps``-th (None: none)."""
+    n = every_n_train_steps
+    return n is not None and global_step > 0 and global_step % n == 0
 
 
 def interim_part(subset: Samples, size: int, seed: int) -> Samples | None:

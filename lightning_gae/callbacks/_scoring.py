@@ -14,21 +14,25 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import Metric
 
 from lightning_gae._structures import map_tensors, take
+from lightning_gae.callbacks._explainer import Explainer
 from lightning_gae.callbacks.distributed import random_rows, subset_part
 from lightning_gae.callbacks.samples import Samples
 from lightning_gae.evaluation import Batch, score_batches, score_sets, set_scorers
+from lightning_gae.language.answers import NextTokenLogits
 from lightning_gae.metrics.stderr import SampleScores
+from lightning_gae.methods.random import RANDOM
 from lightning_gae.metrics.functional import explanation_stability
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, scalar_tag
 from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore
 
 __all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "finite_scalars", "relevance_scalars",
-           "scored_batches", "set_truth_scalars"]
+           "scored_batches", "set_truth_scalars", "warn_once"]
 
 ScoredBatch = Batch
 """One batch to score: inputs, attributions by method, explained class, labels, ground truth (:class:`Batch`)."""
@@ -36,13 +40,11 @@ Curves = dict[str, dict[str, tuple[Sequence[float], Tensor]]]
 """Metric -> method -> ``(fractions, mean curve)``."""
 
 
-def cached_metric(cache: dict[str, Metric], name: str, module: LightningModule, build: Callable[[], Metric]) -> Metric:
+def cached_metric(cache: dict[str, Metric], name: str, module: LightningModule | NextTokenLogits,
+                  build: Callable[[], Metric]) -> Metric:
     """One metric object per name in ``cache``, reset, on the module's device; rebuilt for another module or device."""
     metric = cache.get(name)
-    stale = metric is None or metric.device != module.device
-    if not stale and getattr(metric, "forward_fn", module) is not module:
-        stale = True
-    if stale:
+    if metric is None or metric.device != module.device or getattr(metric, "forward_fn", module) is not module:
         metric = build().to(module.device)
         cache[name] = metric
     metric.reset()
@@ -64,7 +66,7 @@ def relevance_scalars(method: str, tokens: Tensor, previous: Tensor | None, top_
 
 
 def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explains_prediction: bool, modality: Modality,
-                 module: LightningModule, cache: dict[str, Metric], max_batch: int,
+                 module: LightningModule | NextTokenLogits, cache: dict[str, Metric], max_batch: int,
                  extra_truth: Sequence[TruthScore] = (),
                  share: Callable[[SampleScores], SampleScores] | None = None,
                  groups: Tensor | None = None) -> tuple[dict[str, float], Curves]:
@@ -125,17 +127,18 @@ def set_truth_scalars(explanations: Mapping[str, Any], rows: Mapping[str, Mappin
         truths = {key: truth.to(module.device) for key, truth in owned.items()}
         score_sets(scores, method, scorers, metric, inputs, exp.relevance, truths)
         if row_scorers:
+            assert rows is not None  # row scorers exist only for the rows' alignment truth
             score_sets(scores, method, row_scorers, metric, inputs, rows[method], aligned)
     # compare's columns are <set>/<name>; a logged scalar is <name>/<method>.
     return {f"{column.split('/', 1)[1]}/{method}": score.value for method, columns in scores.columns().items()
             for column, score in columns.items()}
 
 
-def scored_batches(trainer: Trainer, pl_module: LightningModule, subset: Samples,
-                   explain: Callable[[LightningModule, Any, Tensor | None], tuple[Mapping[str, Any], Mapping[str, Tensor]]],
+def scored_batches(trainer: Trainer, pl_module: LightningModule, subset: Samples, explain: Explainer,
                    max_batch: int, random_baseline: bool, seed: int) -> Iterable[ScoredBatch]:
     """This rank's part of ``subset`` (the faithfulness subset or its interim part; all of it on one process) in
-    batches of ``max_batch``, each explained once per method (``explain(module, inputs, labels)``)."""
+    batches of ``max_batch``, each explained once per method (``explain(module, inputs, labels)``), with the random
+    floor (:data:`~lightning_gae.methods.random.RANDOM`) when ``random_baseline``."""
     total = len(subset)
     rows, _ = subset_part(total, trainer.world_size, trainer.global_rank)
     with torch.inference_mode(False):  # validate()'s hooks: labels made in inference mode cannot be targets
@@ -150,15 +153,23 @@ def scored_batches(trainer: Trainer, pl_module: LightningModule, subset: Samples
         scored: dict[str, Tensor] = {**{m: e.tokens for m, e in explanations.items()}, **maps}
         if random_baseline:
             # Seeded by position, so that a sample's random ranking is the same at every step and on any ranks.
-            scored["random"] = random_rows(first.tokens, rows[start:stop], seed, max_batch, total)
+            scored[RANDOM.name] = random_rows(first.tokens, rows[start:stop], seed, max_batch, total)
         truth = None if part.truth is None else part.truth[start:stop]
         yield Batch(inputs, scored, first.target, labels, truth)
 
 
-def finite_scalars(warn_once: Callable[[str, str], None], scalars: dict[str, float], step: int) -> dict[str, float]:
-    """``scalars`` without the values that are not finite, which are named in a warning (once, by ``warn_once``)."""
+def finite_scalars(scalars: dict[str, float], step: int, warned: set[str]) -> dict[str, float]:
+    """``scalars`` without the values that are not finite, which are named in a warning (once per set of tags: the
+    warnings given are kept in ``warned``)."""
     dropped = sorted(tag for tag, value in scalars.items() if not math.isfinite(value))
     if dropped:
-        warn_once(f"non-finite scalars {dropped}", f"GAECallback: {dropped} came out not finite at step {step} and are "
-                                                   "not logged")
+        warn_once(warned, f"non-finite scalars {dropped}",
+                  f"GAECallback: {dropped} came out not finite at step {step} and are not logged")
     return {tag: value for tag, value in scalars.items() if tag not in dropped}
+
+
+def warn_once(warned: set[str], key: str, message: str) -> None:
+    """Warn ``message`` (rank zero) unless a warning of ``key`` was given before; ``warned`` keeps the keys given."""
+    if key not in warned:
+        warned.add(key)
+        rank_zero_warn(message)

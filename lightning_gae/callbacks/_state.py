@@ -1,4 +1,5 @@
-"""What one ``fit`` or validation of GAECallback holds: read when it starts, freed in teardown."""
+"""The tracked samples of one fit, validation or test of GAECallback, held by its Run (:mod:`.run`): read when the
+stage starts, freed in teardown."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def _but_readout(removable: Tensor, self: TextTokens, inputs: Any) -> Tensor:
     return removable
 
 
-def keep_readout(modality: Modality) -> TextTokens:
+def keep_readout(modality: Modality) -> Modality:
     """A copy of a text modality whose ``removable`` leaves out each row's last real token (the readout).
 
     Raises:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 import torch
@@ -138,7 +139,7 @@ def _most_faithful(scores: Mapping[str, Mapping[str, tuple[float, float]]], flag
 
 
 def health_flags(step: int, scalars: Mapping[str, float], dominated: Mapping[str, Tensor],
-                 raised: set[tuple[str, str]] = frozenset()) -> list[HealthFlag]:
+                 raised: AbstractSet[tuple[str, str]] = frozenset()) -> list[HealthFlag]:
     """The flags a scored step raises, those in ``raised`` (``(method, cause)``) left out.
 
     Args:

@@ -81,7 +81,7 @@ class Snapshots(Callback):
             return
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
         state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
-        self.taken.append((step, state, self.gae._run.interim))
+        self.taken.append((step, state, self.gae.run.state.interim))
 
 
 def _dense_auc(model, x, label, tokens):

@@ -179,7 +179,7 @@ def test_a_saturated_bert_flags_gae_and_names_a_more_faithful_method(tmp_path, m
     # two epochs, and GAE's relevance beside the identity to ~1e-7..1e-6 (exactly 0 for about half the sentences).
     callback, trainer, said = _fit(tmp_path, make_trainer, "saturated", hidden=32, lr=1e-2, epochs=6, every_n_epochs=3)
     assert float(trainer.callback_metrics["val_loss"]) < 1e-3
-    flags = [f for f in callback._health.flags if f.cause == "identity"]
+    flags = [f for f in callback.run.health.flags if f.cause == "identity"]
     assert [f.method for f in flags] == ["gae"]
     flag = flags[0]
     assert "rollout" in flag.best and "gae" not in flag.best.split(":", 1)[1]
@@ -206,6 +206,6 @@ def test_a_bert_that_every_method_explains_above_the_floor_raises_no_flag(tmp_pa
     # The same model, trained gently for one epoch: GAE's relevance beside the identity is ~3e-3, and GAE and rollout
     # both beat random relevance on the positive perturbation AUC beyond the standard errors.
     callback, trainer, said = _fit(tmp_path, make_trainer, "healthy", hidden=64, lr=3e-3, epochs=1, every_n_epochs=1)
-    assert said == [] and callback._health.flags == []
+    assert said == [] and callback.run.health.flags == []
     assert "flags (" not in callback.summary and f"{POSITIVE}" in callback.summary
     assert "gae_health/text_summary" not in read_events(trainer.logger.log_dir).Tags()["tensors"]

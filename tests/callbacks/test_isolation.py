@@ -143,7 +143,7 @@ class Probe(Callback):
         self.refs: list[weakref.ref] = []
 
     def on_fit_end(self, trainer, pl_module):
-        self.refs = [weakref.ref(self.gae._run.inputs), *map(weakref.ref, self.gae._run.metric_objects.values())]
+        self.refs = [weakref.ref(self.gae.run.state.inputs), *map(weakref.ref, self.gae.run.state.metric_objects.values())]
 
 
 @pytest.mark.slow

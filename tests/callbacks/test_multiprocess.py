@@ -109,7 +109,7 @@ class KeepPart(Callback):
         self.gae, self.part = gae, None
 
     def on_validation_end(self, trainer, pl_module):
-        self.part = self.gae._run.interim
+        self.part = self.gae.run.state.interim
 
 
 def _once_each(acc) -> bool:

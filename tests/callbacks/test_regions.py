@@ -68,19 +68,19 @@ def test_the_alert_fires_when_the_model_learns_the_spurious_word_and_not_without
     shares = {m: logged[f"region_share_spurious_word/{m}"] for m in ("gae", "rollout", "random")}
     assert all(len(values) == 3 for values in shares.values())        # every explanation step, random the floor
     assert shares["gae"][-1][1] > 0.5 > shares["random"][-1][1]
-    alerts = {(a.region, a.method) for a in callback._alerts}
+    alerts = {(a.region, a.method) for a in callback.run.alerts}
     assert ("spurious_word", "gae") in alerts
-    alert = next(a for a in callback._alerts if a.method == "gae")
+    alert = next(a for a in callback.run.alerts if a.method == "gae")
     assert alert.share >= 0.5 and len(alert.samples) == 3 and "positive_perturbation_auc" in alert.faithfulness
     assert "the model uses it" in alert.removal
     # The Text tab keeps one entry per tag and step: every alert of a step is in it.
     texts = [t.tensor_proto.string_val[0].decode() for t in events.Tensors("gae_alerts/text_summary")]
     step_text = next(t for t in texts if "gae's relevance" in t)
-    assert all(f"{a.method}'s relevance" in step_text for a in callback._alerts if a.step == alert.step)
+    assert all(f"{a.method}'s relevance" in step_text for a in callback.run.alerts if a.step == alert.step)
     assert "alerts (suspect regions that took a method's relevance):" in capsys.readouterr().out
     # The same cue carrying no label: nothing to warn about, and the share stays near the floor.
     clean, clean_trainer = _fit(tmp_path / "clean", make_trainer, shortcut=False, seed=seed)
-    assert clean._alerts == []
+    assert clean.run.alerts == []
     clean_events = read_events(clean_trainer.logger.log_dir)
     assert clean_events.scalar_events("region_share_spurious_word/gae")["region_share_spurious_word/gae"][-1][1] < 0.5
 

@@ -81,4 +81,4 @@ def test_fast_dev_run_explains_nothing_and_warns_nothing(tmp_path):
         warnings.simplefilter("always")
         trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     assert not [w for w in seen if "GAECallback" in str(w.message)], [str(w.message) for w in seen]
-    assert callback.sample_indices is not None and callback._last_explained is None
+    assert callback.sample_indices is not None and callback.run.last_explained is None

@@ -135,7 +135,7 @@ def test_validate_in_inference_mode_scores_with_metrics_on_the_module_device(tmp
     for metric in ("deletion_auc", "insertion_auc", "comprehensiveness"):
         assert math.isfinite(logged[f"{metric}/gae"][0]) and f"{metric}/random" in logged
     assert "positive_perturbation_auc/gae" not in logged
-    assert all(m.device.type == "cpu" for m in callback._run.metric_objects.values())
+    assert all(m.device.type == "cpu" for m in callback.run.state.metric_objects.values())
 
 
 @pytest.mark.slow
