@@ -213,7 +213,8 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
         samples.sort(key=lambda s: s.get("position", 0))
         methods = [m for _, m in sorted({(d.get("order", 0), d["method"]) for d in relevance.values()})]
         metrics = sorted({d["metric"] for d in curves.values()})
-        payload = {"run": run, "steps": steps, "methods": methods, "metrics": metrics, "curve_steps": curve_steps,
+        payload = {"run": run, "steps": steps, "methods": methods, "floors": list(method_names("baseline")),
+                   "metrics": metrics, "curve_steps": curve_steps,
                    "samples": samples, "ranges": ranges, "summary": self._summary(scores, data, methods),
                    "flags": self._text_entries(flags, data, ("method", "cause")),
                    "regions": self._regions(regions, data, methods),

@@ -544,7 +544,7 @@ def test_the_gae_tab_charts_each_regions_shares_beside_the_curves_with_the_alert
                 assert entry["steps"] == [s for s, _ in points]
                 assert values == pytest.approx([v for _, v in points], abs=1e-6)
         # The alerts the callback raised (once per method), with the markdown of the Text tab's gae_alerts.
-        raised = region_run["callback"]._alerts
+        raised = region_run["callback"].run.alerts
         assert [(a["step"], a["region"], a["method"]) for a in info["alerts"]] == [(a.step, a.region, a.method) for a in raised]
         assert [a["text"] for a in info["alerts"]] == [a.markdown() for a in raised]
         assert {a.method for a in raised} == set(METHODS)

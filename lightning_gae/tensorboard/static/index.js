@@ -9,10 +9,14 @@
 const PANEL_PX = 224;
 const SVG = "http://www.w3.org/2000/svg";
 
+// A baseline method (the registry's floors, such as the random relevance every method must beat): drawn grey and
+// dashed, ranked last.
+const isFloor = (method) => Boolean(state.info && state.info.floors.includes(method));
+
 const state = {
   runs: [],
   run: null,
-  info: null, // the /run answer: steps, methods, metrics, samples, ranges
+  info: null, // the /run answer: steps, methods, floors, metrics, samples, ranges
   stepIndex: 0,
   colormap: "auto",
   opacity: 1, // 1: every pixel's colour is the colour bar's; lower lets the greyscale input show through
@@ -519,7 +523,7 @@ function rankingTable(entry) {
     const tied = (j) => (m.tied || [])[j] ? "=" : "";
     const name = el("td", {class: "gae-method", text: flagged.has(method) ? `${method} ⚠` : method});
     if (flagged.has(method)) name.title = "flagged as not faithful: see the warnings above";
-    const tr = el("tr", {"data-method": method, class: method === "random" ? "gae-random" : ""},
+    const tr = el("tr", {"data-method": method, class: isFloor(method) ? "gae-random" : ""},
                   el("td", {text: `${m.ranks[last]}${tied(last)}`}), name,
                   el("td", {text: plusMinus(m.values[last], m.stderr[last])}));
     if (history) {
@@ -569,12 +573,12 @@ function summarySection(info) {
 
 // --- one colour per method, the same in every chart ---------------------------------------------
 
-// The methods in the order the callback logs them, Captum baselines after, "random" (the floor) last and grey.
+// The methods in the order the callback logs them, Captum baselines after, the floors (random) last and grey.
 function methodColour(method) {
-  if (method === "random") return [117, 117, 117];
+  if (isFloor(method)) return [117, 117, 117];
   const info = state.info || {};
   const known = [...(info.methods || []), ...(info.summary || []).flatMap((e) => Object.keys(e.methods))];
-  const order = [...new Set(known.filter((m) => m !== "random"))];
+  const order = [...new Set(known.filter((m) => !isFloor(m)))];
   const i = order.indexOf(method);
   const palette = state.colormaps.palette;
   return palette[(i < 0 ? order.length : i) % palette.length];
@@ -590,7 +594,7 @@ function legend(chart, methods, x, y) {
     const colour = css(methodColour(method));
     const rowY = y + 14 * i;
     chart.append(svg("line", {x1: String(x), x2: String(x + 18), y1: String(rowY), y2: String(rowY), stroke: colour,
-                              "stroke-width": "2", "stroke-dasharray": method === "random" ? "5 4" : "none"}));
+                              "stroke-width": "2", "stroke-dasharray": isFloor(method) ? "5 4" : "none"}));
     const name = svg("text", {x: String(x + 22), y: String(rowY + 4), "data-legend": method});
     name.textContent = method;
     chart.append(name);
@@ -615,7 +619,7 @@ function ticks(lo, hi, count) {
 // marks' texts on hover;
 // `options.note(method, j)` adds to a point's hover text.
 function historyChart(entry, options = {}) {
-  const methods = Object.keys(entry.methods).sort((a, b) => (a === "random") - (b === "random"));
+  const methods = Object.keys(entry.methods).sort((a, b) => isFloor(a) - isFloor(b));
   // The legend sits right of the plot, as wide as the longest method name (integrated_gradients included).
   const right = Math.max(120, legendWidth(methods));
   const [width, height, left, top, bottom] = [340 + right, 260, 48, 24, 40];
@@ -655,7 +659,7 @@ function historyChart(entry, options = {}) {
   for (const method of methods) {
     const m = entry.methods[method];
     const colour = css(methodColour(method));
-    const dash = method === "random" ? "5 4" : "none";
+    const dash = isFloor(method) ? "5 4" : "none";
     const points = entry.steps.map((s, j) => (m.values[j] === null ? null : `${x(s).toFixed(1)},${y(m.values[j]).toFixed(1)}`));
     chart.append(svg("polyline", {points: points.filter(Boolean).join(" "), fill: "none", stroke: colour, "stroke-width": "2",
                                   "stroke-dasharray": dash, "data-method": method}));
@@ -753,7 +757,7 @@ function regionSection(info) {
 // --- faithfulness curves ------------------------------------------------------------------------
 
 function curveChart(metric, byMethod) {
-  const methods = Object.keys(byMethod).sort((a, b) => (a === "random") - (b === "random") || a.localeCompare(b));
+  const methods = Object.keys(byMethod).sort((a, b) => isFloor(a) - isFloor(b) || a.localeCompare(b));
   // The legend sits right of the plot (inside it, it covered the curves' ends).
   const right = legendWidth(methods);
   const [width, height, left, top, bottom] = [376 + right, 250, 44, 24, 40];
@@ -782,7 +786,7 @@ function curveChart(metric, byMethod) {
     const colour = methodColour(method);
     const points = fractions.map((f, j) => (values[j] === null ? null : `${x(f).toFixed(1)},${y(values[j]).toFixed(1)}`)).filter(Boolean);
     chart.append(svg("polyline", {points: points.join(" "), fill: "none", stroke: css(colour), "stroke-width": "2",
-                                  "stroke-dasharray": method === "random" ? "5 4" : "none", "data-method": method}));
+                                  "stroke-dasharray": isFloor(method) ? "5 4" : "none", "data-method": method}));
   }
   legend(chart, methods, width - right + 12, top + 4);
   return chart;
