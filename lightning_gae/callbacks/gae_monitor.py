@@ -155,8 +155,8 @@ class GAECallback(Callback):
 
     @property
     def sample_indices(self) -> list[int] | None:
-        """The tracked samples' positions in the validation set: given, chosen when the first run starts, or restored
-        from a checkpoint."""
+        """The tracked samples' positions in the validation set (given, chosen when the first run starts, or restored
+        from a checkpoint)."""
         return self.run.sample_indices
 
     @sample_indices.setter
