@@ -11,6 +11,7 @@ import doctest
 import inspect
 import importlib
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -295,3 +296,23 @@ def test_the_callback_guide_quotes_the_fit_the_screenshots_show():
     guide = (GUIDES / "callback.md").read_text()
     for line in summary:
         assert line in guide, f"docs/guides/callback.md's example summary lacks {line!r} of the screenshots' fit"
+
+
+def test_the_arguments_table_has_every_argument_of_the_callback_and_its_groups():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        import arguments
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_ext"))
+    from lightning_gae import options
+    from lightning_gae.callbacks import GAECallback
+
+    rows = arguments.argument_rows(GAECallback)
+    assert [name for name, _, _ in rows] == [p for p in inspect.signature(GAECallback).parameters]
+    assert dict((name, default) for name, default, _ in rows)["num_samples"] == "``8``"
+    groups = arguments.option_groups(GAECallback)
+    assert sorted(group.__name__ for _, group in groups) == sorted(options.__all__)
+    for _, group in groups:
+        assert [name for name, _, text in arguments.argument_rows(group) if text] == [f.name for f in fields(group)]

@@ -81,10 +81,12 @@ def option_groups(obj: Any) -> list[tuple[str, type]]:
     return groups
 
 
-def _table(obj: Any) -> list[str]:
+def _table(obj: Any, groups: frozenset[str] = frozenset()) -> list[str]:
     lines = [".. list-table::", "   :header-rows: 1", "   :widths: 20 20 60", "",
              "   * - argument", "     - default", "     - what it does"]
     for name, default, text in argument_rows(obj):
+        if name in groups and default == "``None``":
+            default = "``None``: the group's defaults, below"
         lines += [f"   * - ``{name}``", f"     - {default}", f"     - {text}"]
     return lines + [""]
 
@@ -96,11 +98,11 @@ class Arguments(SphinxDirective):
     def run(self) -> list[nodes.Node]:
         obj = _object(self.arguments[0])
         lines = [f".. currentmodule:: {self.arguments[0].rpartition('.')[0]}", ""]  # the docstrings' short references
-        lines += _table(obj)
-        if "groups" in self.options:
-            for argument, group in option_groups(obj):
-                lines += [f".. rubric:: ``{argument}=``: :class:`~{group.__module__}.{group.__qualname__}`", ""]
-                lines += _table(group)
+        groups = option_groups(obj) if "groups" in self.options else []
+        lines += _table(obj, frozenset(argument for argument, _ in groups))
+        for argument, group in groups:
+            lines += [f".. rubric:: ``{argument}=``: :class:`~{group.__module__}.{group.__qualname__}`", ""]
+            lines += _table(group)
         container = nodes.container(classes=["arguments"])
         self.state.nested_parse(StringList(lines, source=self.arguments[0]), self.content_offset, container)
         return [container]

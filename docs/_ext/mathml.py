@@ -17,11 +17,19 @@ from sphinx.errors import ExtensionError
 from sphinx.util.math import get_node_equation_number
 
 
+# latex2mathml's choices that common fonts cannot draw, replaced by the character TeX's own fonts use: \setminus as
+# U+29F5 (reverse solidus operator, a box in DejaVu and Liberation) is U+2216 (set minus), an operator.
+SUBSTITUTIONS = {"<mi>&#x029F5;</mi>": "<mo>&#x02216;</mo>", "<mo>&#x029F5;</mo>": "<mo>&#x02216;</mo>"}
+
+
 def _mathml(latex: str, display: bool) -> str:
     try:
-        return convert(latex, display="block" if display else "inline")
+        mathml = convert(latex, display="block" if display else "inline")
     except Exception as error:  # a formula latex2mathml cannot read: fail the build, naming it
         raise ExtensionError(f"cannot convert {latex!r} to MathML: {error}") from error
+    for found, replacement in SUBSTITUTIONS.items():
+        mathml = mathml.replace(found, replacement)
+    return mathml
 
 
 def visit_math(self: Any, node: nodes.math) -> None:
