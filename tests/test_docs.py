@@ -295,7 +295,8 @@ def test_the_callback_guide_quotes_the_fit_the_screenshots_show():
     assert summary, "the screenshots were made from a run given by hand: make them with --fit, which keeps its summary"
     guide = (GUIDES / "callback.md").read_text()
     for line in summary:
-        assert line in guide, f"docs/guides/callback.md's example summary lacks {line!r} of the screenshots' fit"
+        assert line in guide, (f"docs/guides/callback.md's example summary lacks {line!r} of the fit the screenshots "
+                               "show: paste that fit's table (recipes/figures/manifest.json, 'summary') into the example")
 
 
 def test_the_arguments_table_has_every_argument_of_the_callback_and_its_groups():
