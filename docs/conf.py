@@ -15,6 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout's lightning_gae and recipes/, also without an editable install
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))  # this site's own extensions
 
 import lightning_gae  # noqa: E402
 
@@ -29,13 +30,19 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
-    "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
+    "sphinx_copybutton",
+    "mathml",  # docs/_ext/mathml.py: formulas as MathML written at build time, no script, no network
+    "arguments",  # docs/_ext/arguments.py: GAECallback's arguments and defaults, read from the code
 ]
+html_math_renderer = "mathml"
+# The copy button copies the commands and code, not the prompts of shell sessions and doctests.
+copybutton_prompt_text = r">>> |\.\.\. |\$ "
+copybutton_prompt_is_regexp = True
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "evidence/results"]  # tables the pages include
+exclude_patterns = ["_build", "_ext", "Thumbs.db", ".DS_Store", "evidence/results"]  # tables the pages include
 templates_path = ["_templates"]
 
 myst_enable_extensions = ["dollarmath", "colon_fence", "deflist", "attrs_block"]
@@ -88,6 +95,8 @@ nitpick_ignore_regex = [(kind, name) for kind in ("py:class", "py:obj", "py:func
 html_theme = "furo"
 html_title = f"lightning-gae {release}"
 html_static_path = ["_static"]
+# The pictures of recipes/figures at the site's root, full size, for the links from their crops (the index's).
+html_extra_path = ["../recipes/figures"]
 html_css_files = ["tables.css"]
 
 

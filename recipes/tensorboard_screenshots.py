@@ -1,18 +1,24 @@
 """Screenshots of TensorBoard showing a run's logs, taken by a real headless Chromium, for the README and the docs.
 
-Run after ``lightning-gae fit --config configs/vit_digits.yaml``::
+Every picture of the main job in ``recipes/figures`` comes from one command, run from a checkout's root::
 
-    python -m recipes.tensorboard_screenshots runs/vit_digits recipes/figures
+    python -m recipes.tensorboard_screenshots --fit
 
-It starts ``tensorboard --logdir <logdir>`` on a free loopback port, opens it in Debian's
-``chromium`` (``apt-get install chromium``) driven over the DevTools protocol on a pipe, and saves
-``tensorboard_gae_tab.png`` (the GAE dashboard: the summary, the curves, the first samples) and
-``tensorboard_gae_curves.png`` (its curves),
-``tensorboard_images.png``, ``tensorboard_custom_scalars.png`` and ``tensorboard_faithfulness_table.png``
-(the Text tab). ``--gae-only NAME.png`` saves the GAE tab alone under that name (the recipes with several
-token sets: ``runs/seq2seq recipes/figures --gae-only tensorboard_gae_seq2seq.png``). The test of
-the dashboard (``tests/tensorboard/test_plugin.py``) drives the browser through the same
-:class:`Chromium` and :func:`tensorboard_server`.
+It fits the main job (``lightning-gae fit --config configs/vit_digits.yaml``, about two minutes on a quiet CPU) into a
+temporary folder, starts ``tensorboard --logdir`` over it on a free loopback port, opens it in Debian's ``chromium``
+(``apt-get install chromium``) driven over the DevTools protocol on a pipe, and saves ``tensorboard_gae_tab.png``
+(the GAE dashboard: the summary, the curves, the first samples), ``tensorboard_gae_tab_crop.png`` (cut out of it:
+its first ranking table and chart at full size, the docs' front picture), ``tensorboard_gae_curves.png`` (its curves),
+``tensorboard_images.png``, ``tensorboard_custom_scalars.png``, ``tensorboard_faithfulness_table.png`` (the Text
+tab) and ``vit_digits_tensorboard.png`` (:mod:`recipes.readme_figure`), then ``manifest.json``: what they were made
+from, the hash of the GAE tab's code (:func:`dashboard_hash`) included, which ``tests/test_docs.py`` compares with
+the code's. ``python -m recipes.tensorboard_screenshots runs/vit_digits`` does the same over a run already made.
+
+``--gae-only NAME.png`` saves the GAE tab alone under that name, for the recipes with several token sets
+(``runs/seq2seq recipes/figures --gae-only tensorboard_gae_seq2seq.png``); those pictures need their recipes' fits
+(minutes each) and are listed in the manifest as made separately (:data:`MADE_SEPARATELY`). The test of the
+dashboard (``tests/tensorboard/test_plugin.py``) drives the browser through the same :class:`Chromium` and
+:func:`tensorboard_server`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import select
@@ -33,6 +40,38 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = ROOT / "recipes" / "figures"
+MANIFEST = FIGURES / "manifest.json"
+COMMAND = "python -m recipes.tensorboard_screenshots --fit"
+MAIN_JOB = "configs/vit_digits.yaml"
+# The pictures of other recipes' runs, each a fit of minutes: made by hand with --gae-only (the regions picture
+# cropped to its chart), and not compared with the dashboard's code.
+MADE_SEPARATELY = {
+    "tensorboard_gae_seq2seq.png": "configs/seq2seq.yaml, --gae-only tensorboard_gae_seq2seq.png",
+    "tensorboard_gae_dual_encoder.png": "configs/dual_encoder.yaml, --gae-only tensorboard_gae_dual_encoder.png",
+    "tensorboard_gae_recall.png": "configs/causal_lm_recall.yaml, --gae-only tensorboard_gae_recall.png",
+    "tensorboard_gae_regions.png": "configs/shortcut_images.yaml, --gae-only, cropped to the regions' chart",
+}
+
+
+def dashboard_files(root: Path = ROOT) -> list[Path]:
+    """The GAE tab's code: the plugin's routes and its frontend, in a fixed order."""
+    package = root / "lightning_gae" / "tensorboard"
+    return [package / "plugin.py", *sorted((package / "static").iterdir())]
+
+
+def dashboard_hash(root: Path = ROOT) -> str:
+    """SHA-256 over the GAE tab's code (each file's path under ``root`` and its bytes): what the screenshots show."""
+    digest = hashlib.sha256()
+    for path in dashboard_files(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 CHROMIUM_FLAGS = (
     "--headless",
@@ -289,8 +328,11 @@ def gae_tab(page: Page, output: Path, name: str = "tensorboard_gae_tab.png") -> 
     _settle(page, 0.5)
     first = output / name
     page.screenshot(first)
-    if name != "tensorboard_gae_tab.png" or not page.evaluate(f"Boolean({DASHBOARD}.querySelector('.gae-curves'))"):
+    if name != "tensorboard_gae_tab.png":
         return [first]
+    made = [first, *_crop(page, first)]
+    if not page.evaluate(f"Boolean({DASHBOARD}.querySelector('.gae-curves'))"):
+        return made
     page.evaluate(f"{DASHBOARD}.querySelector('#gae-tooltip').style.display = 'none'")
     page.evaluate(f"{DASHBOARD}.querySelector('.gae-curves').scrollIntoView({{block: 'end'}})")
     _settle(page, 0.5)
@@ -305,7 +347,39 @@ def gae_tab(page: Page, output: Path, name: str = "tensorboard_gae_tab.png") -> 
     }})()""")
     second = output / "tensorboard_gae_curves.png"
     page.screenshot(second, clip={"x": x, "y": y, "width": w, "height": h})
-    return [first, second]
+    return [*made, second]
+
+
+def _crop(page: Page, full: Path) -> list[Path]:
+    """The front picture, cut out of ``full`` (the GAE tab's screenshot): the summary's title, its first ranking table
+    and the first chart over training, each cut on its own and stacked, at full size.
+
+    At a page's width the whole tab's text is too small to read, so the docs' index shows these parts of it,
+    stacked, and links to the whole. Where the tab has no summary (a run without scores) it is the tab's top left.
+    """
+    boxes = page.evaluate(f"""(() => {{
+        const doc = {DASHBOARD}, frame = document.querySelector('iframe').getBoundingClientRect();
+        const summary = doc.querySelector('.gae-summary'), chart = doc.querySelector('.gae-history');
+        if (!summary) return [[frame.left, frame.top, frame.left + 800, frame.top + 500]];
+        const text = doc.createRange();
+        text.selectNodeContents(summary.previousElementSibling);
+        const title = text.getBoundingClientRect(), table = summary.firstElementChild.getBoundingClientRect();
+        const box = (r, above = 4) => [frame.left + r.left - 8, frame.top + r.top - above, frame.left + r.right + 8, frame.top + r.bottom + 4];
+        const parts = [box(title), box(table)];
+        return chart ? [...parts, box(chart.getBoundingClientRect(), 0)] : parts;
+    }})()""")
+    from PIL import Image
+
+    with Image.open(full) as image:
+        parts = [image.crop(tuple(round(v) for v in b)) for b in boxes]
+    crop = Image.new("RGB", (max(p.width for p in parts), sum(p.height for p in parts)), "white")
+    top = 0
+    for part in parts:
+        crop.paste(part, (0, top))
+        top += part.height
+    path = full.parent / "tensorboard_gae_tab_crop.png"
+    crop.save(path)
+    return [path]
 
 
 def images_tab(page: Page, output: Path) -> list[Path]:
@@ -347,29 +421,90 @@ def text_tab(page: Page, output: Path) -> list[Path]:
     return [path]
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("logdir", type=Path, help="TensorBoard's logdir, e.g. runs/vit_digits")
-    parser.add_argument("output", type=Path, help="folder for the PNGs")
-    parser.add_argument("--gae-only", metavar="NAME", help="save the GAE tab alone, as NAME (e.g. tensorboard_gae_seq2seq.png)")
-    args = parser.parse_args(argv)
+def fit_main_job(folder: Path) -> tuple[Path, list[str]]:
+    """Fit the main job with its logs under ``folder``: its logdir (``folder/vit_digits``) and the faithfulness table
+    of the summary it printed (the header and a row per method), which the callback guide quotes."""
+    fit = subprocess.run([sys.executable, "-m", "lightning_gae.cli", "fit", "--config", MAIN_JOB,
+                          f"--trainer.logger.init_args.save_dir={folder}"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    print(fit.stdout)
+    fit.check_returncode()
+    return folder / "vit_digits", faithfulness_table(fit.stdout)
+
+
+def faithfulness_table(summary: str) -> list[str]:
+    """The faithfulness table of a printed summary: its ``faithfulness (...)`` line and the indented rows under it."""
+    lines = summary.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("faithfulness ("))
+    table = [lines[start]]
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        table.append(line)
+    return table
+
+
+def write_manifest(run: str, output: Path, made: list[Path], summary: list[str] | None) -> Path:
+    """``manifest.json``: the command, the run and the dashboard code the pictures were made from, each one's hash,
+    and (after ``--fit``) the faithfulness table the fit printed."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    manifest = {
+        "command": COMMAND,
+        "made_from": {"config": MAIN_JOB, "run": run, "commit": commit or None,
+                      "dashboard_files": [p.relative_to(ROOT).as_posix() for p in dashboard_files()],
+                      "dashboard_sha256": dashboard_hash()},
+        "figures": {p.name: file_hash(p) for p in sorted(made)},
+        "summary": summary,
+        "made_separately": MADE_SEPARATELY,
+    }
+    path = output / MANIFEST.name
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return path
+
+
+def shoot(logdir: Path, output: Path, gae_only: str | None = None) -> list[Path]:
+    """Open each tab of a TensorBoard over ``logdir`` in its own browser and save its pictures to ``output``."""
     chromium = find_chromium()
     if chromium is None:
         raise SystemExit("no chromium on PATH: install it (Debian: apt-get install chromium)")
-    tabs = [("gae", lambda page, output: gae_tab(page, output, args.gae_only or "tensorboard_gae_tab.png"))]
-    if not args.gae_only:
+    tabs = [("gae", lambda page, output: gae_tab(page, output, gae_only or "tensorboard_gae_tab.png"))]
+    if not gae_only:
         tabs += [("images", images_tab), ("custom_scalars", custom_scalars_tab), ("text", text_tab)]
+    made = []
     # 1600 px: the Images tab's cards then fit four 256 px panels at their actual size; 1700 px high: the GAE
     # tab's summary, curves and first samples on one screen.
-    with tensorboard_server(args.logdir) as base:
-        for tab, shoot in tabs:
+    with tensorboard_server(logdir) as base:
+        for tab, take in tabs:
             with Chromium(chromium, width=1600, height={"gae": 1700, "custom_scalars": 1050}.get(tab, 1000)) as browser:
                 page = browser.open(f"{base}/#{tab}")
-                for path in shoot(page, args.output):
-                    print(f"wrote {path}")
+                made += take(page, output)
                 errors = page.script_errors()
                 if errors:
                     raise SystemExit(f"the {tab} tab logged script errors: {errors}")
+    return made
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("logdir", type=Path, nargs="?", help="TensorBoard's logdir, e.g. runs/vit_digits (or --fit)")
+    parser.add_argument("output", type=Path, nargs="?", default=FIGURES, help="folder for the PNGs (recipes/figures)")
+    parser.add_argument("--fit", action="store_true", help=f"first fit the main job ({MAIN_JOB}) into a temporary folder")
+    parser.add_argument("--gae-only", metavar="NAME", help="save the GAE tab alone, as NAME (e.g. tensorboard_gae_seq2seq.png)")
+    args = parser.parse_args(argv)
+    if (args.logdir is None) == (not args.fit):
+        parser.error("give a logdir or --fit (which makes one), not both")
+    with tempfile.TemporaryDirectory(prefix="screenshots-") as folder:
+        logdir, summary = fit_main_job(Path(folder)) if args.fit else (args.logdir, None)
+        made = shoot(logdir, args.output, args.gae_only)
+        if not args.gae_only:
+            from recipes import readme_figure
+
+            version = max(logdir.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+            figure = args.output / "vit_digits_tensorboard.png"
+            readme_figure.main([str(version), str(figure)])
+            made.append(figure)
+            made.append(write_manifest("a fresh fit (--fit)" if args.fit else str(logdir), args.output, made, summary))
+    for path in made:
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

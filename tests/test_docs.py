@@ -11,6 +11,7 @@ import doctest
 import inspect
 import importlib
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -64,20 +65,47 @@ def test_readme_links_point_to_files():
         assert (ROOT / link).exists(), f"README links to {link}, which does not exist"
 
 
-@pytest.mark.parametrize("module", ["lightning_gae", "lightning_gae.methods", "lightning_gae.callbacks", "lightning_gae.metrics",
-                                    "lightning_gae.modalities",
-                                    "lightning_gae.modalities.regions", "lightning_gae.attribution",
-                                    "lightning_gae.compare"])
-def test_every_public_name_is_on_the_api_page(module):
-    import importlib
+API_PAGES = sorted((ROOT / "docs" / "api").glob("*.md"))
+API_MODULES = ["lightning_gae", "lightning_gae.methods", "lightning_gae.callbacks", "lightning_gae.metrics",
+               "lightning_gae.modalities", "lightning_gae.modalities.regions", "lightning_gae.attribution",
+               "lightning_gae.compare"]
 
-    page = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+
+def _autosummary_entries() -> list[tuple[str, str]]:
+    """(module, name) of every autosummary entry of the API pages, under the ``currentmodule`` it is listed in."""
+    entries = []
+    for page in API_PAGES:
+        module = None
+        for line in page.read_text().splitlines():
+            if found := re.match(r"^\.\. currentmodule:: ([\w.]+)$", line):
+                module = found.group(1)
+            elif found := re.match(r"^   (\w+)$", line):
+                entries.append((module, found.group(1)))
+    return entries
+
+
+@pytest.mark.parametrize("module", API_MODULES)
+def test_every_public_name_is_on_the_api_pages(module):
+    pages = "\n".join(p.read_text() for p in API_PAGES)
     imported = importlib.import_module(module)
     # A module among the names (lightning_gae.metrics, metrics.functional) is documented on a page of its own.
     names = [n for n in imported.__all__ if not inspect.ismodule(getattr(imported, n))]
-    missing = [name for name in names if not re.search(rf"^   {re.escape(name)}$", page, re.M)]
+    # Listed in an autosummary, or, re-exported from another package, as an alias of this module pointing to it.
+    missing = [name for name in names if not re.search(rf"^   {re.escape(name)}$", pages, re.M)
+               and not re.search(rf"^\.\. py:\w+:: {re.escape(name)}\n   :module: {re.escape(module)}$", pages, re.M)]
     assert names
     assert missing == []
+
+
+def test_the_api_reference_documents_each_object_once():
+    objects: dict[int, str] = {}
+    for module, name in _autosummary_entries():
+        obj = getattr(importlib.import_module(module), name)
+        if isinstance(obj, (int, float, str, tuple, frozenset)) or obj is None:  # constants may be equal by value
+            continue
+        assert id(obj) not in objects, f"{module}.{name} is {objects[id(obj)]}: document it once, alias the other"
+        objects[id(obj)] = f"{module}.{name}"
+    assert len(objects) > 50
 
 
 def test_result_tables_are_what_their_generator_makes_of_the_committed_results():
@@ -146,3 +174,146 @@ def test_the_subset_ranks_and_token_set_tables_read_their_own_keys():
     # The uniform floor is never bold, even where it is the largest value.
     assert made["shares"].splitlines()[3:] == ["| gae | **0.500** | **0.250** | **0.500** | **0.250** |",
                                                "| uniform | 0.750 | 0.125 | 0.750 | 0.125 |"]
+
+
+# --- what the README and the guides say, against the code --------------------------------------------------------
+
+README = ROOT / "README.md"
+GUIDES = ROOT / "docs" / "guides"
+NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8}
+
+
+def _user_pages() -> dict[str, str]:
+    """The README and every page of the site, by path (not the generated API pages or the included result tables)."""
+    pages = [README, *(ROOT / "docs").rglob("*.md")]
+    return {str(p.relative_to(ROOT)): p.read_text() for p in pages
+            if not {"_build", "_api", "results"} & set(p.relative_to(ROOT).parts)}
+
+
+def test_the_docs_name_every_option_group():
+    from lightning_gae import options
+
+    groups = options.__all__
+    for path, text in _user_pages().items():
+        for count in re.findall(r"\b(\w+) (?:option )?groups\b", text):
+            if count in NUMBERS:
+                assert NUMBERS[count] == len(groups), f"{path} says {count} groups; there are {len(groups)}: {groups}"
+    for path in ("README.md", "docs/guides/callback.md"):
+        named = [g for g in groups if f"{g}`" in _user_pages()[path]]  # `Name` or {class}`~path.Name`
+        assert named == groups, f"{path} names {named} of the option groups {groups}"
+
+
+def _quoted_methods(sentence: str) -> tuple[str, ...]:
+    return tuple(re.findall(r'`"?(\w+)"?`', sentence))
+
+
+def test_the_docs_list_the_methods_explain_accepts():
+    from lightning_gae.methods import method_names
+
+    accepted = method_names("attention", "lrp")
+    guide = (GUIDES / "explain.md").read_text()
+    sentence = re.search(r"^`method` is one of the methods that explain.*?(?=\n\n| Any other)", guide, re.M | re.S).group(0)
+    listed = [m for m in _quoted_methods(sentence) if m not in ("method", "attention", "lrp")]
+    assert tuple(listed) == accepted, f"docs/guides/explain.md lists {listed}; explain accepts {accepted}"
+    readme = README.read_text()
+    sentence = re.search(r"^`method=` takes the methods that explain tokens.*?\.(?= )", readme, re.M | re.S).group(0)
+    listed = [m for m in _quoted_methods(sentence.split(":", 1)[1]) if m not in ("method",)]
+    assert tuple(listed) == accepted, f"README.md lists {listed}; explain accepts {accepted}"
+
+
+def test_the_stated_callback_overhead_is_the_measured_one():
+    import json
+
+    rows = json.loads((ROOT / "docs" / "evidence" / "results" / "bench_cpu.json").read_text())["results"]
+    fits = {r["method"]: r["seconds"] for r in rows if r["case"] == "main_job"}
+    measured = round((fits["fit_with_callback"] / fits["fit_without_callback"] - 1) * 100)
+    stated = re.findall(r"adds (\d+)% to the fit", (GUIDES / "callback.md").read_text())
+    assert stated == [str(measured)], f"docs/guides/callback.md states {stated}% for the callback; bench_cpu.json: {measured}%"
+    assert "few percent to the fit" not in "\n".join(_user_pages().values())
+
+
+def test_the_explain_signature_in_the_guide_is_the_functions():
+    import lightning_gae
+
+    def shown(p: inspect.Parameter) -> str:
+        return p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}".replace("'", '"')
+
+    actual = f"explain({', '.join(shown(p) for p in inspect.signature(lightning_gae.explain).parameters.values())})"
+    stated = re.findall(r"^`(explain\(.*\))`:$", (GUIDES / "explain.md").read_text(), re.M)
+    assert stated == [actual]
+    for path in re.findall(r"`(lightning_gae/[\w/]+\.py)`", "\n".join(_user_pages().values())):
+        assert (ROOT / path).exists(), f"the docs name {path}, which does not exist"
+
+
+def test_the_cite_page_names_every_method():
+    from lightning_gae.methods import method_names
+
+    page = (ROOT / "docs" / "cite.md").read_text()
+    table = page.split("```bibtex")[0]
+    keys = set(re.findall(r"^@\w+\{(\w+),$", page, re.M))
+    for method in method_names():
+        assert f"`{method}`" in table, f"docs/cite.md does not say what to cite for {method}"
+    cited = set(re.findall(r"`([a-z]+\d{4}\w*)`", table))
+    assert cited and cited <= keys, f"docs/cite.md's table cites {sorted(cited - keys)} without a BibTeX entry"
+
+
+# --- the screenshots: made by recipes/tensorboard_screenshots.py from the current dashboard ------------------------
+
+
+def _manifest() -> dict:
+    import json
+
+    from recipes.tensorboard_screenshots import MANIFEST
+
+    return json.loads(MANIFEST.read_text())
+
+
+def test_the_screenshots_were_made_from_the_current_dashboard():
+    from recipes.tensorboard_screenshots import COMMAND, dashboard_hash
+
+    made_from = _manifest()["made_from"]
+    assert made_from["dashboard_sha256"] == dashboard_hash(), (
+        f"the GAE tab's code ({', '.join(made_from['dashboard_files'])}) changed after the screenshots in recipes/figures "
+        f"were made: run `{COMMAND}` (a fit of the main job and a headless chromium, a few minutes) and commit "
+        "recipes/figures")
+
+
+def test_the_screenshots_are_the_ones_the_manifest_lists():
+    from recipes.tensorboard_screenshots import COMMAND, FIGURES, MADE_SEPARATELY, file_hash
+
+    manifest = _manifest()
+    assert manifest["command"] == COMMAND and manifest["made_separately"] == MADE_SEPARATELY
+    for name, digest in manifest["figures"].items():
+        assert file_hash(FIGURES / name) == digest, f"recipes/figures/{name} is not the one `{COMMAND}` made"
+    pictures = {p.name for p in FIGURES.glob("*.png")}
+    assert pictures == set(manifest["figures"]) | set(MADE_SEPARATELY), "a picture in recipes/figures no command made"
+    assert "tensorboard_gae_tab_crop.png" in manifest["figures"]
+
+
+def test_the_callback_guide_quotes_the_fit_the_screenshots_show():
+    summary = _manifest()["summary"]
+    assert summary, "the screenshots were made from a run given by hand: make them with --fit, which keeps its summary"
+    guide = (GUIDES / "callback.md").read_text()
+    for line in summary:
+        assert line in guide, (f"docs/guides/callback.md's example summary lacks {line!r} of the fit the screenshots "
+                               "show: paste that fit's table (recipes/figures/manifest.json, 'summary') into the example")
+
+
+def test_the_arguments_table_has_every_argument_of_the_callback_and_its_groups():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        import arguments
+    finally:
+        sys.path.remove(str(ROOT / "docs" / "_ext"))
+    from lightning_gae import options
+    from lightning_gae.callbacks import GAECallback
+
+    rows = arguments.argument_rows(GAECallback)
+    assert [name for name, _, _ in rows] == [p for p in inspect.signature(GAECallback).parameters]
+    assert dict((name, default) for name, default, _ in rows)["num_samples"] == "``8``"
+    groups = arguments.option_groups(GAECallback)
+    assert sorted(group.__name__ for _, group in groups) == sorted(options.__all__)
+    for _, group in groups:
+        assert [name for name, _, text in arguments.argument_rows(group) if text] == [f.name for f in fields(group)]

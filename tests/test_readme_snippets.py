@@ -84,7 +84,7 @@ SECTIONS = sections(README.read_text())
 PAGES = {str(p.relative_to(DOCS)): p for p in sorted(DOCS.rglob("*.md")) if not {"_build", "_api"} & set(p.parts)}
 PAGE_BLOCKS = {name: [b for blocks in sections(p.read_text()).values() for b in blocks] for name, p in PAGES.items()}
 # The section whose example trains a model: it must write its event files where it says, and it runs in the slow part.
-TRAINS = {"Add it to your training", "getting-started.md", "guides/callback.md"}
+TRAINS = {"Add it to your training", "getting-started.md", "guides/callback.md", "index.md"}
 # Pages whose example trains with a logger of its own (no event files to look for): slow too.
 TRAINS_OWN_LOGGER = {"guides/add-a-logger.md"}
 
