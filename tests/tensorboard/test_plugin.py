@@ -574,3 +574,157 @@ def test_the_gae_tab_charts_each_regions_shares_beside_the_curves_with_the_alert
         assert drawn["alerts"] == [["spurious_word", a.method, a.markdown().split("\n")[0].strip("*")] for a in raised]
         assert drawn["order"] == [True, True], "the regions sit after the faithfulness curves, before the samples"
         assert page.script_errors() == []
+
+
+# --- what the tab has, malformed entries, the run the address names ---------------------------------------------------
+
+
+def _dashboard_run(folder, methods=("gae", "rollout"), steps=(1,), scores=True, maps=None):
+    """A run written by TensorBoardViews.write from explanations of an untrained ViT (2 samples, each step), with the
+    faithfulness scores of the last step; ``maps``: method -> ``[2, 17]`` token relevance written instead of explain's.
+    Returns the SummaryWriter, open, so that a test can add entries."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.manual_seed(0)
+    x = torch.rand(2, 1, 8, 8)
+    model = small_vit()
+    writer = SummaryWriter(str(folder))
+    views = TensorBoardViews()
+    for step in steps:
+        explanations = {m: explain(model, x, method="gae" if maps and m in maps else m) for m in methods}
+        for method, tokens in (maps or {}).items():
+            explanations[method] = explanations[method].__class__(**{**explanations[method].__dict__, "tokens": tokens,
+                                                                   "method": method})
+        scalars = {f"positive_perturbation_auc/{m}": 0.3 + 0.1 * i for i, m in enumerate(methods)} if scores else None
+        views.write([writer], step, modality=ImageTokens(patch_size=2), inputs=x, shown=x, sample_indices=[4, 9],
+                    explanations=explanations, scalars=scalars)
+    return writer
+
+
+def _entry(writer, step, tag, value, kind=None, content=None, **fields):
+    """One dashboard tensor as any writer could leave it: ``value`` under ``tag``, described by ``content`` (raw bytes)
+    or by ``metadata.encode(kind, **fields)``."""
+    from tensorboard.compat.proto.summary_pb2 import DATA_CLASS_TENSOR, Summary, SummaryMetadata
+    from tensorboard.util import tensor_util
+
+    from lightning_gae.tensorboard import metadata
+
+    described = content if content is not None else metadata.encode(kind, **fields)
+    meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="gae", content=described),
+                           data_class=DATA_CLASS_TENSOR)
+    value = Summary.Value(tag=tag, tensor=tensor_util.make_tensor_proto(value), metadata=meta)
+    writer._get_file_writer().add_summary(Summary(value=[value]), step)
+
+
+def _routes(logdir):
+    """The plugin's routes over ``logdir`` read by TensorBoard's own multiplexer and data provider, as a werkzeug test
+    client: ``get(path) -> (status, JSON or text)``."""
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from werkzeug.test import Client
+    from werkzeug.wrappers import Response
+
+    from lightning_gae.tensorboard.plugin import GAEDashboardPlugin
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gae": 0})
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    context = base_plugin.TBContext(data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(logdir)),
+                                    logdir=str(logdir))
+    apps = GAEDashboardPlugin(context).get_plugin_apps()
+
+    def get(path):
+        route, _, query = path.partition("?")
+        response = Client(apps[route], Response).get(f"/?{query}")
+        text = response.get_data(as_text=True)
+        return response.status_code, json.loads(text) if response.mimetype == "application/json" else text
+
+    return get
+
+
+# Each a malformed entry beside a good run: (name, step, tag, value, kind or raw content, fields, what the reason says).
+_STRINGS = np.array([b"a", b"b"], dtype=object)
+PROBES = [
+    ("relevance of strings", 1, "gae_dashboard/relevance/gae/x", _STRINGS, "relevance",
+     {"sample": 4, "method": "gae", "space": "tokens", "order": 0}, "not numbers"),
+    ("relevance too large", 1, "gae_dashboard/relevance/gae/x", np.zeros((1 << 22) + 1, dtype=np.int8), "relevance",
+     {"sample": 4, "method": "gae", "space": "tokens", "order": 0}, "more than"),
+    ("relevance without a method", 1, "gae_dashboard/relevance/nameless/x", np.ones(17), "relevance",
+     {"sample": 4, "space": "tokens"}, "no 'method' field"),
+    ("relevance ordered by a word", 1, "gae_dashboard/relevance/worded/x", np.ones(17), "relevance",
+     {"sample": 4, "method": "worded", "space": "tokens", "order": "first"}, "'order' field"),
+    ("relevance in an unknown space", 1, "gae_dashboard/relevance/spaced/x", np.ones(17), "relevance",
+     {"sample": 4, "method": "spaced", "space": "elsewhere", "order": 5}, "'elsewhere'"),
+    ("prediction of two values", 1, "gae_dashboard/prediction/x", np.ones(2), "prediction", {"sample": 4},
+     "holds 2 values"),
+    ("curve of one row", 1, "gae_dashboard/curve/m/gae", np.ones((1, 4)), "curve", {"metric": "m", "method": "gae"},
+     "[2, S]"),
+    ("score of one value", 1, "gae_dashboard/score/m/gae", np.ones(1), "score", {"metric": "m", "method": "gae"},
+     "holds 1 values"),
+    ("region of no value", 1, "gae_dashboard/region/r/share/gae", np.ones(0), "region",
+     {"region": "r", "stat": "share", "method": "gae"}, "holds 0 values"),
+    ("alert of numbers", 1, "gae_dashboard/alert/r/gae", np.ones(3), "alert", {"region": "r", "method": "gae"},
+     "not strings"),
+    ("image input of one channel", 1, "gae_dashboard/input/x", np.zeros((8, 8)), "input",
+     {"sample": 12, "modality": "image", "grid": [4, 4], "prefix_tokens": 1}, "[H, W, 3]"),
+    ("image input of NaN pixels", 1, "gae_dashboard/input/y", np.full((8, 8, 3), np.nan), "input",
+     {"sample": 13, "modality": "image", "grid": [4, 4], "prefix_tokens": 1}, "0..255"),
+    ("description not JSON", 1, "gae_dashboard/relevance/bad/x", np.ones(17), b"{not json", {}, "not JSON"),
+    ("description a list", 1, "gae_dashboard/relevance/listed/x", np.ones(17), b"[1, 2]", {}, "not JSON"),
+]
+
+
+@pytest.mark.parametrize("probe", PROBES, ids=[p[0] for p in PROBES])
+def test_a_malformed_entry_costs_only_itself_and_says_why(tmp_path, probe):
+    name, step, tag, value, kind, fields, why = probe
+    writer = _dashboard_run(tmp_path / "run")
+    if isinstance(kind, bytes):
+        _entry(writer, step, tag, value, content=kind)
+    else:
+        _entry(writer, step, tag, value, kind, **fields)
+    writer.close()
+    get = _routes(tmp_path)
+    assert get("/runs") == (200, {"runs": ["run"]})
+    code, info = get("/run?run=run")
+    assert code == 200, info
+    # The rest of the run: both samples, both methods, the scores, the step.
+    assert [s["sample"] for s in info["samples"]] == [4, 9] and info["methods"][:2] == ["gae", "rollout"]
+    assert info["steps"] == [1] and [e["metric"] for e in info["summary"]] == ["positive_perturbation_auc"]
+    code, at = get("/step?run=run&step=1")
+    assert code == 200, at
+    assert {m for s in ("4", "9") for m, r in at["samples"][s]["relevance"].items() if "values" in r} >= {"gae", "rollout"}
+    # The entry itself: listed with its tag and why, once, by /run or (read at its step) by /step.
+    listed = [p for p in info["problems"] + at["problems"] if p["tag"] == tag]
+    assert listed and all(why in p["why"] for p in listed), (info["problems"], at["problems"])
+
+
+def test_a_relevance_map_that_cannot_be_read_says_why_in_its_place(tmp_path):
+    writer = _dashboard_run(tmp_path / "run")
+    _entry(writer, 1, "gae_dashboard/relevance/broken/val_4", np.array([b"oops"], dtype=object), "relevance",
+           sample=4, method="broken", space="tokens", order=2)
+    writer.close()
+    get = _routes(tmp_path)
+    assert get("/run?run=run")[1]["methods"] == ["gae", "rollout", "broken"]
+    _, at = get("/step?run=run&step=1")
+    assert at["samples"]["4"]["relevance"]["broken"] == {"error": "it holds object values, not numbers"}
+    assert all("values" in at["samples"][s]["relevance"][m] for s in ("4", "9") for m in ("gae", "rollout"))
+
+
+def test_each_method_is_drawn_signed_or_not_by_its_registered_fact(tmp_path):
+    """AttnLRP is signed: one diverging colormap in every sample, even a sample whose map has no negative value; GAE is
+    not: one sequential colormap even where its map has a rounding-size negative value."""
+    positive = torch.rand(2, 17, generator=torch.Generator().manual_seed(1))
+    mixed = positive.clone()
+    mixed[1] -= 0.5
+    gae = positive.clone()
+    gae[1, 3] = -1e-7
+    writer = _dashboard_run(tmp_path / "run", methods=("gae", "attnlrp"), maps={"gae": gae, "attnlrp": mixed})
+    writer.close()
+    _, info = _routes(tmp_path)("/run?run=run")
+    assert info["signed"] == {"gae": False, "attnlrp": True}
+
+    views = TensorBoardViews()
+    ranges = views.ranges({"gae": gae.numpy(), "attnlrp": positive.numpy()}, None)
+    colormaps = {m: {display.colormap_for(vmin < 0) for vmin, _, _ in r} for m, r in ranges.items()}
+    assert colormaps == {"gae": {"inferno"}, "attnlrp": {"RdBu_r"}}
+    assert all(vmin == -vmax for vmin, vmax, _ in ranges["attnlrp"]), "signed: symmetric limits, white at 0"
