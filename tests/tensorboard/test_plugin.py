@@ -209,20 +209,24 @@ def test_chromium_shows_the_summary_first_and_one_colour_scale_read_off_the_bar(
             assert [r[3:] for r in rows] == [[f"#{k}{tied(m, j)}" for j, k in enumerate(entry["methods"][m]["ranks"])]
                                              for m in entry["ranking"]]
 
-        # One colour scale per sample, shared by the methods: its top is the largest patch value of either map.
+        # By default each map spans its own largest magnitude, as the Images tab's pictures do (heatmap_scale="per_map").
         first = str(info["samples"][0]["sample"])
-        bars = _bar_labels(page, first)
-        assert set(bars) == set(METHODS) and len({tuple(b) for b in bars.values()}) == 1
-        patches = [v for m in METHODS for v in step["samples"][first]["relevance"][m]["values"][1:]]
-        assert float(bars["gae"][-1]) == pytest.approx(max(abs(v) for v in patches), rel=5e-3)
+        per_map = _bar_labels(page, first)
+        assert set(per_map) == set(METHODS) and per_map["gae"] != per_map["rollout"]
+        for method in METHODS:
+            patches = step["samples"][first]["relevance"][method]["values"][1:]
+            assert float(per_map[method][-1]) == pytest.approx(max(patches), rel=5e-3)
         # Every heatmap pixel is a colour of the bar (no blend with the input at the default opacity).
         assert _heatmap_colours(page, inferno) == [0] * (3 * len(METHODS))
 
-        page.evaluate(f"(() => {{ const s = {DASHBOARD}.querySelector('#gae-scale'); s.value = 'map'; "
+        # "shared": one colour scale per sample, its top the largest patch value of either map.
+        page.evaluate(f"(() => {{ const s = {DASHBOARD}.querySelector('#gae-scale'); s.value = 'shared'; "
                       "s.dispatchEvent(new Event('change')); })()")
-        page.wait_for(f"[...{DASHBOARD}.querySelectorAll('.gae-section')].some((s) => s.textContent.includes('own maximum'))")
-        per_map = _bar_labels(page, first)
-        assert per_map["gae"] != per_map["rollout"], "each map scaled by itself: two different tops"
+        page.wait_for(f"[...{DASHBOARD}.querySelectorAll('.gae-section')].some((s) => s.textContent.includes('shared by every'))")
+        bars = _bar_labels(page, first)
+        assert len({tuple(b) for b in bars.values()}) == 1
+        patches = [v for m in METHODS for v in step["samples"][first]["relevance"][m]["values"][1:]]
+        assert float(bars["gae"][-1]) == pytest.approx(max(abs(v) for v in patches), rel=5e-3)
         assert page.script_errors() == []
 
 
@@ -728,3 +732,99 @@ def test_each_method_is_drawn_signed_or_not_by_its_registered_fact(tmp_path):
     colormaps = {m: {display.colormap_for(vmin < 0) for vmin, _, _ in r} for m, r in ranges.items()}
     assert colormaps == {"gae": {"inferno"}, "attnlrp": {"RdBu_r"}}
     assert all(vmin == -vmax for vmin, vmax, _ in ranges["attnlrp"]), "signed: symmetric limits, white at 0"
+
+
+@pytest.fixture(scope="module")
+def dashboard_runs(tmp_path_factory):
+    """A logdir of written runs served by a real ``tensorboard``: ``first`` and ``second`` (two steps each, ``second``
+    with a map that cannot be read), ``scores_only`` (faithfulness scores, no explanation step yet) and ``signed``."""
+    root = tmp_path_factory.mktemp("dashboard_runs")
+    _dashboard_run(root / "first", steps=(1, 2)).close()
+    writer = _dashboard_run(root / "second", steps=(1, 2))
+    _entry(writer, 2, "gae_dashboard/relevance/broken/val_4", np.array([b"oops"], dtype=object), "relevance",
+           sample=4, method="broken", space="tokens", order=2)
+    writer.close()
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(root / "scores_only"))
+    TensorBoardViews().write_scores([writer], 3, {"positive_perturbation_auc/gae": 0.25,
+                                                  "positive_perturbation_auc/gae/stderr": 0.01,
+                                                  "positive_perturbation_auc/random": 0.5})
+    writer.close()
+    positive = torch.rand(2, 17, generator=torch.Generator().manual_seed(1))
+    mixed = positive.clone()
+    mixed[1] -= 0.5
+    _dashboard_run(root / "signed", methods=("gae", "attnlrp"), maps={"gae": positive, "attnlrp": mixed}).close()
+    with tensorboard_server(root) as base:
+        yield {"root": root, "base": base}
+
+
+def _open_gae(browser, base, address):
+    page = browser.open(f"{base}/{address}")
+    page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard[data-rendered-step]')")
+    return page
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_the_address_selects_the_run_and_keeps_the_one_chosen(dashboard_runs):
+    base = dashboard_runs["base"]
+    shown = f"{DASHBOARD}.querySelector('#gae-run').value"
+    with Chromium(find_chromium(), width=1200, height=900) as browser:
+        assert _open_gae(browser, base, "#gae").evaluate(shown) == "signed", "no run named: the last one"
+        for address in ("#gae&run=first", "?run=first#gae", "#gae&p.gae.run=first"):
+            page = _open_gae(browser, base, address)
+            assert page.evaluate(shown) == "first", address
+            assert page.evaluate(f"{DASHBOARD}.querySelector('#gae-dashboard').dataset.renderedStep") == "2"
+        # Choosing another run writes it into the address, so that a reload or a bookmark opens it.
+        page.evaluate(f"(() => {{ const s = {DASHBOARD}.querySelector('#gae-run'); s.value = 'second'; "
+                      "s.dispatchEvent(new Event('change')); })()")
+        page.wait_for("location.hash.includes('run=second')")
+        assert page.evaluate("location.hash").startswith("#gae&")
+        assert page.script_errors() == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_a_run_with_scores_and_no_pictures_says_so_and_draws_them_when_they_come(dashboard_runs):
+    base, root = dashboard_runs["base"], dashboard_runs["root"]
+    with Chromium(find_chromium(), width=1200, height=900) as browser:
+        page = _open_gae(browser, base, "#gae&run=scores_only")
+        said = page.evaluate(f"{DASHBOARD}.querySelector('#gae-no-pictures').textContent")
+        assert said.startswith('No pictures were logged yet in run "scores_only"') and "only the scores below" in said
+        rows = page.evaluate(f"[...{DASHBOARD}.querySelectorAll('table.gae-ranking tr[data-method]')].map((r) => r.dataset.method)")
+        assert rows == ["gae", "random"]
+        # The run is still being written: its first explanation step arrives, and the open tab draws it.
+        _dashboard_run(root / "scores_only", steps=(7,)).close()
+        page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard').dataset.renderedStep === '7'", timeout=60)
+        assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap').length") == 4
+        assert "still being written: step 7 arrived" in page.evaluate(f"{DASHBOARD}.querySelector('#gae-updated').textContent")
+        assert page.script_errors() == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_a_map_that_cannot_be_read_says_why_and_the_rest_draws(dashboard_runs):
+    with Chromium(find_chromium(), width=1200, height=900) as browser:
+        page = _open_gae(browser, dashboard_runs["base"], "#gae&run=second")
+        boxes = page.evaluate(f"[...{DASHBOARD}.querySelectorAll('.gae-empty[data-method=broken]')].map((b) => b.textContent)")
+        assert boxes == ["not drawn: this entry could not be read (it holds object values, not numbers)"]
+        assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap').length") == 4
+        listed = page.evaluate(f"[...{DASHBOARD}.querySelectorAll('#gae-problems li')].map((li) => li.textContent)")
+        assert listed == ["gae_dashboard/relevance/broken/val_4 (step 2): it holds object values, not numbers"]
+        assert page.script_errors() == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_a_method_keeps_its_colormap_in_every_sample_and_zero_is_white_where_it_is_signed(dashboard_runs):
+    with Chromium(find_chromium(), width=1200, height=900) as browser:
+        page = _open_gae(browser, dashboard_runs["base"], "#gae&run=signed")
+        drawn = page.evaluate(f"""[...{DASHBOARD}.querySelectorAll('canvas.gae-heatmap')].map((c) =>
+            [c.dataset.method, c.dataset.sample, c.dataset.colormap])""")
+        assert sorted(drawn) == [["attnlrp", "4", "RdBu_r"], ["attnlrp", "9", "RdBu_r"],
+                                 ["gae", "4", "inferno"], ["gae", "9", "inferno"]]
+        # Signed: the bar runs from -m to m with 0 in the middle, in the sample whose map has no negative value too.
+        bars = _bar_labels(page, "4")
+        assert bars["attnlrp"][1] == "0" and float(bars["attnlrp"][0]) == -float(bars["attnlrp"][2])
+        assert page.script_errors() == []

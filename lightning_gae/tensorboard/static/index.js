@@ -186,7 +186,7 @@ function rangesOf(entries) {
 }
 
 function scaleNote() {
-  return {shared: "one colour scale per sample, shared by every method", map: "each map scaled to its own maximum",
+  return {shared: "one colour scale per sample, shared by every method (signed and non-negative methods apart)", map: "each map scaled to its own maximum",
           run: "each method scaled to its maximum over all steps"}[state.scale];
 }
 
