@@ -828,3 +828,14 @@ def test_a_method_keeps_its_colormap_in_every_sample_and_zero_is_white_where_it_
         bars = _bar_labels(page, "4")
         assert bars["attnlrp"][1] == "0" and float(bars["attnlrp"][0]) == -float(bars["attnlrp"][2])
         assert page.script_errors() == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_a_chart_of_few_points_links_to_custom_scalars_unsmoothed(dashboard_runs):
+    with Chromium(find_chromium(), width=1200, height=900) as browser:
+        page = _open_gae(browser, dashboard_runs["base"], "#gae&run=first")
+        page.evaluate(f"{DASHBOARD}.querySelector('#gae-custom-scalars').click()")
+        page.wait_for(f"{DEEP}('tf-custom-scalar-dashboard')", timeout=60)
+        assert page.evaluate(f"{DEEP}('tf-custom-scalar-dashboard')._smoothingWeight") == 0
+        assert page.script_errors() == []

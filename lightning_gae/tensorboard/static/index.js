@@ -78,6 +78,7 @@ const STYLE = `
   #gae-step { width: 260px; }
   .gae-status { color: #b71c1c; padding: 8px 0; min-height: 1em; }
   .gae-hint { color: #616161; padding: 6px 0; }
+  #gae-updated:empty { display: none; }
   .gae-section { font-size: 15px; font-weight: 500; margin: 18px 0 6px; }
   .gae-sample { border-bottom: 1px solid #eeeeee; padding: 10px 0; }
   .gae-sample-title { font-weight: 500; margin-bottom: 6px; }
@@ -594,8 +595,22 @@ function summarySection(info) {
     sections.push(el("div", {class: "gae-section", text: "Each metric over training (every step it was scored, ± its " +
                                                             "standard error where there is one; hover a point for the samples it was scored on)"}),
                   el("div", {class: "gae-histories", id: "gae-history"}, ...summary.map(historyChart)));
+    if (steps.length < 10) sections.push(customScalarsLink(steps.length));
   }
   return sections;
+}
+
+// TensorBoard's Custom Scalars charts smooth every line by default (weight 0.6), which under ten points moves them
+// off their values; its address takes the weight, so the link opens them unsmoothed.
+function customScalarsLink(count) {
+  const link = el("a", {href: "#custom_scalars&_smoothingWeight=0", id: "gae-custom-scalars", target: "_top",
+                        text: "Custom Scalars, unsmoothed"});
+  link.addEventListener("click", (event) => {
+    event.preventDefault();
+    window.parent.location.hash = "#custom_scalars&_smoothingWeight=0";
+  });
+  return el("div", {class: "gae-hint"}, `The same ${count} points per method in TensorBoard's charts: `, link,
+            " (TensorBoard smooths its lines by default, which moves so few points off their values)");
 }
 
 // --- one colour per method, the same in every chart ---------------------------------------------
