@@ -24,6 +24,7 @@ from lightning_gae.display.panels import (
     Scale,
     colorbar,
     colorize,
+    colormap_for,
     colormap_lut,
     enlarge,
     evolution_grid,

@@ -26,6 +26,7 @@ __all__ = [
     "Scale",
     "colorbar",
     "colorize",
+    "colormap_for",
     "colormap_lut",
     "enlarge",
     "evolution_grid",
@@ -64,19 +65,36 @@ def colormap_lut(cmap: str) -> np.ndarray:
     return lut
 
 
-def value_range(values: ArrayLike) -> tuple[float, float]:
-    """The colour range of a relevance map: ``(0, max)`` when it is non-negative, else ``(-m, m)`` with ``m = max |v|``.
+def value_range(values: ArrayLike, signed: bool | None = None) -> tuple[float, float]:
+    """The colour range of a relevance map: ``(0, max)`` for a non-negative method, ``(-m, m)`` with ``m = max |v|``
+    for a signed one.
 
     Anchored at 0 (never min-max), so a map that is flat stays one colour instead of being stretched
-    to the full scale, and a signed map puts 0 at the centre of a diverging colormap. A map without
-    a non-zero finite value gets ``(0, 1)``.
+    to the full scale, and a signed map puts 0 at the centre of a diverging colormap (white).
+
+    Args:
+        values: the map (or every map that shares the range).
+        signed: the method's relevance is signed (:func:`colormap_for`): always ``(-m, m)``, even for a map that
+            happens to have no negative value, so that a method keeps one colormap in every sample; False: always
+            ``(0, max)`` (negative values, e.g. rounding, take the first colour); None: signed when a value is
+            below 0.
+
+    A map without a non-zero finite value gets ``(0, 1)`` (``(-1, 1)`` when signed).
     """
     array = as_numpy(values).astype(np.float64)
     finite = array[np.isfinite(array)]
-    top = float(np.abs(finite).max()) if finite.size else 0.0
+    if signed is None:
+        signed = bool(finite.size) and float(finite.min()) < 0
+    top = float(np.abs(finite).max() if signed else np.clip(finite, 0.0, None).max()) if finite.size else 0.0
     if top == 0.0:
-        return 0.0, 1.0
-    return (-top, top) if finite.min() < 0 else (0.0, top)
+        top = 1.0
+    return (-top, top) if signed else (0.0, top)
+
+
+def colormap_for(signed: bool) -> str:
+    """The colormap of a method's maps, by whether its relevance is signed (the method's ``signed`` fact): one
+    convention for every picture and the GAE tab, :data:`DIVERGING_CMAP` (white at 0) or :data:`SEQUENTIAL_CMAP`."""
+    return DIVERGING_CMAP if signed else SEQUENTIAL_CMAP
 
 
 def colorize(values: ArrayLike, vmin: float, vmax: float, cmap: str = SEQUENTIAL_CMAP) -> np.ndarray:

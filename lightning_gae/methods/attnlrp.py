@@ -8,4 +8,5 @@ from lightning_gae.methods.registry import Method, register_method
 
 __all__ = ["ATTNLRP"]
 
-ATTNLRP = register_method(Method(name="attnlrp", kind="lrp", rule=attnlrp.explain, label="AttnLRP"))
+ATTNLRP = register_method(Method(name="attnlrp", kind="lrp", rule=attnlrp.explain, label="AttnLRP",
+                                signed=True))

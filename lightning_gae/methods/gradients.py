@@ -50,9 +50,9 @@ SALIENCY = register_method(Method(name="saliency", kind="gradient", rule=captum_
                                   label="Saliency", all_zero=_NO_GRADIENT, default=True))
 INPUT_X_GRADIENT = register_method(Method(name="input_x_gradient", kind="gradient",
                                           rule=captum_method("InputXGradient"), label="Input x gradient",
-                                          all_zero=_NO_GRADIENT, default=True))
+                                          all_zero=_NO_GRADIENT, signed=True, default=True))
 INTEGRATED_GRADIENTS = register_method(Method(name="integrated_gradients", kind="gradient",
                                               rule=captum_method("IntegratedGradients"), label="Integrated gradients",
-                                              options=integrated_gradients_options, default=True))
+                                              options=integrated_gradients_options, signed=True, default=True))
 GRADIENT_SHAP = register_method(Method(name="gradient_shap", kind="gradient", rule=captum_method("GradientShap"),
-                                       label="GradientSHAP", options=gradient_shap_options))
+                                       label="GradientSHAP", options=gradient_shap_options, signed=True))

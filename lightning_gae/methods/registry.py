@@ -59,6 +59,9 @@ class Method:
         beside_identity: its relevance row starts from the identity (the readout token's own 1), so a row whose
             relevance outside that token is negligible beside it is flagged as degenerate (GAECallback's health).
         all_zero: what an all-zero map of it means, shown on the GAE tab instead of a black map.
+        signed: its relevance takes both signs (for and against the explained score), so every view draws it on a
+            diverging colormap with white at 0 and symmetric limits; False: non-negative, drawn on a sequential one
+            (:func:`lightning_gae.display.colormap_for`), in every sample and view alike.
         default: ``compare`` and ``lightning-gae compare`` run it when no methods are named.
         lean: an attention method whose rule reads only GAE's ``Ā`` and row (:attr:`RecordedForward.lean_abars`,
             :attr:`RecordedForward.lean_row`), so a call of such methods alone takes the memory-lean path.
@@ -82,6 +85,7 @@ class Method:
     one_token: str = ""
     beside_identity: bool = False
     all_zero: str = ALL_ZERO_DEFAULT
+    signed: bool = False
     default: bool = False
     lean: bool = False
     check: Callable[[RecordedForward], None] | None = None

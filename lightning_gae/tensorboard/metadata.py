@@ -47,6 +47,37 @@ KINDS = ("input", "prediction", "relevance", "curve", "score", "set_input", "set
          "region", "alert")
 
 
+FIELDS: dict[str, dict[str, type]] = {
+    "input": {"sample": int, "modality": str},
+    "set_input": {"sample": int, "modality": str, "set": str},
+    "prediction": {"sample": int},
+    "relevance": {"sample": int, "method": str, "space": str},
+    "set_relevance": {"sample": int, "method": str, "set": str, "space": str},
+    "row_labels": {"sample": int},
+    "curve": {"metric": str, "method": str},
+    "score": {"metric": str, "method": str},
+    "flag": {"method": str, "cause": str},
+    "region": {"region": str, "stat": str, "method": str},
+    "alert": {"region": str, "method": str},
+}
+"""Per kind, the fields a description must have and their types (what the GAE tab reads)."""
+
+OPTIONAL: dict[str, type] = {"order": int, "position": int, "higher_is_better": bool, "query": bool}
+"""Fields some descriptions have, and their types when they do."""
+
+
+def problem(description: dict[str, Any]) -> str | None:
+    """Why the GAE tab cannot read a decoded description (a field missing or of the wrong type), or None."""
+    kind = description["kind"]
+    for name, kinds in [*FIELDS[kind].items(), *((k, t) for k, t in OPTIONAL.items() if k in description)]:
+        if name not in description:
+            return f"its description has no {name!r} field (a {kind!r} entry needs {sorted(FIELDS[kind])})"
+        value = description[name]
+        if not isinstance(value, kinds) or (kinds is int and isinstance(value, bool)):
+            return f"its {name!r} field is {value!r}, not of type {kinds.__name__}"
+    return None
+
+
 def encode(kind: str, **fields: Any) -> bytes:
     """The ``plugin_data.content`` of a dashboard summary of ``kind``."""
     if kind not in KINDS:

@@ -14,9 +14,14 @@ Routes (``run`` and ``step`` are query parameters):
   methods ranked (value ± standard error; methods the errors do not tell apart share a rank) at every step
   where the metric was scored, the explanations flagged as not faithful (``flags``), the declared regions' share and
   recall per method over the steps, ``random`` the floor (``regions``), and the alerts of suspect regions (``alerts``);
+  ``signed`` per method (drawn on a diverging colormap, white at 0, or a sequential one), and ``problems``;
 * ``/step?run=&step=``: at that step, every sample's prediction and raw relevance per method (and per
   token set, a decoder's target x source rows), why a map is all zero where it is, and every metric's
-  curve per method;
+  curve per method, and ``problems``;
+
+A malformed entry (a tensor of the wrong shape or type, a description that is not JSON or lacks a field,
+more values than the tab draws) costs that entry alone: it is left out, and ``problems`` lists it with its
+tag, its step and why (a relevance map's entry says it in place, as ``error``), so the rest of the run draws.
 * ``/colormaps``: matplotlib's colormaps as 256-entry tables, and the line colours of the curves.
 """
 
@@ -75,20 +80,81 @@ def _json_values(array: np.ndarray) -> list[Any]:
     return [_json_values(row) for row in values]
 
 
+MAX_VALUES = 1 << 22
+"""The most values one entry may hold (a 2048 x 2048 map); a larger one is refused as malformed, not sent."""
+
+
+class Unreadable(ValueError):
+    """An entry the GAE tab cannot draw; the message says why (listed in the answer's ``problems``)."""
+
+
+def _numbers(value: np.ndarray, size: int | None = None, ndim: int | None = None) -> np.ndarray:
+    """``value`` as float64, or :class:`Unreadable` when it is not numbers, is too large, or (``size``, ``ndim``)
+    has another size or number of dimensions than its kind has."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise Unreadable(f"it holds {array.dtype} values, not numbers")
+    if array.size > MAX_VALUES:
+        raise Unreadable(f"it holds {array.size} values, more than the {MAX_VALUES} the tab draws")
+    if ndim is not None and array.ndim != ndim:
+        raise Unreadable(f"its shape is {list(array.shape)}; this kind is {ndim}-dimensional")
+    if size is not None and array.size < size:
+        raise Unreadable(f"it holds {array.size} values; this kind has {size}")
+    return array.astype(np.float64)
+
+
+def _strings(value: np.ndarray) -> list[str]:
+    """A string tensor's strings (bytes decoded as UTF-8), or :class:`Unreadable` for numbers."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "OSU":
+        raise Unreadable(f"it holds {array.dtype} values, not strings")
+    if array.size > MAX_VALUES:
+        raise Unreadable(f"it holds {array.size} strings, more than the {MAX_VALUES} the tab draws")
+    return [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t) for t in array.reshape(-1).tolist()]
+
+
+def _int_list(d: dict[str, Any], field: str, length: int | None = None) -> list[Any]:
+    found = d.get(field)
+    if not isinstance(found, list) or (length is not None and len(found) != length):
+        raise Unreadable(f"its {field!r} field is {found!r}; it needs a list" + ("" if length is None else f" of {length}"))
+    return found
+
+
 def _input_payload(d: dict[str, Any], value: np.ndarray) -> dict[str, Any]:
-    """The JSON of an ``input`` (or ``set_input``) summary: its description and the input as a browser draws it."""
+    """The JSON of an ``input`` (or ``set_input``) summary: its description and the input as a browser draws it;
+    :class:`Unreadable` when the input or the layout the tab draws it with is malformed."""
     sample = {k: v for k, v in d.items() if k not in ("version", "kind")}
-    if d.get("modality") == "image":
-        pixels = np.ascontiguousarray(value, dtype=np.uint8)
+    if d["modality"] == "image":
+        pixels = _numbers(value)
+        if pixels.ndim != 3 or pixels.shape[-1] != 3:
+            raise Unreadable(f"an image input is uint8 [H, W, 3]; this one is {list(pixels.shape)}")
+        if not np.all((pixels >= 0) & (pixels <= 255)):
+            raise Unreadable("its pixels are not all in 0..255")
+        grid = _int_list(d, "grid", 2)
+        if not all(isinstance(g, int) and g > 0 for g in grid) or not isinstance(d.get("prefix_tokens"), int):
+            raise Unreadable(f"its patch grid {grid!r} or prefix_tokens {d.get('prefix_tokens')!r} is not whole numbers")
+        pixels = np.ascontiguousarray(pixels, dtype=np.uint8)
         sample["input"] = {"height": int(pixels.shape[0]), "width": int(pixels.shape[1]),
                            "rgb": base64.b64encode(pixels.tobytes()).decode("ascii")}
-    elif d.get("modality") == "text":
-        sample["input"] = {"tokens": [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
-                                      for t in value.reshape(-1).tolist()]}
+    elif d["modality"] == "text":
+        tokens = _strings(value)
+        _int_list(d, "valid", len(tokens))
+        _int_list(d, "muted", len(tokens))
+        sample["input"] = {"tokens": tokens}
     else:
-        sample["input"] = {"values": _json_values(value.reshape(-1))}
+        values = _numbers(value).reshape(-1)
+        if d["modality"] == "tabular":
+            _int_list(d, "feature_names", values.size)
+            if not isinstance(d.get("prefix_tokens"), int):
+                raise Unreadable(f"its prefix_tokens {d.get('prefix_tokens')!r} is not a whole number")
+        sample["input"] = {"values": _json_values(values)}
     return sample
 
+
+def _problem(tag: str, d: dict[str, Any] | None, why: str, step: int | None = None) -> dict[str, Any]:
+    """One entry of an answer's ``problems``."""
+    found = {"tag": tag, "kind": None if d is None else d.get("kind"), "why": why}
+    return found if step is None else {**found, "step": step}
 
 
 def _route(serve: Callable[[Any, wrappers.Request], wrappers.Response]) -> Callable[..., Any]:
@@ -123,8 +189,9 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
 
     # --- reading --------------------------------------------------------------------------------
 
-    def _descriptions(self, request: wrappers.Request, run: str | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-        """Run -> tag -> the description of every dashboard series."""
+    def _listing(self, request: wrappers.Request, run: str | None = None
+                 ) -> dict[str, tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]]:
+        """Run -> (tag -> the description of every readable dashboard series, the series whose description is not)."""
         if self._provider is None:
             return {}
         listing = self._provider.list_tensors(
@@ -133,22 +200,30 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
             plugin_name=metadata.PLUGIN_NAME,
             run_tag_filter=None if run is None else provider.RunTagFilter(runs=[run]),
         )
-        out: dict[str, dict[str, dict[str, Any]]] = {}
+        out: dict[str, tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]] = {}
         for name, series in listing.items():
-            described = {tag: metadata.decode(s.plugin_content) for tag, s in series.items()}
-            kept = {tag: d for tag, d in described.items() if d is not None}
-            if kept:
-                out[name] = kept
+            kept: dict[str, dict[str, Any]] = {}
+            problems = []
+            for tag, s in series.items():
+                d = metadata.decode(s.plugin_content)
+                why = ("its description is not JSON of a kind this version of lightning-gae reads" if d is None
+                       else metadata.problem(d))
+                if why is None and d is not None:
+                    kept[tag] = d
+                else:
+                    problems.append(_problem(tag, d, why or ""))
+            if kept or problems:
+                out[name] = (kept, problems)
         return out
 
-    def _run_descriptions(self, request: wrappers.Request) -> tuple[str, dict[str, dict[str, Any]]]:
+    def _run_descriptions(self, request: wrappers.Request) -> tuple[str, dict[str, dict[str, Any]], list[dict[str, Any]]]:
         run = request.args.get("run")
         if not run:
             raise errors.InvalidArgumentError("the 'run' query parameter is missing")
-        described = self._descriptions(request, run).get(run)
-        if not described:
+        described, problems = self._listing(request, run).get(run, ({}, []))
+        if not described and not problems:
             raise errors.NotFoundError(f"run {run!r} has no GAE dashboard data")
-        return run, described
+        return run, described, problems
 
     def _read(self, request: wrappers.Request, run: str, tags: Iterable[str]) -> dict[str, list[provider.TensorDatum]]:
         data = self._provider.read_tensors(
@@ -173,63 +248,80 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
 
     @_route
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
-        return http_util.Respond(request, {"runs": sorted(self._descriptions(request))}, "application/json")
+        return http_util.Respond(request, {"runs": sorted(self._listing(request))}, "application/json")
 
     @_route
     def _serve_run(self, request: wrappers.Request) -> wrappers.Response:
-        run, described = self._run_descriptions(request)
-        inputs = self._of_kind(described, "input")
-        set_inputs = self._of_kind(described, "set_input")
-        relevance = self._of_kind(described, "relevance")
-        predictions = self._of_kind(described, "prediction")
-        curves = self._of_kind(described, "curve")
-        scores = self._of_kind(described, "score")
-        flags = self._of_kind(described, "flag")
-        regions = self._of_kind(described, "region")
-        alerts = self._of_kind(described, "alert")
-        data = self._read(request, run, [*inputs, *set_inputs, *relevance, *predictions, *curves, *scores, *flags,
-                                         *regions, *alerts])
-        steps = sorted({d.step for tag in predictions for d in data.get(tag, [])})
+        run, described, problems = self._run_descriptions(request)
+        kinds = ("input", "set_input", "relevance", "prediction", "curve", "score", "flag", "region", "alert")
+        of = {kind: self._of_kind(described, kind) for kind in kinds}
+        data = self._read(request, run, [tag for kind in kinds for tag in of[kind]])
+        steps = sorted({d.step for tag in of["prediction"] for d in data.get(tag, [])})
         # The faithfulness subset may be scored at a few steps only (by default once, when fit ends).
-        curve_steps = sorted({d.step for tag in curves for d in data.get(tag, [])})
+        curve_steps = sorted({d.step for tag in of["curve"] for d in data.get(tag, [])})
+        relevance: dict[str, dict[str, Any]] = {}
         ranges: dict[str, float] = {}
-        for tag, d in relevance.items():
+        negative: dict[str, bool] = {}
+        for tag, d in of["relevance"].items():
+            # Listed even where no map of it can be read: its panels then say why.
+            relevance[tag] = d
             for datum in data.get(tag, []):
-                values = np.abs(datum.numpy[np.isfinite(datum.numpy)])
-                ranges[d["method"]] = max(ranges.get(d["method"], 0.0), float(values.max()) if values.size else 0.0)
+                try:
+                    finite = _numbers(datum.numpy)
+                except Unreadable as why:
+                    problems.append(_problem(tag, d, str(why), datum.step))
+                    continue
+                finite = finite[np.isfinite(finite)]
+                top = float(np.abs(finite).max()) if finite.size else 0.0
+                ranges[d["method"]] = max(ranges.get(d["method"], 0.0), top)
+                negative[d["method"]] = negative.get(d["method"], False) or bool(np.any(finite < 0))
         sets: dict[int, list[dict[str, Any]]] = {}
-        for tag, d in set_inputs.items():
+        for tag, d in of["set_input"].items():
             if data.get(tag):
-                sets.setdefault(d["sample"], []).append(_input_payload(d, data[tag][-1].numpy))
+                try:
+                    sets.setdefault(d["sample"], []).append(_input_payload(d, data[tag][-1].numpy))
+                except Unreadable as why:
+                    problems.append(_problem(tag, d, str(why), data[tag][-1].step))
         samples = []
-        for tag, d in inputs.items():
+        for tag, d in of["input"].items():
             points = data.get(tag)
             if not points:
                 continue
-            sample = _input_payload(d, points[-1].numpy)
+            try:
+                sample = _input_payload(d, points[-1].numpy)
+            except Unreadable as why:
+                problems.append(_problem(tag, d, str(why), points[-1].step))
+                continue
             if d["sample"] in sets:
                 sample["sets"] = sorted(sets[d["sample"]], key=lambda s: (s.get("order", 0), s["set"]))
             samples.append(sample)
-        samples.sort(key=lambda s: s.get("position", 0))
+        samples.sort(key=lambda s: (s.get("position", 0), s["sample"]))
         methods = [m for _, m in sorted({(d.get("order", 0), d["method"]) for d in relevance.values()})]
-        metrics = sorted({d["metric"] for d in curves.values()})
+        metrics = sorted({d["metric"] for d in of["curve"].values()})
         payload = {"run": run, "steps": steps, "methods": methods, "floors": list(method_names("baseline")),
                    "metrics": metrics, "curve_steps": curve_steps,
-                   "samples": samples, "ranges": ranges, "summary": self._summary(scores, data, methods),
-                   "flags": self._text_entries(flags, data, ("method", "cause")),
-                   "regions": self._regions(regions, data, methods),
-                   "alerts": self._text_entries(alerts, data, ("region", "method"))}
+                   "samples": samples, "ranges": ranges,
+                   "signed": {m: get_method(m).signed if m in method_names() else negative.get(m, False) for m in methods},
+                   "summary": self._summary(of["score"], data, methods, problems),
+                   "flags": self._text_entries(of["flag"], data, ("method", "cause"), problems),
+                   "regions": self._regions(of["region"], data, methods, problems),
+                   "alerts": self._text_entries(of["alert"], data, ("region", "method"), problems),
+                   "problems": sorted(problems, key=lambda e: (e.get("step", -1), e["tag"]))}
         return http_util.Respond(request, payload, "application/json")
 
     @staticmethod
     def _regions(regions: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]],
-                 methods: list[str]) -> list[dict[str, Any]]:
+                 methods: list[str], problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Per declared region, sorted by name: per stat (``share``, ``recall``) the steps it was logged at and per
         method (the callback's order, ``random`` last) its value at each of them (None where not logged)."""
         points: dict[str, dict[str, dict[str, dict[int, float]]]] = {}
         for tag, d in regions.items():
             for datum in data.get(tag, []):
-                value = float(np.asarray(datum.numpy, dtype=np.float64).reshape(-1)[0])
+                try:
+                    value = float(_numbers(datum.numpy, size=1).reshape(-1)[0])
+                except Unreadable as why:
+                    problems.append(_problem(tag, d, str(why), datum.step))
+                    continue
                 if math.isfinite(value):
                     points.setdefault(d["region"], {}).setdefault(d["stat"], {}).setdefault(d["method"], {})[datum.step] = value
         order = [*methods, RANDOM.name]
@@ -245,7 +337,7 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
 
     @staticmethod
     def _summary(scores: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]],
-                 methods: list[str]) -> list[dict[str, Any]]:
+                 methods: list[str], problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Per metric: its direction, the steps it was scored at, and per method its value, standard error, sample
         count (None when not logged), rank and whether it ties (``tied``: the standard errors do not tell it from
         another method of its rank) at each of them; ``ranking`` is the methods best first at the last of those steps."""
@@ -255,7 +347,11 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
                                                        "points": {}})
             for datum in data.get(tag, []):
                 # [value, standard error] and, since the subset is scored on parts of it during fit, the sample count.
-                value, error, *count = (float(v) for v in np.asarray(datum.numpy, dtype=np.float64).reshape(-1)[:3])
+                try:
+                    value, error, *count = (float(v) for v in _numbers(datum.numpy, size=2).reshape(-1)[:3])
+                except Unreadable as why:
+                    problems.append(_problem(tag, d, str(why), datum.step))
+                    continue
                 if math.isfinite(value):
                     entry["points"].setdefault(datum.step, {})[d["method"]] = (
                         value, error if math.isfinite(error) else None,
@@ -294,20 +390,23 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
 
     @staticmethod
     def _text_entries(entries: dict[str, dict[str, Any]], data: dict[str, list[provider.TensorDatum]],
-                      keys: tuple[str, ...]) -> list[dict[str, Any]]:
+                      keys: tuple[str, ...], problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Text entries (the flags of unfaithful explanations, the alerts of suspect regions): each one's step, its
         ``keys`` and its markdown, by step and then those keys."""
         out = []
         for tag, d in entries.items():
             for datum in data.get(tag, []):
-                text = datum.numpy.reshape(-1)[0]
-                out.append({"step": datum.step, **{k: d[k] for k in keys},
-                            "text": text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)})
+                try:
+                    text = "\n".join(_strings(datum.numpy))
+                except Unreadable as why:
+                    problems.append(_problem(tag, d, str(why), datum.step))
+                    continue
+                out.append({"step": datum.step, **{k: d[k] for k in keys}, "text": text})
         return sorted(out, key=lambda e: (e["step"], *(e[k] for k in keys)))
 
     @_route
     def _serve_step(self, request: wrappers.Request) -> wrappers.Response:
-        run, described = self._run_descriptions(request)
+        run, described, problems = self._run_descriptions(request)
         try:
             step = int(request.args.get("step", ""))
         except ValueError:
@@ -320,40 +419,62 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
             raise errors.NotFoundError(f"run {run!r} has no GAE dashboard data at step {step}")
         samples: dict[str, dict[str, Any]] = {}
         curves: dict[str, dict[str, Any]] = {}
+        problems = [p for p in problems if p.get("step") in (None, step)]
         for tag, d in wanted.items():
             value = at_step[tag]
             if value is None:
                 continue
-            if d["kind"] == "curve":
-                curves.setdefault(d["metric"], {})[d["method"]] = {"fractions": _json_values(value[0]),
-                                                                    "values": _json_values(value[1])}
-                continue
-            sample = samples.setdefault(str(d["sample"]), {"relevance": {}})
-            if d["kind"] == "prediction":
-                pred, target, prob = _json_values(value.reshape(-1))
-                sample["prediction"] = {"pred": pred, "target": target, "probability": prob}
-                continue
-            if d["kind"] == "row_labels":
-                sample["row_labels"] = [t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t)
-                                        for t in value.reshape(-1).tolist()]
-                continue
-            entry = {"space": d["space"], "shape": list(value.shape), "values": _json_values(value.reshape(-1))}
-            reason = zero_reason(d["method"], value)
-            if reason is not None:
-                entry["all_zero"] = reason
-            elif d["space"] == "rows":
-                # Rows of a decoder that are zero everywhere (e.g. one position's Grad-CAM) say why, too.
-                zero = [t for t, row in enumerate(value) if zero_reason(d["method"], row) is not None]
-                if zero:
-                    entry["zero_rows"], entry["zero_reason"] = zero, zero_reason(d["method"], np.zeros(1))
-            if d["kind"] == "relevance":
-                sample["relevance"][d["method"]] = entry
-            elif d["space"] == "rows":
-                sample.setdefault("rows", {}).setdefault(d["set"], {})[d["method"]] = entry
-            else:
-                sample.setdefault("sets", {}).setdefault(d["set"], {})[d["method"]] = entry
-        return http_util.Respond(request, {"run": run, "step": step, "samples": samples, "curves": curves},
-                                 "application/json")
+            try:
+                self._step_entry(d, value, samples, curves)
+            except Unreadable as why:
+                problems.append(_problem(tag, d, str(why), step))
+                if d["kind"] == "relevance":
+                    # In place of the map: the panel says why it is not drawn.
+                    samples.setdefault(str(d["sample"]), {"relevance": {}})["relevance"][d["method"]] = {"error": str(why)}
+        return http_util.Respond(request, {"run": run, "step": step, "samples": samples, "curves": curves,
+                                           "problems": sorted(problems, key=lambda e: e["tag"])}, "application/json")
+
+    @staticmethod
+    def _step_entry(d: dict[str, Any], value: np.ndarray, samples: dict[str, dict[str, Any]],
+                    curves: dict[str, dict[str, Any]]) -> None:
+        """One entry of a step into ``samples`` or ``curves``; :class:`Unreadable` when it is malformed."""
+        if d["kind"] == "curve":
+            points = _numbers(value, ndim=2)
+            if points.shape[0] != 2:
+                raise Unreadable(f"a curve is [2, S] (fractions, values); this one is {list(points.shape)}")
+            curves.setdefault(d["metric"], {})[d["method"]] = {"fractions": _json_values(points[0]),
+                                                               "values": _json_values(points[1])}
+            return
+        if d["kind"] == "row_labels":
+            labels = _strings(value)
+            samples.setdefault(str(d["sample"]), {"relevance": {}})["row_labels"] = labels
+            return
+        if d["kind"] == "prediction":
+            pred, target, prob = _json_values(_numbers(value, size=3).reshape(-1)[:3])
+            samples.setdefault(str(d["sample"]), {"relevance": {}})["prediction"] = {"pred": pred, "target": target,
+                                                                                     "probability": prob}
+            return
+        if d["space"] not in ("tokens", "input", "rows"):
+            raise Unreadable(f"its space {d['space']!r} is not 'tokens', 'input' or 'rows'")
+        values = _numbers(value, ndim=2 if d["space"] == "rows" else None)
+        if d["space"] == "input" and values.ndim not in (1, 2):
+            raise Unreadable(f"a map in input units is [H, W] or [N]; this one is {list(values.shape)}")
+        entry: dict[str, Any] = {"space": d["space"], "shape": list(values.shape), "values": _json_values(values.reshape(-1))}
+        reason = zero_reason(d["method"], values)
+        if reason is not None:
+            entry["all_zero"] = reason
+        elif d["space"] == "rows":
+            # Rows of a decoder that are zero everywhere (e.g. one position's Grad-CAM) say why, too.
+            zero = [t for t, row in enumerate(values) if zero_reason(d["method"], row) is not None]
+            if zero:
+                entry["zero_rows"], entry["zero_reason"] = zero, zero_reason(d["method"], np.zeros(1))
+        sample = samples.setdefault(str(d["sample"]), {"relevance": {}})
+        if d["kind"] == "relevance":
+            sample["relevance"][d["method"]] = entry
+        elif d["space"] == "rows":
+            sample.setdefault("rows", {}).setdefault(d["set"], {})[d["method"]] = entry
+        else:
+            sample.setdefault("sets", {}).setdefault(d["set"], {})[d["method"]] = entry
 
     @_route
     def _serve_colormaps(self, request: wrappers.Request) -> wrappers.Response:

@@ -51,7 +51,7 @@ from lightning_gae.tensorboard.method_runs import (
     is_faithfulness,
     scalar_group,
 )
-from lightning_gae.tensorboard.views import SetInput, StepViews, bounded, markdown_cell
+from lightning_gae.tensorboard.views import SetInput, StepViews, bounded, markdown_cell, markdown_text
 
 __all__ = ["FAITHFULNESS_SAMPLES", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout",
            "faithfulness_rows", "faithfulness_table", "higher_is_better", "rank_labels", "sample_tag", "scalar_tag",
@@ -125,7 +125,7 @@ def faithfulness_table(scalars: Mapping[str, float]) -> str | None:
     if found is None:
         return None
     metrics, rows = found
-    lines = ["| method | " + " | ".join(metrics) + " |", "| --- |" + " ---: |" * len(metrics)]
+    lines = ["| method | " + " | ".join(markdown_cell(m) for m in metrics) + " |", "| --- |" + " ---: |" * len(metrics)]
     lines += ["| " + " | ".join([markdown_cell(method), *cells]) + " |" for method, *cells in rows]
     count = scalars.get(FAITHFULNESS_SAMPLES)
     if count is not None:
@@ -164,16 +164,35 @@ def rank_labels(scalars: Mapping[str, float]) -> dict[str, dict[str, str]]:
     return out
 
 
+def _literal_markdown(text: str) -> str:
+    """An entry's text as markdown that shows every user string (a region's, method's or class's name) literally
+    (:func:`~lightning_gae.tensorboard.views.markdown_text`); the entries' own structure, a ``**headline**`` and
+    ``- detail`` lines, is kept."""
+    lines = []
+    for line in text.split("\n"):
+        stripped = line.strip()
+        if len(stripped) > 4 and stripped.startswith("**") and stripped.endswith("**"):
+            lines.append(f"**{markdown_text(stripped[2:-2])}**")
+        elif stripped.startswith("- "):
+            lines.append(f"- {markdown_text(stripped[2:])}")
+        else:
+            lines.append(markdown_text(line))
+    return "\n".join(lines)
+
+
 def _write_marks(writers: Sequence[Any], step: int, text_tag: str, kind: str, names: tuple[str, str],
                  entries: Sequence[tuple[str, str, str]]) -> None:
-    """A step's ``entries`` (``(first, second, markdown)``) as one Text tab entry under ``text_tag`` and, for the GAE
-    tab, one ``kind`` tensor each, tagged ``<prefix>/<kind>/<first>/<second>`` with ``names`` as its metadata keys."""
+    """A step's ``entries`` (``(first, second, text)``) as one Text tab entry under ``text_tag`` and, for the GAE
+    tab, one ``kind`` tensor each, tagged ``<prefix>/<kind>/<first>/<second>`` with ``names`` as its metadata keys.
+
+    The Text tab renders markdown, and TensorBoard's sanitiser keeps some HTML (an ``<img>``): the text goes there
+    escaped (:func:`_literal_markdown`); the GAE tab's tensor keeps it as given and the tab shows it as text."""
     if not entries:
         return
     values = [_tensor_summary(f"{metadata.TAG_PREFIX}/{kind}/{a}/{b}", np.array([text.encode("utf-8")], dtype=object),
                               metadata.encode(kind, **{names[0]: a, names[1]: b})) for a, b, text in entries]
     for writer in writers:
-        writer.add_text(text_tag, "\n\n".join(text for _, _, text in entries), step)
+        writer.add_text(text_tag, "\n\n".join(_literal_markdown(text) for _, _, text in entries), step)
         writer._get_file_writer().add_summary(Summary(value=values), step)
         writer.flush()
 

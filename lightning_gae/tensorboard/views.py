@@ -30,9 +30,10 @@ from lightning_gae import display
 from lightning_gae._structures import map_tensors
 from lightning_gae.display import Scale
 from lightning_gae.engine.readout import Explanation
+from lightning_gae.methods import get_method, method_names
 from lightning_gae.modalities.tokens import MethodMap, Modality
 
-__all__ = ["MAX_IMAGE_SIDE", "Scale", "SetInput", "StepViews", "bounded", "markdown_cell"]
+__all__ = ["MAX_IMAGE_SIDE", "Scale", "SetInput", "StepViews", "bounded", "markdown_cell", "markdown_text", "method_signed"]
 
 MAX_IMAGE_SIDE = 4096
 """Longest side of a drawn picture: larger PNGs make TensorBoard's image panel and the browser stall
@@ -48,9 +49,26 @@ def bounded(image: np.ndarray) -> np.ndarray:
     return np.asarray(picture)
 
 
+def markdown_text(text: str) -> str:
+    """``text`` (a user's name: a region, a method, a class, a token) as literal text inside markdown: HTML's
+    ``&``, ``<`` and ``>`` as entities (markdown keeps raw HTML, and TensorBoard's sanitiser keeps some tags, such
+    as ``<img>``) and markdown's own marks behind a backslash."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return re.sub(r"([\\`*_{}\[\]()#+\-.!|])", r"\\\1", text)
+
+
 def markdown_cell(text: str) -> str:
-    """``text`` escaped for one cell of a markdown table (a blank cell for empty text)."""
-    return re.sub(r"([\\`*_{}\[\]()#+\-.!|<>~])", r"\\\1", text) or " "
+    """``text`` escaped for one cell of a markdown table (:func:`markdown_text`; a blank cell for empty text)."""
+    return markdown_text(text) or " "
+
+
+def method_signed(method: str, maps: Sequence[np.ndarray] = ()) -> bool:
+    """Whether ``method``'s maps are drawn signed (a diverging colormap, white at 0): the method's registered
+    ``signed`` fact, so that it is drawn alike in every sample, step and view; for a method this process does not
+    know (registered only in the process that wrote a run), whether any of ``maps`` has a value below 0."""
+    if method in method_names():
+        return get_method(method).signed
+    return any(bool(np.any(np.asarray(m, dtype=np.float64) < 0)) for m in maps)
 
 
 @dataclass(frozen=True)
@@ -129,16 +147,20 @@ class StepViews:
         """Sample ``k``'s map and colour range of every method."""
         return [MethodMap(m, maps[k], ranges[m][k][:2], ranges[m][k][2]) for m, maps in shown_maps.items()]
 
-    def ranges(self, shown_maps: Mapping[str, np.ndarray], scored: np.ndarray | None) -> dict[str, list[tuple[float, float, bool]]]:
-        """Method -> per sample ``(vmin, vmax, saturated)``."""
+    def ranges(self, shown_maps: Mapping[str, np.ndarray], scored: np.ndarray | None,
+               methods: Mapping[str, str] | None = None) -> dict[str, list[tuple[float, float, bool]]]:
+        """Key (a method) -> per sample ``(vmin, vmax, saturated)``; a signed method (:func:`method_signed`) spans
+        ``(-m, m)`` in every sample, a non-negative one ``(0, max)``, so each method keeps one colormap in every
+        picture. ``methods``: the method of each key, where keys are not methods' names."""
         out: dict[str, list[tuple[float, float, bool]]] = {}
         for method, maps in shown_maps.items():
             rows = [m[scored[k]] if scored is not None and scored[k].any() else m for k, m in enumerate(maps)]
+            signed = method_signed((methods or {}).get(method, method), rows)
             if self.scale == "per_map":
-                out[method] = [(*display.value_range(r), False) for r in rows]
+                out[method] = [(*display.value_range(r, signed), False) for r in rows]
                 continue
             if method not in self._fixed:
-                self._fixed[method] = display.value_range(np.concatenate([r.reshape(-1) for r in rows]))
+                self._fixed[method] = display.value_range(np.concatenate([r.reshape(-1) for r in rows]), signed)
             vmin, vmax = self._fixed[method]
             out[method] = [(vmin, vmax, bool(np.nanmax(np.abs(r)) > vmax)) for r in rows]
         return out
@@ -234,7 +256,7 @@ class StepViews:
         first, units = found
         keep = np.ones(len(units), dtype=bool) if row is None else row[0]
         methods = list(shown_maps)
-        lines = [markdown_cell(header), "", "| " + " | ".join([first, *methods]) + " |",
+        lines = [markdown_cell(header), "", "| " + " | ".join(markdown_cell(c) for c in [first, *methods]) + " |",
                  "| --- |" + " ---: |" * len(methods)]
         for u, unit in enumerate(units):
             scores = [f"{shown_maps[m][k][keep][u]:.4g}" for m in methods]
@@ -275,7 +297,7 @@ class StepViews:
         for x, s in sets.items():
             # The fixed colour range of a (method, set) pair is kept under its own key.
             found = self.ranges({f"{m}/{x}": maps[x] for m, maps in shown_maps.items()},
-                                 self.scored_units(s.modality, s.shown, s.inputs))
+                                 self.scored_units(s.modality, s.shown, s.inputs), {f"{m}/{x}": m for m in shown_maps})
             ranges.update({(m, x): found[f"{m}/{x}"] for m in shown_maps})
         matrices = None if rows is None else self._matrices(rows, sets, flags, first)
         predictions = self.predictions(first, len(sample_indices))
@@ -321,12 +343,13 @@ class StepViews:
                     names = s.modality.token_labels(s.shown[k], tensor.shape[2])
                     col_labels = [names[c] for c in columns]
                     key = f"{method}/{x}/rows"
+                    signed = method_signed(method, [matrix])
                     if self.scale == "fixed":
                         if key not in self._fixed:
-                            self._fixed[key] = display.value_range(matrix)
+                            self._fixed[key] = display.value_range(matrix, signed)
                         (vmin, vmax), saturated = self._fixed[key], bool(np.nanmax(np.abs(matrix)) > self._fixed[key][1])
                     else:
-                        (vmin, vmax), saturated = display.value_range(matrix), False
+                        (vmin, vmax), saturated = display.value_range(matrix, signed), False
                     panel = display.matrix_panel(matrix, row_labels, col_labels, (vmin, vmax), self.panel_px)
                     bar = display.colorbar(vmin, vmax, max(panel.shape[1], 128), saturated=saturated)
                     line.append((f"{method} · {x} (rows: targets)", display.stack([panel, bar], axis=0, gap=3)))
@@ -382,7 +405,7 @@ class StepViews:
                 continue
             keep = drawn[0][k]
             tokens = [t for t, v in zip(s.modality.token_labels(s.shown[k], len(keep)), keep) if v]
-            parts += ["", f"**{markdown_cell(x)}**", "", "| " + " | ".join(["token", *methods]) + " |",
+            parts += ["", f"**{markdown_cell(x)}**", "", "| " + " | ".join(markdown_cell(c) for c in ["token", *methods]) + " |",
                       "| --- |" + " ---: |" * len(methods)]
             for u, token in enumerate(tokens):
                 scores = [f"{shown_maps[m][x][k][keep][u]:.4g}" for m in methods]

@@ -134,3 +134,15 @@ def test_feature_table_has_a_row_per_feature_and_a_coloured_cell_per_method():
     assert (one == top).all(-1).sum() > 200
     with pytest.raises(ValueError, match="3 names and 2"):
         display.feature_table(names[:3], [("gae", [0.0, 1.0], (0.0, 1.0))])
+
+
+def test_a_methods_sign_not_its_map_decides_the_range_and_the_colormap():
+    from lightning_gae.display import colormap_for, value_range
+
+    positive, mixed = np.array([0.0, 0.5, 2.0]), np.array([-1.0, 0.5, 2.0])
+    # Signed: symmetric around 0 (white in the middle of RdBu_r) even for a map with no negative value.
+    assert value_range(positive, signed=True) == (-2.0, 2.0) and value_range(mixed, signed=True) == (-2.0, 2.0)
+    # Non-negative: from 0, even where rounding left a value below it.
+    assert value_range(np.array([-1e-7, 0.5, 2.0]), signed=False) == (0.0, 2.0)
+    assert value_range(np.zeros(3), signed=True) == (-1.0, 1.0) and value_range(np.zeros(3), signed=False) == (0.0, 1.0)
+    assert (colormap_for(True), colormap_for(False)) == ("RdBu_r", "inferno")

@@ -209,20 +209,24 @@ def test_chromium_shows_the_summary_first_and_one_colour_scale_read_off_the_bar(
             assert [r[3:] for r in rows] == [[f"#{k}{tied(m, j)}" for j, k in enumerate(entry["methods"][m]["ranks"])]
                                              for m in entry["ranking"]]
 
-        # One colour scale per sample, shared by the methods: its top is the largest patch value of either map.
+        # By default each map spans its own largest magnitude, as the Images tab's pictures do (heatmap_scale="per_map").
         first = str(info["samples"][0]["sample"])
-        bars = _bar_labels(page, first)
-        assert set(bars) == set(METHODS) and len({tuple(b) for b in bars.values()}) == 1
-        patches = [v for m in METHODS for v in step["samples"][first]["relevance"][m]["values"][1:]]
-        assert float(bars["gae"][-1]) == pytest.approx(max(abs(v) for v in patches), rel=5e-3)
+        per_map = _bar_labels(page, first)
+        assert set(per_map) == set(METHODS) and per_map["gae"] != per_map["rollout"]
+        for method in METHODS:
+            patches = step["samples"][first]["relevance"][method]["values"][1:]
+            assert float(per_map[method][-1]) == pytest.approx(max(patches), rel=5e-3)
         # Every heatmap pixel is a colour of the bar (no blend with the input at the default opacity).
         assert _heatmap_colours(page, inferno) == [0] * (3 * len(METHODS))
 
-        page.evaluate(f"(() => {{ const s = {DASHBOARD}.querySelector('#gae-scale'); s.value = 'map'; "
+        # "shared": one colour scale per sample, its top the largest patch value of either map.
+        page.evaluate(f"(() => {{ const s = {DASHBOARD}.querySelector('#gae-scale'); s.value = 'shared'; "
                       "s.dispatchEvent(new Event('change')); })()")
-        page.wait_for(f"[...{DASHBOARD}.querySelectorAll('.gae-section')].some((s) => s.textContent.includes('own maximum'))")
-        per_map = _bar_labels(page, first)
-        assert per_map["gae"] != per_map["rollout"], "each map scaled by itself: two different tops"
+        page.wait_for(f"[...{DASHBOARD}.querySelectorAll('.gae-section')].some((s) => s.textContent.includes('shared by every'))")
+        bars = _bar_labels(page, first)
+        assert len({tuple(b) for b in bars.values()}) == 1
+        patches = [v for m in METHODS for v in step["samples"][first]["relevance"][m]["values"][1:]]
+        assert float(bars["gae"][-1]) == pytest.approx(max(abs(v) for v in patches), rel=5e-3)
         assert page.script_errors() == []
 
 
@@ -573,4 +577,265 @@ def test_the_gae_tab_charts_each_regions_shares_beside_the_curves_with_the_alert
         assert drawn["marks"] == [[a.step, a.method] for a in raised]
         assert drawn["alerts"] == [["spurious_word", a.method, a.markdown().split("\n")[0].strip("*")] for a in raised]
         assert drawn["order"] == [True, True], "the regions sit after the faithfulness curves, before the samples"
+        assert page.script_errors() == []
+
+
+# --- what the tab has, malformed entries, the run the address names ---------------------------------------------------
+
+
+def _dashboard_run(folder, methods=("gae", "rollout"), steps=(1,), scores=True, maps=None):
+    """A run written by TensorBoardViews.write from explanations of an untrained ViT (2 samples, each step), with the
+    faithfulness scores of the last step; ``maps``: method -> ``[2, 17]`` token relevance written instead of explain's.
+    Returns the SummaryWriter, open, so that a test can add entries."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.manual_seed(0)
+    x = torch.rand(2, 1, 8, 8)
+    model = small_vit()
+    writer = SummaryWriter(str(folder))
+    views = TensorBoardViews()
+    for step in steps:
+        explanations = {m: explain(model, x, method="gae" if maps and m in maps else m) for m in methods}
+        for method, tokens in (maps or {}).items():
+            explanations[method] = explanations[method].__class__(**{**explanations[method].__dict__, "tokens": tokens,
+                                                                   "method": method})
+        scalars = {f"positive_perturbation_auc/{m}": 0.3 + 0.1 * i for i, m in enumerate(methods)} if scores else None
+        views.write([writer], step, modality=ImageTokens(patch_size=2), inputs=x, shown=x, sample_indices=[4, 9],
+                    explanations=explanations, scalars=scalars)
+    return writer
+
+
+def _entry(writer, step, tag, value, kind=None, content=None, **fields):
+    """One dashboard tensor as any writer could leave it: ``value`` under ``tag``, described by ``content`` (raw bytes)
+    or by ``metadata.encode(kind, **fields)``."""
+    from tensorboard.compat.proto.summary_pb2 import DATA_CLASS_TENSOR, Summary, SummaryMetadata
+    from tensorboard.util import tensor_util
+
+    from lightning_gae.tensorboard import metadata
+
+    described = content if content is not None else metadata.encode(kind, **fields)
+    meta = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="gae", content=described),
+                           data_class=DATA_CLASS_TENSOR)
+    value = Summary.Value(tag=tag, tensor=tensor_util.make_tensor_proto(value), metadata=meta)
+    writer._get_file_writer().add_summary(Summary(value=[value]), step)
+
+
+def _routes(logdir):
+    """The plugin's routes over ``logdir`` read by TensorBoard's own multiplexer and data provider, as a werkzeug test
+    client: ``get(path) -> (status, JSON or text)``."""
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+    from werkzeug.test import Client
+    from werkzeug.wrappers import Response
+
+    from lightning_gae.tensorboard.plugin import GAEDashboardPlugin
+
+    multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"gae": 0})
+    multiplexer.AddRunsFromDirectory(str(logdir))
+    multiplexer.Reload()
+    context = base_plugin.TBContext(data_provider=data_provider.MultiplexerDataProvider(multiplexer, str(logdir)),
+                                    logdir=str(logdir))
+    apps = GAEDashboardPlugin(context).get_plugin_apps()
+
+    def get(path):
+        route, _, query = path.partition("?")
+        response = Client(apps[route], Response).get(f"/?{query}")
+        text = response.get_data(as_text=True)
+        return response.status_code, json.loads(text) if response.mimetype == "application/json" else text
+
+    return get
+
+
+# Each a malformed entry beside a good run: (name, step, tag, value, kind or raw content, fields, what the reason says).
+_STRINGS = np.array([b"a", b"b"], dtype=object)
+PROBES = [
+    ("relevance of strings", 1, "gae_dashboard/relevance/gae/x", _STRINGS, "relevance",
+     {"sample": 4, "method": "gae", "space": "tokens", "order": 0}, "not numbers"),
+    ("relevance too large", 1, "gae_dashboard/relevance/gae/x", np.zeros((1 << 22) + 1, dtype=np.int8), "relevance",
+     {"sample": 4, "method": "gae", "space": "tokens", "order": 0}, "more than"),
+    ("relevance without a method", 1, "gae_dashboard/relevance/nameless/x", np.ones(17), "relevance",
+     {"sample": 4, "space": "tokens"}, "no 'method' field"),
+    ("relevance ordered by a word", 1, "gae_dashboard/relevance/worded/x", np.ones(17), "relevance",
+     {"sample": 4, "method": "worded", "space": "tokens", "order": "first"}, "'order' field"),
+    ("relevance in an unknown space", 1, "gae_dashboard/relevance/spaced/x", np.ones(17), "relevance",
+     {"sample": 4, "method": "spaced", "space": "elsewhere", "order": 5}, "'elsewhere'"),
+    ("prediction of two values", 1, "gae_dashboard/prediction/x", np.ones(2), "prediction", {"sample": 4},
+     "holds 2 values"),
+    ("curve of one row", 1, "gae_dashboard/curve/m/gae", np.ones((1, 4)), "curve", {"metric": "m", "method": "gae"},
+     "[2, S]"),
+    ("score of one value", 1, "gae_dashboard/score/m/gae", np.ones(1), "score", {"metric": "m", "method": "gae"},
+     "holds 1 values"),
+    ("region of no value", 1, "gae_dashboard/region/r/share/gae", np.ones(0), "region",
+     {"region": "r", "stat": "share", "method": "gae"}, "holds 0 values"),
+    ("alert of numbers", 1, "gae_dashboard/alert/r/gae", np.ones(3), "alert", {"region": "r", "method": "gae"},
+     "not strings"),
+    ("image input of one channel", 1, "gae_dashboard/input/x", np.zeros((8, 8)), "input",
+     {"sample": 12, "modality": "image", "grid": [4, 4], "prefix_tokens": 1}, "[H, W, 3]"),
+    ("image input of NaN pixels", 1, "gae_dashboard/input/y", np.full((8, 8, 3), np.nan), "input",
+     {"sample": 13, "modality": "image", "grid": [4, 4], "prefix_tokens": 1}, "0..255"),
+    ("description not JSON", 1, "gae_dashboard/relevance/bad/x", np.ones(17), b"{not json", {}, "not JSON"),
+    ("description a list", 1, "gae_dashboard/relevance/listed/x", np.ones(17), b"[1, 2]", {}, "not JSON"),
+]
+
+
+@pytest.mark.parametrize("probe", PROBES, ids=[p[0] for p in PROBES])
+def test_a_malformed_entry_costs_only_itself_and_says_why(tmp_path, probe):
+    name, step, tag, value, kind, fields, why = probe
+    writer = _dashboard_run(tmp_path / "run")
+    if isinstance(kind, bytes):
+        _entry(writer, step, tag, value, content=kind)
+    else:
+        _entry(writer, step, tag, value, kind, **fields)
+    writer.close()
+    get = _routes(tmp_path)
+    assert get("/runs") == (200, {"runs": ["run"]})
+    code, info = get("/run?run=run")
+    assert code == 200, info
+    # The rest of the run: both samples, both methods, the scores, the step.
+    assert [s["sample"] for s in info["samples"]] == [4, 9] and info["methods"][:2] == ["gae", "rollout"]
+    assert info["steps"] == [1] and [e["metric"] for e in info["summary"]] == ["positive_perturbation_auc"]
+    code, at = get("/step?run=run&step=1")
+    assert code == 200, at
+    assert {m for s in ("4", "9") for m, r in at["samples"][s]["relevance"].items() if "values" in r} >= {"gae", "rollout"}
+    # The entry itself: listed with its tag and why, once, by /run or (read at its step) by /step.
+    listed = [p for p in info["problems"] + at["problems"] if p["tag"] == tag]
+    assert listed and all(why in p["why"] for p in listed), (info["problems"], at["problems"])
+
+
+def test_a_relevance_map_that_cannot_be_read_says_why_in_its_place(tmp_path):
+    writer = _dashboard_run(tmp_path / "run")
+    _entry(writer, 1, "gae_dashboard/relevance/broken/val_4", np.array([b"oops"], dtype=object), "relevance",
+           sample=4, method="broken", space="tokens", order=2)
+    writer.close()
+    get = _routes(tmp_path)
+    assert get("/run?run=run")[1]["methods"] == ["gae", "rollout", "broken"]
+    _, at = get("/step?run=run&step=1")
+    assert at["samples"]["4"]["relevance"]["broken"] == {"error": "it holds object values, not numbers"}
+    assert all("values" in at["samples"][s]["relevance"][m] for s in ("4", "9") for m in ("gae", "rollout"))
+
+
+def test_each_method_is_drawn_signed_or_not_by_its_registered_fact(tmp_path):
+    """AttnLRP is signed: one diverging colormap in every sample, even a sample whose map has no negative value; GAE is
+    not: one sequential colormap even where its map has a rounding-size negative value."""
+    positive = torch.rand(2, 17, generator=torch.Generator().manual_seed(1))
+    mixed = positive.clone()
+    mixed[1] -= 0.5
+    gae = positive.clone()
+    gae[1, 3] = -1e-7
+    writer = _dashboard_run(tmp_path / "run", methods=("gae", "attnlrp"), maps={"gae": gae, "attnlrp": mixed})
+    writer.close()
+    _, info = _routes(tmp_path)("/run?run=run")
+    assert info["signed"] == {"gae": False, "attnlrp": True}
+
+    views = TensorBoardViews()
+    ranges = views.ranges({"gae": gae.numpy(), "attnlrp": positive.numpy()}, None)
+    colormaps = {m: {display.colormap_for(vmin < 0) for vmin, _, _ in r} for m, r in ranges.items()}
+    assert colormaps == {"gae": {"inferno"}, "attnlrp": {"RdBu_r"}}
+    assert all(vmin == -vmax for vmin, vmax, _ in ranges["attnlrp"]), "signed: symmetric limits, white at 0"
+
+
+@pytest.fixture(scope="module")
+def dashboard_runs(tmp_path_factory):
+    """A logdir of written runs served by a real ``tensorboard``: ``first`` and ``second`` (two steps each, ``second``
+    with a map that cannot be read), ``scores_only`` (faithfulness scores, no explanation step yet) and ``signed``."""
+    root = tmp_path_factory.mktemp("dashboard_runs")
+    _dashboard_run(root / "first", steps=(1, 2)).close()
+    writer = _dashboard_run(root / "second", steps=(1, 2))
+    _entry(writer, 2, "gae_dashboard/relevance/broken/val_4", np.array([b"oops"], dtype=object), "relevance",
+           sample=4, method="broken", space="tokens", order=2)
+    writer.close()
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(root / "scores_only"))
+    TensorBoardViews().write_scores([writer], 3, {"positive_perturbation_auc/gae": 0.25,
+                                                  "positive_perturbation_auc/gae/stderr": 0.01,
+                                                  "positive_perturbation_auc/random": 0.5})
+    writer.close()
+    positive = torch.rand(2, 17, generator=torch.Generator().manual_seed(1))
+    mixed = positive.clone()
+    mixed[1] -= 0.5
+    _dashboard_run(root / "signed", methods=("gae", "attnlrp"), maps={"gae": positive, "attnlrp": mixed}).close()
+    with tensorboard_server(root) as base:
+        yield {"root": root, "base": base}
+
+
+def _open_gae(browser, base, address):
+    page = browser.open(f"{base}/{address}")
+    page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard[data-rendered-step]')")
+    return page
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_the_address_selects_the_run_and_keeps_the_one_chosen(dashboard_runs):
+    base = dashboard_runs["base"]
+    shown = f"{DASHBOARD}.querySelector('#gae-run').value"
+    with Chromium(find_chromium(), width=1200, height=900) as browser:
+        assert _open_gae(browser, base, "#gae").evaluate(shown) == "signed", "no run named: the last one"
+        for address in ("#gae&run=first", "?run=first#gae", "#gae&p.gae.run=first"):
+            page = _open_gae(browser, base, address)
+            assert page.evaluate(shown) == "first", address
+            assert page.evaluate(f"{DASHBOARD}.querySelector('#gae-dashboard').dataset.renderedStep") == "2"
+        # Choosing another run writes it into the address, so that a reload or a bookmark opens it.
+        page.evaluate(f"(() => {{ const s = {DASHBOARD}.querySelector('#gae-run'); s.value = 'second'; "
+                      "s.dispatchEvent(new Event('change')); })()")
+        page.wait_for("location.hash.includes('run=second')")
+        assert page.evaluate("location.hash").startswith("#gae&")
+        assert page.script_errors() == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_a_run_with_scores_and_no_pictures_says_so_and_draws_them_when_they_come(dashboard_runs):
+    base, root = dashboard_runs["base"], dashboard_runs["root"]
+    with Chromium(find_chromium(), width=1200, height=900) as browser:
+        page = _open_gae(browser, base, "#gae&run=scores_only")
+        said = page.evaluate(f"{DASHBOARD}.querySelector('#gae-no-pictures').textContent")
+        assert said.startswith('No pictures were logged yet in run "scores_only"') and "only the scores below" in said
+        rows = page.evaluate(f"[...{DASHBOARD}.querySelectorAll('table.gae-ranking tr[data-method]')].map((r) => r.dataset.method)")
+        assert rows == ["gae", "random"]
+        # The run is still being written: its first explanation step arrives, and the open tab draws it.
+        _dashboard_run(root / "scores_only", steps=(7,)).close()
+        page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard').dataset.renderedStep === '7'", timeout=60)
+        assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap').length") == 4
+        assert "still being written: step 7 arrived" in page.evaluate(f"{DASHBOARD}.querySelector('#gae-updated').textContent")
+        assert page.script_errors() == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_a_map_that_cannot_be_read_says_why_and_the_rest_draws(dashboard_runs):
+    with Chromium(find_chromium(), width=1200, height=900) as browser:
+        page = _open_gae(browser, dashboard_runs["base"], "#gae&run=second")
+        boxes = page.evaluate(f"[...{DASHBOARD}.querySelectorAll('.gae-empty[data-method=broken]')].map((b) => b.textContent)")
+        assert boxes == ["not drawn: this entry could not be read (it holds object values, not numbers)"]
+        assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap').length") == 4
+        listed = page.evaluate(f"[...{DASHBOARD}.querySelectorAll('#gae-problems li')].map((li) => li.textContent)")
+        assert listed == ["gae_dashboard/relevance/broken/val_4 (step 2): it holds object values, not numbers"]
+        assert page.script_errors() == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_a_method_keeps_its_colormap_in_every_sample_and_zero_is_white_where_it_is_signed(dashboard_runs):
+    with Chromium(find_chromium(), width=1200, height=900) as browser:
+        page = _open_gae(browser, dashboard_runs["base"], "#gae&run=signed")
+        drawn = page.evaluate(f"""[...{DASHBOARD}.querySelectorAll('canvas.gae-heatmap')].map((c) =>
+            [c.dataset.method, c.dataset.sample, c.dataset.colormap])""")
+        assert sorted(drawn) == [["attnlrp", "4", "RdBu_r"], ["attnlrp", "9", "RdBu_r"],
+                                 ["gae", "4", "inferno"], ["gae", "9", "inferno"]]
+        # Signed: the bar runs from -m to m with 0 in the middle, in the sample whose map has no negative value too.
+        bars = _bar_labels(page, "4")
+        assert bars["attnlrp"][1] == "0" and float(bars["attnlrp"][0]) == -float(bars["attnlrp"][2])
+        assert page.script_errors() == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_a_chart_of_few_points_links_to_custom_scalars_unsmoothed(dashboard_runs):
+    with Chromium(find_chromium(), width=1200, height=900) as browser:
+        page = _open_gae(browser, dashboard_runs["base"], "#gae&run=first")
+        page.evaluate(f"{DASHBOARD}.querySelector('#gae-custom-scalars').click()")
+        page.wait_for(f"{DEEP}('tf-custom-scalar-dashboard')", timeout=60)
+        assert page.evaluate(f"{DEEP}('tf-custom-scalar-dashboard')._smoothingWeight") == 0
         assert page.script_errors() == []

@@ -82,3 +82,36 @@ def test_write_returns_the_pictures_it_writes_also_without_a_writer(tmp_path, re
         np.testing.assert_array_equal(logged, picture)
     strips = alone.write_strips([], 1)
     assert sorted(strips) == ["gae_evolution/val_3", "gae_evolution/val_5"] and alone.write_strips([], 1) == {}
+
+
+NAME = '<img src="x.png" onerror="alert(1)"> *spurious_word*'
+
+
+def _text(read_events, logdir, tag):
+    from tensorboard.util import tensor_util
+
+    (event,) = read_events(logdir).Tensors(f"{tag}/text_summary")
+    return tensor_util.make_ndarray(event.tensor_proto).reshape(-1)[0].decode("utf-8")
+
+
+def test_user_names_in_the_text_tabs_alerts_and_tables_are_shown_literally(tmp_path, read_events):
+    """A region, method or metric name goes into the Text tab's markdown escaped: TensorBoard's sanitiser would keep
+    an ``<img>`` of it, and markdown would read its ``*`` and ``_`` as emphasis."""
+    from tensorboard import plugin_util
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lightning_gae.tensorboard import faithfulness_table
+    from lightning_gae.tensorboard.summary import write_alerts
+
+    writer = SummaryWriter(str(tmp_path))
+    headline = f"step 3: 60% of gae's relevance sits on the suspect region {NAME!r}"
+    write_alerts([writer], 3, [(NAME, "gae", f"**{headline}**\n\n- samples most affected: 1, 2")])
+    writer.close()
+    html = plugin_util.markdown_to_safe_html(_text(read_events, tmp_path, "gae_alerts"))
+    assert "<img" not in html and "<em>" not in html
+    assert "&lt;img src=\"x.png\" onerror=\"alert(1)\"&gt; *spurious_word*" in html
+    assert html.startswith("<p><strong>step 3") and "<li>samples most affected: 1, 2</li>" in html
+
+    table = faithfulness_table({f"{NAME}/gae": 0.5, f"positive_perturbation_auc/{NAME}": 0.25})
+    html = plugin_util.markdown_to_safe_html(table)
+    assert "<img" not in html and html.count("&lt;img src=\"x.png\" onerror=\"alert(1)\"&gt; *spurious_word*") == 2

@@ -5,6 +5,13 @@
 // chart over training with one colour per method, the curves, the declared regions' shares with their alerts),
 // then the tracked samples x methods at the chosen step (every token set of a model with several),
 // with hover read-out of every patch, pixel, token or feature.
+//
+// Colours: a method whose relevance is signed (the /run answer's `signed`, from the method's registered fact) is
+// drawn on a diverging colormap with white at 0 and symmetric limits, a non-negative one on a sequential colormap,
+// in every sample and step, as in the Images tab's pictures; by default each map spans its own largest magnitude
+// (the Images tab's "per_map"). The run shown is the URL's (`#gae&run=NAME`), else the last one.
+
+const POLL_MS = 15000; // how often the tab asks again for the runs and the run shown (a run may still be written)
 
 const PANEL_PX = 224;
 const SVG = "http://www.w3.org/2000/svg";
@@ -20,7 +27,7 @@ const state = {
   stepIndex: 0,
   colormap: "auto",
   opacity: 1, // 1: every pixel's colour is the colour bar's; lower lets the greyscale input show through
-  scale: "shared", // one colour scale for every method of a sample, so brightness compares across methods
+  scale: "map", // each map its own largest magnitude, as in the Images tab ("shared": one scale per sample)
   colormaps: null,
   steps: new Map(), // "run\u0000step" -> the /step answer
   ui: {},
@@ -71,6 +78,7 @@ const STYLE = `
   #gae-step { width: 260px; }
   .gae-status { color: #b71c1c; padding: 8px 0; min-height: 1em; }
   .gae-hint { color: #616161; padding: 6px 0; }
+  #gae-updated:empty { display: none; }
   .gae-section { font-size: 15px; font-weight: 500; margin: 18px 0 6px; }
   .gae-sample { border-bottom: 1px solid #eeeeee; padding: 10px 0; }
   .gae-sample-title { font-weight: 500; margin-bottom: 6px; }
@@ -130,19 +138,26 @@ function colormapTable(name, signed) {
   return maps.sequential[name] || maps.diverging[name];
 }
 
-function signedValues(values) {
-  return values.some((v) => v !== null && v < 0);
+// Whether a method is drawn signed: its registered fact (the /run answer), the same in every sample and step.
+function isSigned(method) {
+  const signed = (state.info && state.info.signed) || {};
+  return Boolean(signed[method.split("/")[0]]);
 }
 
-// The colour range of some values: [0, max] for non-negative values, [-m, m] around 0 for signed ones;
+// The colormap's name on a heatmap, so that a reader (and a test) can tell which convention drew it.
+function colormapName(signed) {
+  return state.colormap === "auto" ? (signed ? "RdBu_r" : "inferno") : state.colormap;
+}
+
+// The colour range of some values: [0, max] for a non-negative method, [-m, m] around 0 for a signed one;
 // "run" takes the method's largest magnitude over every step instead of these values' own.
 function rangeOf(values, method) {
   let top = 0;
-  let signed = false;
+  const signed = isSigned(method);
   for (const v of values) {
     if (v === null || !Number.isFinite(v)) continue;
-    if (v < 0) signed = true;
-    if (Math.abs(v) > top) top = Math.abs(v);
+    const magnitude = signed ? Math.abs(v) : v;
+    if (magnitude > top) top = magnitude;
   }
   if (state.scale === "run") top = state.info.ranges[method] || 0;
   if (!(top > 0)) top = 1;
@@ -151,26 +166,28 @@ function rangeOf(values, method) {
 
 // The colour range of each method's map of one sample. "shared" (the default): one range over every
 // method's map in the same units (a group: one token set, token relevance or an input-space map), so
-// the same colour is the same relevance in every map of the sample; "map": each map its own maximum;
-// "run": each method its largest magnitude over all steps. All-zero maps do not set a shared range.
+// the same colour is the same relevance in every map of the sample (signed and non-negative methods apart);
+// "map": each map its own maximum; "run": each method its largest magnitude over all steps. All-zero maps do
+// not set a shared range.
 function rangesOf(entries) {
   const out = {};
   const pooled = {};
+  const group = (e) => `${e.group}/${isSigned(e.method)}`;
   if (state.scale === "shared") {
     for (const e of entries) {
       if (e.allZero) continue;
-      (pooled[e.group] = pooled[e.group] || []).push(e.values);
+      (pooled[group(e)] = pooled[group(e)] || []).push(e.values);
     }
   }
   for (const e of entries) {
-    const values = pooled[e.group] ? pooled[e.group].flat() : e.values;
+    const values = pooled[group(e)] ? pooled[group(e)].flat() : e.values;
     out[e.method] = rangeOf(values, e.method);
   }
   return out;
 }
 
 function scaleNote() {
-  return {shared: "one colour scale per sample, shared by every method", map: "each map scaled to its own maximum",
+  return {shared: "one colour scale per sample, shared by every method (signed and non-negative methods apart)", map: "each map scaled to its own maximum",
           run: "each method scaled to its maximum over all steps"}[state.scale];
 }
 
@@ -254,6 +271,12 @@ function imageGrid(sample, relevance) {
   return {rows, cols, values: relevance.values, unit: "pixel"};
 }
 
+// Why a map is not drawn: it is zero everywhere (the method's reason), or its entry could not be read.
+function notDrawn(relevance) {
+  if (relevance.error) return `not drawn: this entry could not be read (${relevance.error})`;
+  return relevance.all_zero || null;
+}
+
 function emptyPanel(reason, width, height, method) {
   return el("div", {class: "gae-empty", style: `width:${width}px;height:${height}px`, "data-method": method,
                     title: reason, text: reason});
@@ -271,14 +294,15 @@ function imageSample(sample, by, set = "") {
   ictx.drawImage(pixels.colour, 0, 0, w, h);
   panels.append(el("div", {class: "gae-panel"}, el("div", {class: "gae-panel-title", text: set ? `input · ${set}` : "input"}), input));
   const methods = state.info.methods.filter((m) => by[m]);
-  const grids = Object.fromEntries(methods.map((m) => [m, imageGrid(sample, by[m])]));
-  const ranges = rangesOf(methods.map((m) => ({method: m, values: grids[m].values, allZero: Boolean(by[m].all_zero),
-                                               group: `${set}/${by[m].space}`})));
+  const drawn = methods.filter((m) => !by[m].error);
+  const grids = Object.fromEntries(drawn.map((m) => [m, imageGrid(sample, by[m])]));
+  const ranges = rangesOf(drawn.map((m) => ({method: m, values: grids[m].values, allZero: Boolean(by[m].all_zero),
+                                             group: `${set}/${by[m].space}`})));
   for (const method of methods) {
     const relevance = by[method];
     const title = el("div", {class: "gae-panel-title", text: set ? `${method} · ${set}` : method});
-    if (relevance.all_zero) {
-      panels.append(el("div", {class: "gae-panel"}, title, emptyPanel(relevance.all_zero, w, h + 22, method)));
+    if (notDrawn(relevance)) {
+      panels.append(el("div", {class: "gae-panel"}, title, emptyPanel(notDrawn(relevance), w, h + 22, method)));
       continue;
     }
     const grid = grids[method];
@@ -289,7 +313,8 @@ function imageSample(sample, by, set = "") {
     const cells = el("canvas", {width: String(grid.cols), height: String(grid.rows)});
     cells.getContext("2d").putImageData(heat, 0, 0);
     const canvas = el("canvas", {width: String(w), height: String(h), class: "gae-heatmap", "data-method": method,
-                                 "data-sample": String(sample.sample), "data-set": set});
+                                 "data-sample": String(sample.sample), "data-set": set,
+                                 "data-colormap": colormapName(range.signed)});
     const ctx = canvas.getContext("2d");
     ctx.imageSmoothingEnabled = false;
     // The heatmap in the colour bar's colours; below full opacity the greyscale input shows through.
@@ -312,19 +337,21 @@ function textSample(sample, by, set = "") {
   const tokens = sample.input.tokens;
   const methods = state.info.methods.filter((m) => by[m]);
   const scored = (m) => by[m].values.filter((_, i) => sample.valid[i] && !sample.muted[i]);
-  const ranges = rangesOf(methods.map((m) => ({method: m, values: scored(m), allZero: Boolean(by[m].all_zero), group: set})));
+  const ranges = rangesOf(methods.filter((m) => !by[m].error).map((m) => (
+    {method: m, values: scored(m), allZero: Boolean(by[m].all_zero), group: set})));
   for (const method of methods) {
     const relevance = by[method];
     const name = el("div", {class: "gae-text-method"}, el("div", {text: method}));
-    if (relevance.all_zero) {
+    if (notDrawn(relevance)) {
       block.append(el("div", {class: "gae-text-row", "data-method": method}, name,
-                      el("div", {class: "gae-empty-text", text: relevance.all_zero})));
+                      el("div", {class: "gae-empty-text", text: notDrawn(relevance)})));
       continue;
     }
     const range = ranges[method];
     const table = colormapTable(state.colormap, range.signed);
     name.append(colourBar(range, table, 140));
-    const row = el("div", {class: "gae-tokens", "data-method": method, "data-set": set});
+    const row = el("div", {class: "gae-tokens", "data-method": method, "data-set": set,
+                           "data-colormap": colormapName(range.signed)});
     tokens.forEach((token, i) => {
       if (!sample.valid[i]) return;
       const value = relevance.values[i];
@@ -349,13 +376,14 @@ function tabularSample(sample, by, set = "") {
   const count = sample.feature_names.length;
   const valuesOf = (relevance) => (relevance.space === "tokens"
     ? relevance.values.slice(sample.prefix_tokens, sample.prefix_tokens + count) : relevance.values);
-  const ranges = rangesOf(methods.map((m) => ({method: m, values: valuesOf(by[m]), allZero: Boolean(by[m].all_zero),
-                                               group: `${set}/${by[m].space}`})));
+  const ranges = rangesOf(methods.filter((m) => !by[m].error).map((m) => (
+    {method: m, values: valuesOf(by[m]), allZero: Boolean(by[m].all_zero), group: `${set}/${by[m].space}`})));
   const header = el("tr", {}, el("th", {text: "feature"}), ...methods.map((m) => el("th", {text: m})));
   const columns = methods.map((method) => {
-    const range = ranges[method];
-    return {method, values: valuesOf(by[method]), range, table: colormapTable(state.colormap, range.signed),
-            empty: by[method].all_zero};
+    const range = ranges[method] || rangeOf([], method);
+    const empty = notDrawn(by[method]);
+    return {method, values: empty ? [] : valuesOf(by[method]), range, table: colormapTable(state.colormap, range.signed),
+            empty};
   });
   const rows = sample.feature_names.map((name, f) => {
     const label = `${name} = ${format(sample.input.values[f])}`;
@@ -401,7 +429,7 @@ function rowMatrices(sample, at) {
   const byMethod = state.info.methods.map((method) => [method, sample.sets.filter((x) => at.rows[x.set] && at.rows[x.set][method])
     .map((tokenSet) => {
       const relevance = at.rows[tokenSet.set][method];
-      const [, n] = relevance.shape;
+      const [, n] = relevance.shape || [0, 0];
       const columns = [...Array(n).keys()].filter((c) => tokenSet.modality !== "text" || tokenSet.valid[c]);
       const names = tokenSet.modality === "text" ? tokenSet.input.tokens : columns.map(String);
       const values = positions.flatMap((t) => columns.map((c) => relevance.values[t * n + c]));
@@ -409,14 +437,14 @@ function rowMatrices(sample, at) {
     })]);
   // Shared: one range per token set over every method's matrix.
   const ranges = rangesOf(byMethod.flatMap(([, matrices]) => matrices.map((m) => (
-    {method: m.key, values: m.values, allZero: Boolean(m.relevance.all_zero), group: m.tokenSet.set}))));
+    {method: m.key, values: m.values, allZero: Boolean(notDrawn(m.relevance)), group: m.tokenSet.set}))));
   for (const [method, matrices] of byMethod) {
     const line = el("div", {class: "gae-matrices"});
     for (const m of matrices) {
       const caption = el("caption", {text: `${method} · ${m.tokenSet.set} (rows: target positions)`});
-      if (m.relevance.all_zero) {
+      if (notDrawn(m.relevance)) {
         line.append(el("div", {}, el("div", {class: "gae-panel-title", text: caption.textContent}),
-                       emptyPanel(m.relevance.all_zero, 220, 120, method)));
+                       emptyPanel(notDrawn(m.relevance), 220, 120, method)));
         continue;
       }
       const range = state.scale === "run" ? rangeOf(m.values, method) : ranges[m.key];
@@ -567,8 +595,22 @@ function summarySection(info) {
     sections.push(el("div", {class: "gae-section", text: "Each metric over training (every step it was scored, ± its " +
                                                             "standard error where there is one; hover a point for the samples it was scored on)"}),
                   el("div", {class: "gae-histories", id: "gae-history"}, ...summary.map(historyChart)));
+    if (steps.length < 10) sections.push(customScalarsLink(steps.length));
   }
   return sections;
+}
+
+// TensorBoard's Custom Scalars charts smooth every line by default (weight 0.6), which under ten points moves them
+// off their values; its address takes the weight, so the link opens them unsmoothed.
+function customScalarsLink(count) {
+  const link = el("a", {href: "#custom_scalars&_smoothingWeight=0", id: "gae-custom-scalars", target: "_top",
+                        text: "Custom Scalars, unsmoothed"});
+  link.addEventListener("click", (event) => {
+    event.preventDefault();
+    window.parent.location.hash = "#custom_scalars&_smoothingWeight=0";
+  });
+  return el("div", {class: "gae-hint"}, `The same ${count} points per method in TensorBoard's charts: `, link,
+            " (TensorBoard smooths its lines by default, which moves so few points off their values)");
 }
 
 // --- one colour per method, the same in every chart ---------------------------------------------
@@ -811,9 +853,55 @@ async function stepData(step) {
   }
 }
 
+// The entries of the run (or of this step) that could not be read: each is left out, and says why.
+function problemSection(problems) {
+  if (!problems || !problems.length) return [];
+  const items = problems.map((e) => el("li", {"data-tag": e.tag},
+    `${e.tag}${e.step === undefined ? "" : ` (step ${e.step})`}: ${e.why}`));
+  const text = problems.length === 1 ? "1 entry of this run could not be read; it is left out, the rest is drawn"
+    : `${problems.length} entries of this run could not be read; they are left out, the rest is drawn`;
+  return [el("div", {class: "gae-section gae-flagged", text}),
+          el("ul", {class: "gae-flags", id: "gae-problems"}, ...items)];
+}
+
+// What the run has besides pictures: the summary, the regions, the entries that could not be read.
+function runSections(info) {
+  return [...problemSection(info.problems), ...summarySection(info), ...regionSection(info)];
+}
+
+// A run with scores or regions but no explanation step yet (fit ended before the first validation, or is still
+// running): what it has, and why there are no pictures.
+function drawWithoutPictures(info) {
+  const has = (info.summary || []).length || (info.regions || []).length || (info.flags || []).length;
+  const message = `No pictures were logged yet in run "${info.run}": GAECallback draws the tracked samples at each ` +
+    "explanation step (every_n_epochs / every_n_steps, at validation); this run has none" +
+    (has ? ", only the scores below" : "") + `. The tab checks again every ${POLL_MS / 1000} s while it is open.`;
+  state.ui.stepLabel.textContent = "no explanation step yet";
+  state.ui.main.replaceChildren(el("div", {class: "gae-hint", id: "gae-no-pictures", text: message}), ...runSections(info));
+  state.ui.root.dataset.renderedStep = "none";
+}
+
+// One sample's block; a sample that cannot be drawn costs itself alone and says why.
+function sampleBlock(sample, at) {
+  try {
+    const body = sample.sets ? setsSample(sample, at) : modalitySample(sample, at.relevance);
+    return el("div", {class: "gae-sample", "data-sample": String(sample.sample)},
+              el("div", {class: "gae-sample-title", text: sampleTitle(sample, at)}), body);
+  } catch (error) {
+    console.warn(error);
+    return el("div", {class: "gae-sample gae-flagged", "data-sample": String(sample.sample)},
+              el("div", {class: "gae-sample-title", text: `val #${sample.sample}`}),
+              el("div", {class: "gae-empty-text", text: `not drawn: ${error.message || error}`}));
+  }
+}
+
 async function draw() {
   const info = state.info;
-  if (!info || !info.steps.length) return;
+  if (!info) return;
+  if (!info.steps.length) {
+    drawWithoutPictures(info);
+    return;
+  }
   const step = info.steps[state.stepIndex];
   state.ui.stepLabel.textContent = `step ${step} (${state.stepIndex + 1} of ${info.steps.length})`;
   const data = await stepData(step);
@@ -821,12 +909,10 @@ async function draw() {
   const grid = el("div", {id: "gae-samples"});
   for (const sample of info.samples) {
     const at = data.samples[String(sample.sample)];
-    if (!at) continue;
-    const body = sample.sets ? setsSample(sample, at) : modalitySample(sample, at.relevance);
-    grid.append(el("div", {class: "gae-sample", "data-sample": String(sample.sample)},
-                   el("div", {class: "gae-sample-title", text: sampleTitle(sample, at)}), body));
+    if (at) grid.append(sampleBlock(sample, at));
   }
-  const sections = summarySection(info);
+  const stepProblems = (data.problems || []).filter((e) => !(info.problems || []).some((r) => r.tag === e.tag && r.step === e.step));
+  const sections = [...problemSection([...(info.problems || []), ...stepProblems]), ...summarySection(info)];
   const curves = el("div", {class: "gae-curves"});
   for (const metric of Object.keys(data.curves).sort()) curves.append(curveChart(metric, data.curves[metric]));
   if (curves.childElementCount) {
@@ -849,19 +935,87 @@ function redraw() {
   });
 }
 
+// The run the URL names: TensorBoard keeps the tab's state in the page's hash (`#gae&run=NAME`; its plugins'
+// convention `#gae&p.gae.run=NAME` works too), and a query parameter `?run=NAME` of the page is read as well.
+function urlRun() {
+  let page;
+  try {
+    page = window.parent.location;
+  } catch (error) {
+    page = window.location;
+  }
+  for (const part of [page.hash.replace(/^#/, ""), page.search.replace(/^\?/, "")]) {
+    const params = new URLSearchParams(part.replace(/^[^&=]*&/, "&"));
+    const run = params.get("run") || params.get("p.gae.run");
+    if (run) return run;
+  }
+  return null;
+}
+
+// Keep the run shown in the page's hash, so that the address (a bookmark, a reload) opens it again.
+function rememberRun(run) {
+  try {
+    const page = window.parent.location;
+    const hash = page.hash.replace(/^#/, "").split("&").filter((p) => p && !p.startsWith("run=") && !p.startsWith("p.gae.run="));
+    const tab = hash.length && !hash[0].includes("=") ? [] : ["gae"];
+    const next = `#${[...tab, ...hash, `run=${encodeURIComponent(run)}`].join("&")}`;
+    if (page.hash !== next) window.parent.history.replaceState(window.parent.history.state, "", next);
+  } catch (error) {
+    console.warn(error);
+  }
+}
+
+function applyInfo(info, keepStep) {
+  const atLast = state.info ? state.stepIndex >= state.info.steps.length - 1 : true;
+  const step = state.info ? state.info.steps[state.stepIndex] : undefined;
+  state.info = info;
+  const kept = keepStep && !atLast ? info.steps.indexOf(step) : -1;
+  state.stepIndex = kept >= 0 ? kept : Math.max(0, info.steps.length - 1);
+  const slider = state.ui.slider;
+  slider.max = String(Math.max(0, info.steps.length - 1));
+  slider.value = String(state.stepIndex);
+  slider.disabled = info.steps.length < 2;
+}
+
 async function selectRun(run) {
   state.run = run;
   state.info = null;
   state.ui.main.replaceChildren();
   const info = await getJSON(`run?run=${encodeURIComponent(run)}`);
   if (state.run !== run) return;
-  state.info = info;
-  state.stepIndex = info.steps.length - 1;
-  const slider = state.ui.slider;
-  slider.max = String(Math.max(0, info.steps.length - 1));
-  slider.value = String(state.stepIndex);
-  slider.disabled = info.steps.length < 2;
+  applyInfo(info, false);
+  state.ui.runSelect.value = run;
+  rememberRun(run);
   await draw();
+}
+
+// Ask again for the runs and the run shown: a run still being written gets new steps, scores and pictures.
+async function poll() {
+  const runs = (await getJSON("runs")).runs;
+  if (runs.join("\u0000") !== state.runs.join("\u0000")) {
+    state.runs = runs;
+    state.ui.runSelect.replaceChildren(...runs.map((r) => el("option", {value: r, text: r})));
+    if (state.run) state.ui.runSelect.value = state.run;
+  }
+  if (!state.run) {
+    if (runs.length) await selectRun(chooseRun(runs));
+    return;
+  }
+  const info = await getJSON(`run?run=${encodeURIComponent(state.run)}`);
+  const before = state.info;
+  if (!before || info.run !== state.run || JSON.stringify(info) === JSON.stringify(before)) return;
+  const added = info.steps.filter((s) => !before.steps.includes(s));
+  applyInfo(info, true);
+  state.ui.updated.textContent = `run "${info.run}" is still being written: ` +
+    (added.length ? `step ${added.join(", ")} arrived` : "new entries arrived") + ` at ${new Date().toLocaleTimeString()}`;
+  await draw();
+}
+
+function chooseRun(runs) {
+  const wanted = urlRun();
+  if (wanted && runs.includes(wanted)) return wanted;
+  if (wanted) status(`run "${wanted}" (from the address) has no GAE data; showing "${runs[runs.length - 1]}"`);
+  return runs[runs.length - 1];
 }
 
 function controls() {
@@ -870,7 +1024,7 @@ function controls() {
                               oninput: (e) => { state.stepIndex = Number(e.target.value); redraw(); }});
   const stepLabel = el("span", {id: "gae-step-label"});
   const cmapSelect = el("select", {id: "gae-colormap", onchange: (e) => { state.colormap = e.target.value; redraw(); }},
-    el("option", {value: "auto", text: "auto (inferno / RdBu_r if signed)"}),
+    el("option", {value: "auto", text: "auto (RdBu_r for signed methods, inferno for non-negative ones)"}),
     ...Object.keys(state.colormaps.sequential).map((n) => el("option", {value: n, text: n})),
     ...Object.keys(state.colormaps.diverging).map((n) => el("option", {value: n, text: `${n} (diverging)`})));
   const opacity = el("input", {type: "range", id: "gae-opacity", min: "0", max: "1", step: "0.05", value: String(state.opacity),
@@ -878,8 +1032,8 @@ function controls() {
                                       "(the colours then leave the bar)",
                                oninput: (e) => { state.opacity = Number(e.target.value); redraw(); }});
   const scale = el("select", {id: "gae-scale", onchange: (e) => { state.scale = e.target.value; redraw(); }},
-    el("option", {value: "shared", text: "shared by the methods of a sample"}),
     el("option", {value: "map", text: "each map by its own maximum"}),
+    el("option", {value: "shared", text: "shared by the methods of a sample"}),
     el("option", {value: "run", text: "each method by its maximum over all steps"}));
   Object.assign(state.ui, {runSelect, slider, stepLabel});
   return el("div", {class: "gae-controls"},
@@ -890,29 +1044,38 @@ function controls() {
     el("label", {}, "colour scale", scale));
 }
 
+function startPolling() {
+  setInterval(() => poll().catch((error) => console.warn(error)), POLL_MS);
+}
+
 export async function render() {
   document.head.append(el("style", {text: STYLE}));
   const root = el("div", {id: "gae-dashboard"});
   const statusLine = el("div", {class: "gae-status"});
+  const updated = el("div", {class: "gae-hint", id: "gae-updated"});
   const main = el("div", {id: "gae-main"});
   const tooltip = el("div", {id: "gae-tooltip"});
-  Object.assign(state.ui, {root, status: statusLine, main, tooltip});
+  Object.assign(state.ui, {root, status: statusLine, updated, main, tooltip});
   document.body.append(root, tooltip);
   try {
     const [runs, colormaps] = await Promise.all([getJSON("runs"), getJSON("colormaps")]);
     state.colormaps = colormaps;
     state.runs = runs.runs;
-    root.append(controls(), statusLine,
+    root.append(controls(), statusLine, updated,
                 el("div", {class: "gae-hint", text: "Hover a patch, pixel, token or feature to read its relevance. " +
                                                     "Move the step slider (or use the arrow keys) to replay training."}),
                 main);
+    startPolling();
     if (!state.runs.length) {
-      status("No GAE data yet: train with lightning_gae.callbacks.GAECallback and a TensorBoardLogger writing to this logdir.");
+      main.replaceChildren(el("div", {class: "gae-hint", id: "gae-no-run", text:
+        "No run with GAE data in this logdir yet: train with lightning_gae.callbacks.GAECallback and a " +
+        "TensorBoardLogger writing under this logdir. A run that is still training appears here at its first " +
+        `explanation step or score (the tab checks every ${POLL_MS / 1000} s).`}));
+      root.dataset.renderedStep = "none";
       return;
     }
     state.ui.runSelect.replaceChildren(...state.runs.map((r) => el("option", {value: r, text: r})));
-    await selectRun(state.runs[state.runs.length - 1]);
-    state.ui.runSelect.value = state.run;
+    await selectRun(chooseRun(state.runs));
   } catch (error) {
     console.error(error);
     if (!statusLine.isConnected) root.append(statusLine);
