@@ -486,9 +486,19 @@ class Run:
                            for metric, by_method in state_dict["curves"].items()}
 
     def load_checkpoint(self, trainer: Trainer, checkpoint: Mapping[str, Any]) -> None:
-        """A validate() or test() of a checkpoint logs at its step (:mod:`.evaluation`)."""
+        """A validate() or test() of a checkpoint logs at its step (:mod:`.evaluation`). A fit resumed from it goes on
+        at that step: in TensorBoard, what an interrupted fit logged into the same runs from there on is dropped, since
+        the resumed fit logs those steps again (with the alerts the checkpoint does not hold)."""
+        step = checkpoint_step(checkpoint)
         if trainer.state.fn != "fit":
-            self.loaded_step = checkpoint_step(checkpoint)
+            self.loaded_step = step
+        elif step is not None and trainer.is_global_zero and self.views is not None:
+            try:
+                self.views.restart(writers(trainer), step)
+            except Exception as err:  # noqa: BLE001 - a resumed fit goes on without it
+                warn_once(self.warned, "restart", f"GAECallback: marking the resumed fit's start at step {step} in the "
+                                                  f"TensorBoard runs failed ({type(err).__name__}: {err}); the steps "
+                                                  "logged after the checkpoint before the fit stopped show twice")
 
 
 def _listed(pair: tuple[Any, ...] | None) -> list[Any] | None:
