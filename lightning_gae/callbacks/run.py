@@ -467,7 +467,11 @@ class Run:
             self.sample_indices = list(indices)
         self.previous = dict(state_dict.get("previous", {}))
         if "alerts" in state_dict:
-            self.alerts = [RegionAlert(**alert) for alert in state_dict["alerts"]]
+            try:
+                self.alerts = [RegionAlert(**alert) for alert in state_dict["alerts"]]
+            except TypeError as err:  # written by a version whose alerts had other fields: resume all the same
+                rank_zero_warn(f"GAECallback: the checkpoint's alerts do not fit this version's ({err}); they are not "
+                               "restored, and an alert raised before it may be raised again")
         self.first_regions = state_dict.get("first_regions", self.first_regions)
         self.health.load_state_dict(state_dict.get("health", {}))
         if "failures" in state_dict:

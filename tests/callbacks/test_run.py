@@ -59,6 +59,14 @@ def test_a_checkpoint_without_the_keys_keeps_the_given_samples():
     assert (run.alerts, run.first_regions, run.health.flags, run.explanation_count, run.reported) == ([], None, [], 0, None)
 
 
+def test_alerts_of_another_version_warn_and_the_rest_still_loads():
+    callback = GAECallback()
+    with pytest.warns(UserWarning, match=r"the checkpoint's alerts do not fit this version's .*not restored"):
+        callback.load_state_dict({"sample_indices": [1], "alerts": [{"step": 3, "region": "corner"}],
+                                  "schedule": {"explanation_count": 2}})
+    assert callback.run.alerts == [] and callback.sample_indices == [1] and callback.run.explanation_count == 2
+
+
 def test_the_health_flags_and_what_the_rule_carries_round_trip():
     scalars = {"positive_perturbation_auc/gae": 10.0, "positive_perturbation_auc/gae/stderr": 1.0,
                "positive_perturbation_auc/rollout": 40.0, "positive_perturbation_auc/rollout/stderr": 1.0,
