@@ -86,14 +86,14 @@ def test_the_health_flags_and_what_the_rule_carries_round_trip():
 
 class CrashingViT(ViTClassifier):
     """The recipe ViT at the callback tests' size (``small_vit``), whose training step raises in epoch ``crash_epoch``
-    (its 11th batch: after the explanation at step 140, logged at 139, past the checkpoint at the end of the epoch before)."""
+    (its 16th batch: after the explanation at step 100, logged at 99, past the checkpoint at the end of the epoch before)."""
 
     def __init__(self, crash_epoch: int | None = None) -> None:
         super().__init__(dim=32, depth=2, heads=2, lr=0.01)
         self.crash_epoch = crash_epoch
 
     def training_step(self, batch, batch_idx):
-        if self.current_epoch == self.crash_epoch and batch_idx == 10:
+        if self.current_epoch == self.crash_epoch and batch_idx == 15:
             raise RuntimeError("the machine went down")
         return super().training_step(batch, batch_idx)
 
@@ -101,11 +101,11 @@ class CrashingViT(ViTClassifier):
 def _watermark_fit(make_trainer, root, crash_epoch=None, ckpt_path=None):
     """Five epochs on digits whose corner square names the class in every training image (the model learns the square:
     most of GAE's relevance sits on it from the second epoch, its one patch of 16 holds 6% by chance); every epoch
-    (45 steps) and every 70 steps explain, every second explanation scores; checkpoints in ``root/ckpt`` at the end
+    (45 steps) and every 50 steps explain, every second explanation scores; checkpoints in ``root/ckpt`` at the end
     of each epoch, events in ``root/resume/version_0``."""
     seed_everything(0)
     data = WatermarkedDigitsDataModule(shortcut=True, correlation=1.0, batch_size=32, seed=0)
-    callback = GAECallback(num_samples=8, every_n_train_steps=70, methods=("gae", "rollout"),
+    callback = GAECallback(num_samples=8, every_n_train_steps=50, methods=("gae", "rollout"),
                            faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",), samples=32,
                                                             interim_samples=16, every_n_explanations=2),
                            regions=RegionOptions(regions=[data.region], threshold=0.3))
@@ -120,7 +120,7 @@ def _watermark_fit(make_trainer, root, crash_epoch=None, ckpt_path=None):
 def test_a_fit_resumed_after_a_crash_raises_nothing_twice_and_scores_the_steps_of_an_uninterrupted_fit(
         tmp_path, make_trainer, read_events):
     with pytest.raises(RuntimeError, match="the machine went down"):
-        _watermark_fit(make_trainer, tmp_path / "run", crash_epoch=3)
+        _watermark_fit(make_trainer, tmp_path / "run", crash_epoch=2)
     before = read_events(tmp_path / "run" / "resume" / "version_0")
     raised_before = {t for t in before.Tags()["tensors"] if t.startswith("gae_dashboard/alert/")}
     assert "gae_dashboard/alert/watermark/gae" in raised_before     # raised before the crash
@@ -148,13 +148,14 @@ def test_a_fit_resumed_after_a_crash_raises_nothing_twice_and_scores_the_steps_o
     first = before.scalar_events("region_share_watermark/gae")["region_share_watermark/gae"][0][1]
     assert resumed.run.first_regions["region_share_watermark/gae"] == pytest.approx(first)
 
-    # The faithfulness subset is scored at the steps of the uninterrupted fit (every second explanation, and the last),
-    # and every step is shown once: what the crashed fit logged past its checkpoint (step 139) is the resumed fit's.
+    # The faithfulness subset is scored at the steps of the uninterrupted fit (every second explanation, and the last:
+    # the explanations logged at 44, 49, 89 came before the checkpoint, so 99 does not score), and every step is shown
+    # once: what the crashed fit logged past its checkpoint (step 99) is the resumed fit's.
     _, straight = _watermark_fit(make_trainer, tmp_path / "straight")
     uninterrupted = read_events(straight.logger.log_dir)
     scored = uninterrupted.scalar_steps("positive_perturbation_auc/gae")
-    assert len(scored) == 5 and events.scalar_steps("positive_perturbation_auc/gae") == scored
-    assert 139 in before.image_steps(heatmap_tag(resumed.sample_indices[0]))
+    assert scored == [44, 89, 134, 179, 224] and events.scalar_steps("positive_perturbation_auc/gae") == scored
+    assert 99 in before.image_steps(heatmap_tag(resumed.sample_indices[0]))
     assert all(events.image_steps(heatmap_tag(i)) == uninterrupted.image_steps(heatmap_tag(i))
                for i in resumed.sample_indices)
     for run in ("gae", "random"):
