@@ -13,9 +13,10 @@ summary like the others, and its reason is what the summary's "not scored (...)"
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from lightning.pytorch.utilities import rank_zero_warn
 
@@ -107,6 +108,18 @@ class Failures:
                                       f"({reason}); further failures of this kind are counted in the summary")
         if step not in kind.steps:
             kind.steps.append(step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps, as plain data: the steps and each kind of failure with its steps, so that a resumed
+        fit warns no kind twice and its summary counts the steps before the checkpoint too."""
+        return {"steps": sorted(self.steps),
+                "kinds": [[k.part, k.reason, list(k.steps)] for k in self.kinds.values()]}
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any]) -> Failures:
+        """The failures :meth:`state_dict` kept."""
+        kinds = {(part, reason): _Kind(part, reason, list(steps)) for part, reason, steps in state.get("kinds", [])}
+        return cls(set(state.get("steps", [])), kinds)
 
     def lines(self) -> list[str]:
         """The summary's lines: per part, how many steps failed and why, e.g. ``explanations failed at 3 of 10

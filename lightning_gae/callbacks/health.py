@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import torch
 from lightning.pytorch import Trainer
@@ -221,9 +222,33 @@ class Health:
         if found:
             write_health(writers(trainer), step, [(f.method, f.cause, f.markdown()) for f in found])
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps, as plain data: every attribute (the flags raised and what the rule carries from one
+        scored step to the next), but the rows of the step being scored, which a checkpoint never falls within."""
+        return {name: [asdict(f) for f in value] if name == "flags" else _plain(value)
+                for name, value in vars(self).items() if name != "_rows"}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Read back what :meth:`state_dict` kept; attributes a checkpoint does not hold keep their values."""
+        for name, value in state.items():
+            if name == "flags":
+                self.flags = [HealthFlag(**flag) for flag in value]
+            elif hasattr(self, name):
+                kind = type(getattr(self, name))
+                setattr(self, name, kind(value) if kind in (set, frozenset, tuple) else value)
+
     def summary_lines(self) -> list[str]:
         """The summary's section: every flag of the fit."""
         if not self.flags:
             return []
         return ["flags (explanations that are not faithful; read the most faithful method's instead):",
                 *(flag.text(indent="  ") for flag in self.flags)]
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as a checkpoint loaded with ``weights_only=True`` reads it: sets as sorted lists, tensors on the CPU."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, Tensor):
+        return value.detach().cpu()
+    return value

@@ -12,7 +12,7 @@ the summary (:mod:`._report`), what each logger gets (:mod:`._loggers`), several
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
@@ -39,6 +39,7 @@ from lightning_gae.callbacks._token_sets import decoder_rows, set_views
 from lightning_gae.callbacks._tracked import collect
 from lightning_gae.callbacks.distributed import Lockstep, check_strategy, from_rank_zero, gather_scores, together
 from lightning_gae.callbacks.evaluation import checkpoint_step, logged_step, scorable, test_scalars
+from lightning_gae.callbacks.failures import Failures
 from lightning_gae.callbacks.health import Health
 from lightning_gae.callbacks.samples import Samples, class_names
 from lightning_gae.engine.readout import Explanation
@@ -83,6 +84,12 @@ class Run:
         explanation_count, last_explained, last_scored, last_step: the schedule's counters: explanation steps of this
             fit, the last ``(stage, global step)`` explained and ``(stage, step)`` scored, the last step logged at.
         loaded_step: the step of the checkpoint a validate() or test() loaded.
+        resumed_failures: the failures a resumed fit's checkpoint held, for the fit's samples when they are read.
+        warned: what was warned once (in this process: a resumed run warns again in its own).
+
+    A checkpoint keeps what the verdicts and the schedule depend on (:meth:`state_dict`); what is made again from it
+    (the samples, the explainer, the metric objects) and the drawing's state (the evolution strips' columns, fixed
+    colour ranges) are not kept.
     """
 
     def __init__(self, args: Arguments) -> None:
@@ -106,6 +113,7 @@ class Run:
         self.first_regions: dict[str, float] | None = None
         self.alerts: list[RegionAlert] = []
         self.health = Health()
+        self.resumed_failures: Failures | None = None
 
     # --- a stage's start and end ----------------------------------------------------------------
 
@@ -136,6 +144,7 @@ class Run:
         self.last_explained = self.last_scored = None
         self.explanation_count = 0
         self.reported = self.not_scored = None
+        self.resumed_failures = None
 
     def start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Read the samples and explain them once, so that what cannot work stops the run now, with its fix.
@@ -154,6 +163,8 @@ class Run:
         with isolate_rng():
             testing = trainer.state.fn == "test"  # test data: samples of its own, never kept as the tracked ones
             state = self.state = RunState(sample_indices=None if testing else self.sample_indices)
+            if trainer.state.fn == "fit" and self.resumed_failures is not None:
+                state.failures = self.resumed_failures  # a resumed fit's, from its checkpoint
             try:
                 # validate() runs its hooks in inference mode, and a tensor made there can never take part
                 # in autograd: the labels, the explained class of target="label", would fail every explanation.
@@ -424,17 +435,81 @@ class Run:
     # --- checkpointing --------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the tracked samples' positions and the last step's relevance (``previous``)."""
-        return {"sample_indices": self.sample_indices, "previous": self.previous}
+        """What a checkpoint keeps, as plain data (``torch.load(weights_only=True)`` reads it): what the run's verdicts
+        depend on, so that a fit resumed from it goes on as the uninterrupted fit would.
+
+        ``sample_indices`` and ``previous`` (the tracked samples, the last step's relevance: what stability compares
+        with); ``alerts`` raised, ``first_regions`` (what a rise is measured from), ``health`` (its flags and what its
+        rule carries between scored steps), ``failures`` (what failed, for the summary's counts and warned once), the
+        schedule's counters (``schedule``: which explanation steps score), and the last faithfulness ``reported``,
+        ``not_scored`` and ``curves`` (what an alert and the summary quote until the next scoring).
+        """
+        return {
+            "sample_indices": self.sample_indices,
+            "previous": {m: t.detach().cpu() for m, t in self.previous.items()},
+            "alerts": [asdict(alert) for alert in self.alerts],
+            "first_regions": self.first_regions,
+            "health": self.health.state_dict(),
+            "failures": self.state.failures.state_dict(),
+            "schedule": {"explanation_count": self.explanation_count, "last_step": self.last_step,
+                         "last_explained": _listed(self.last_explained), "last_scored": _listed(self.last_scored)},
+            "reported": _listed(self.reported),
+            "not_scored": self.not_scored,
+            "curves": {metric: {m: [[float(f) for f in fractions], curve.detach().cpu()]
+                                for m, (fractions, curve) in by_method.items()} for metric, by_method in self.curves.items()},
+        }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Read back what :meth:`state_dict` kept; keys a checkpoint does not hold leave their values as they are."""
+        """Read back what :meth:`state_dict` kept; keys a checkpoint does not hold (one written before they were kept)
+        leave their values as they are."""
         indices = state_dict.get("sample_indices")
         if indices is not None:
             self.sample_indices = list(indices)
         self.previous = dict(state_dict.get("previous", {}))
+        if "alerts" in state_dict:
+            try:
+                self.alerts = [RegionAlert(**alert) for alert in state_dict["alerts"]]
+            except TypeError as err:  # written by a version whose alerts had other fields: resume all the same
+                rank_zero_warn(f"GAECallback: the checkpoint's alerts do not fit this version's ({err}); they are not "
+                               "restored, and an alert raised before it may be raised again")
+        self.first_regions = state_dict.get("first_regions", self.first_regions)
+        self.health.load_state_dict(state_dict.get("health", {}))
+        if "failures" in state_dict:
+            # The fit's samples are read (and its RunState made) after the checkpoint is loaded, or before it under the
+            # strategies that restore after their setup: both get them.
+            self.resumed_failures = self.state.failures = Failures.from_state_dict(state_dict["failures"])
+        schedule = state_dict.get("schedule", {})
+        self.explanation_count = schedule.get("explanation_count", self.explanation_count)
+        self.last_step = schedule.get("last_step", self.last_step)
+        self.last_explained = _tupled(schedule.get("last_explained", self.last_explained))
+        self.last_scored = _tupled(schedule.get("last_scored", self.last_scored))
+        self.reported = _tupled(state_dict.get("reported", self.reported))
+        self.not_scored = state_dict.get("not_scored", self.not_scored)
+        if "curves" in state_dict:
+            self.curves = {metric: {m: (tuple(fractions), curve) for m, (fractions, curve) in by_method.items()}
+                           for metric, by_method in state_dict["curves"].items()}
 
     def load_checkpoint(self, trainer: Trainer, checkpoint: Mapping[str, Any]) -> None:
-        """A validate() or test() of a checkpoint logs at its step (:mod:`.evaluation`)."""
+        """A validate() or test() of a checkpoint logs at its step (:mod:`.evaluation`). A fit resumed from it goes on
+        at that step: in TensorBoard, what an interrupted fit logged into the same runs from there on is dropped, since
+        the resumed fit logs those steps again (with the alerts the checkpoint does not hold)."""
+        step = checkpoint_step(checkpoint)
         if trainer.state.fn != "fit":
-            self.loaded_step = checkpoint_step(checkpoint)
+            self.loaded_step = step
+        elif step is not None and trainer.is_global_zero and self.views is not None:
+            try:
+                self.views.restart(writers(trainer), step)
+            except Exception as err:  # noqa: BLE001 - a resumed fit goes on without it
+                warn_once(self.warned, "restart", f"GAECallback: marking the resumed fit's start at step {step} in the "
+                                                  f"TensorBoard runs failed ({type(err).__name__}: {err}); the steps "
+                                                  "logged after the checkpoint before the fit stopped show twice")
+
+
+def _listed(pair: tuple[Any, ...] | None) -> list[Any] | None:
+    """A pair as a checkpoint keeps it (plain lists)."""
+    return None if pair is None else list(pair)
+
+
+def _tupled(pair: Any) -> Any:
+    """A pair :func:`_listed` kept, as the run holds it."""
+    return None if pair is None else tuple(pair)

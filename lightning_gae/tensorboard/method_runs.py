@@ -22,11 +22,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard.writer import FileWriter
 
 __all__ = ["FAITHFULNESS_GROUP", "METHODS_FOLDER", "REGION_GROUP", "RELEVANCE_GROUP", "RELEVANCE_SCALARS", "MethodRuns",
-           "is_faithfulness", "method_tag", "scalar_group"]
+           "is_faithfulness", "method_tag", "restart_event", "scalar_group"]
 
 METHODS_FOLDER = "methods"
 """The folder, inside a logger's log dir, that holds one run per method."""
@@ -67,6 +68,12 @@ def _log_dir(writer: Any) -> str | None:
     return str(folder) if folder else None
 
 
+def restart_event(step: int) -> Event:
+    """What ``SummaryWriter(purge_step=step)`` writes: TensorBoard drops the events of the run it has read at ``step``
+    and after, those a crashed fit logged past the checkpoint it is resumed from (the resumed fit logs them again)."""
+    return Event(step=step, session_log=SessionLog(status=SessionLog.START))
+
+
 class MethodRuns:
     """The per-method runs of every writer: ``write`` a step's scalars, ``close`` when a run (fit, validate) ends."""
 
@@ -89,6 +96,20 @@ class MethodRuns:
                 self._writers[key] = FileWriter(os.path.join(folder, METHODS_FOLDER, method))
             self._writers[key].add_summary(Summary(value=values), step)
             self._writers[key].flush()
+
+    def restart(self, writer: Any, step: int) -> None:
+        """A fit resumed at ``step`` into the writer's run: each method's run that exists drops what the interrupted
+        fit logged at ``step`` and after (:func:`restart_event`, in the file its next ``write`` goes to)."""
+        folder = _log_dir(writer)
+        if folder is None or not os.path.isdir(runs := os.path.join(folder, METHODS_FOLDER)):
+            return
+        for method in sorted(os.listdir(runs)):
+            if os.path.isdir(os.path.join(runs, method)):
+                key = (folder, method)
+                if key not in self._writers:
+                    self._writers[key] = FileWriter(os.path.join(runs, method))
+                self._writers[key].add_event(restart_event(step))
+                self._writers[key].flush()
 
     def close(self) -> None:
         """Close every event file (a later ``write`` opens a new one in the same run)."""

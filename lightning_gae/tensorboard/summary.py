@@ -49,6 +49,7 @@ from lightning_gae.tensorboard.method_runs import (
     RELEVANCE_SCALARS,
     MethodRuns,
     is_faithfulness,
+    restart_event,
     scalar_group,
 )
 from lightning_gae.tensorboard.views import SetInput, StepViews, bounded, markdown_cell, markdown_text
@@ -288,6 +289,15 @@ class TensorBoardViews(StepViews):
         self._charted: dict[str, set[str]] = {}
         self._inputs_written: set[str] = set()
         self._runs = MethodRuns()
+
+    def restart(self, writers: Sequence[Any], step: int) -> None:
+        """A fit resumed from a checkpoint at ``step`` into the writers' runs: TensorBoard drops what the interrupted fit
+        logged there at ``step`` and after, in each run and its methods' runs, so that the steps the resumed fit logs
+        again are shown once (:func:`~lightning_gae.tensorboard.method_runs.restart_event`)."""
+        for writer in writers:
+            writer._get_file_writer().add_event(restart_event(step))
+            writer.flush()
+            self._runs.restart(writer, step)
 
     def close(self) -> None:
         """Close the methods' runs (:mod:`~lightning_gae.tensorboard.method_runs`); a later write reopens them."""
