@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,6 +27,111 @@ COMPARE_METRICS: tuple[str, ...] = (
     "sufficiency",
 )
 _GRID_SAMPLES = 4  # rows of comparison.png
+# Set (to anything but 0) to see the traceback behind a command-line error, as --traceback does.
+DEBUG_VARIABLE = "LIGHTNING_GAE_DEBUG"
+
+
+class CommandLineError(Exception):
+    """A mistake on the command line: :func:`main` prints its message, naming what to fix, and exits 2 (with
+    ``--traceback`` or ``LIGHTNING_GAE_DEBUG=1`` it is raised, its cause's traceback above it)."""
+
+
+def _origin(err: BaseException) -> BaseException:
+    """The exception ``err`` was raised from that this package raised (a GAECallback or option group refusing a
+    value, wrapped by jsonargparse into its "Union subtypes" report), else the first one outside jsonargparse."""
+    chain: list[BaseException] = []
+    found: BaseException | None = err
+    while found is not None and found not in chain:
+        chain.append(found)
+        found = found.__cause__ or found.__context__
+    package = str(Path(__file__).resolve().parent)
+    for candidate in reversed(chain):
+        if _raised_here(candidate, package):
+            return candidate
+    outside = [e for e in chain if "jsonargparse" not in "".join(f.filename for f in traceback.extract_tb(e.__traceback__)[-1:])]
+    return outside[-1] if outside else err
+
+
+def _raised_here(err: BaseException, package: str | None = None) -> bool:
+    """Whether this package raised ``err`` (the last frame of its traceback is one of its files)."""
+    frames = traceback.extract_tb(err.__traceback__)
+    package = package or str(Path(__file__).resolve().parent)
+    return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(package)
+
+
+def _instantiation_error(err: BaseException) -> CommandLineError:
+    """``err`` (raised while the config's classes were built) as one message: the refusing class's own."""
+    origin = _origin(err)
+    message = str(origin).strip()
+    if origin is err and "Does not validate against any of the Union subtypes" in message:
+        message = message.split("\nGiven value type:")[0]
+    found = CommandLineError(f"the config's classes could not be built: {message}")
+    found.__cause__ = err
+    return found
+
+
+def _read_checkpoint(path: Any, flag: str = "--ckpt_path", strict: bool = True) -> dict[str, Any] | None:
+    """The checkpoint at ``path`` (weights only, memory-mapped where it can be); a :class:`CommandLineError` naming
+    ``flag`` for a file that is missing or not a checkpoint. A torch checkpoint that holds other objects than tensors
+    and plain values is None where not ``strict`` (Lightning, which loads it in full, decides)."""
+    import zipfile
+
+    import torch
+
+    where = str(path)
+    if not Path(where).is_file():
+        raise CommandLineError(f"{flag} {where}: no such file; give a checkpoint of the fit, e.g. "
+                               "<save_dir>/<name>/version_0/checkpoints/last.ckpt")
+    try:
+        try:
+            checkpoint = torch.load(where, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:  # the legacy (not zip) format cannot be memory-mapped
+            checkpoint = torch.load(where, map_location="cpu", weights_only=True)
+    except Exception as err:
+        if not strict and zipfile.is_zipfile(where):
+            return None
+        raise CommandLineError(f"{flag} {where}: not a checkpoint of tensors torch.load(weights_only=True) can read "
+                               f"({type(err).__name__}); give a .ckpt file Lightning saved, e.g. "
+                               "<run>/checkpoints/last.ckpt") from err
+    if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("state_dict"), Mapping):
+        raise CommandLineError(f"{flag} {where}: not a Lightning checkpoint (no state_dict); give a .ckpt file "
+                               "Lightning saved, e.g. <run>/checkpoints/last.ckpt")
+    return dict(checkpoint)
+
+
+def _check_weights_fit(model: Any, checkpoint: Mapping[str, Any], where: Any, flag: str = "--ckpt_path") -> None:
+    """A :class:`CommandLineError` where the checkpoint's weights are not ``model``'s (another model's checkpoint)."""
+    own = model.state_dict()
+    saved = checkpoint["state_dict"]
+    missing = [k for k in own if k not in saved]
+    unexpected = [k for k in saved if k not in own]
+    resized = [k for k in own if k in saved and tuple(getattr(saved[k], "shape", ())) != tuple(own[k].shape)]
+    if missing or unexpected or resized:
+        parts = [f"{len(found)} {what} (e.g. {found[0]})" for found, what in
+                 ((missing, "of its weights missing"), (unexpected, "unexpected"), (resized, "of another shape"))
+                 if found]
+        raise CommandLineError(f"{flag} {where}: its weights are not those of {type(model).__name__} "
+                               f"({', '.join(parts)}); give a checkpoint of this model's fit")
+
+
+def _check_yaml(args: Sequence[str]) -> None:
+    """A :class:`CommandLineError` naming the file, line and column of a ``--config`` file that is not valid YAML."""
+    import yaml
+
+    for i, arg in enumerate(args):
+        path = arg.partition("=")[2] if arg.startswith("--config=") else \
+            (args[i + 1] if arg == "--config" and i + 1 < len(args) else None)
+        if not path or not Path(path).is_file():
+            continue
+        try:
+            yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err)
+            context = getattr(err, "context", None)
+            raise CommandLineError(f"--config {path}: not valid YAML, {at}{problem}"
+                                   f"{f' ({context})' if context else ''}; fix that line") from err
 
 
 def _lightning_cli(args: Sequence[str] | None) -> None:
@@ -47,6 +153,11 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
 
     class GAECLI(LightningCLI):
         def _parse_ckpt_path(self) -> None:
+            # A missing file or one that is no checkpoint, said before anything is built.
+            subcommand = self.config.get("subcommand")
+            ckpt_path = subcommand and self.config[subcommand].get("ckpt_path")
+            if ckpt_path and subcommand in ("validate", "test", "predict"):
+                _read_checkpoint(ckpt_path, strict=False)
             # A plain Trainer's checkpoint names no class (LightningCLI's own do, and Lightning reads only those): its
             # saved hyper-parameters are the init_args of the --model given.
             found = _plain_checkpoint_model(self.config)
@@ -54,6 +165,14 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
                 super()._parse_ckpt_path()
             else:
                 self.config = self.parser.parse_object(found, self.config)
+
+        def instantiate_classes(self) -> None:
+            # A class of the config refusing its arguments (a GAECallback option, a model's): its message, not
+            # jsonargparse's report of every Union subtype it tried.
+            try:
+                super().instantiate_classes()
+            except (ValueError, TypeError) as err:
+                raise _instantiation_error(err) from err
 
         def before_instantiate_classes(self) -> None:
             # validate/test of a run's own saved config: into that run, not a new version (its config left as it is).
@@ -66,13 +185,17 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
         def before_validate(self) -> None:
             found = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback)]  # type: ignore[attr-defined]  # set by Lightning at run time
             if reader is not None and not found:
-                print(f"lightning-gae {self.subcommand}: error: --inputs reads the batches of a GAECallback; add one "
-                      "(--trainer.callbacks+=lightning_gae.callbacks.GAECallback)", file=sys.stderr)
-                raise SystemExit(2)
+                raise CommandLineError("--inputs reads the batches of a GAECallback; add one "
+                                       "(--trainer.callbacks+=lightning_gae.callbacks.GAECallback)")
             for callback in found if reader is not None else []:
                 callback.batches = dataclasses.replace(callback.batches, inputs=reader)
+            ckpt_path = self.config[self.subcommand].get("ckpt_path")
+            if ckpt_path and Path(str(ckpt_path)).is_file():  # "best"/"last" are Lightning's to resolve
+                saved = _read_checkpoint(ckpt_path, strict=False)
+                if saved is not None:
+                    _check_weights_fit(self.model, saved, ckpt_path)
             if self._run_version is not None:
-                continue_fit_steps(self.trainer, self.config[self.subcommand].get("ckpt_path"))
+                continue_fit_steps(self.trainer, ckpt_path)
 
         def before_test(self) -> None:
             self.before_validate()
@@ -111,21 +234,18 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
         if subcommand not in ("validate", "test"):
             raise
         # The callback's advice is a Python reader; here it is --inputs (or the YAML's batches: inputs:).
-        print(f"lightning-gae {subcommand}: error: {_reader_advice(err)}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise CommandLineError(_reader_advice(err)) from err
 
 
 def _plain_checkpoint_model(config: Any) -> dict[str, Any] | None:
     """``{subcommand: {"model": {"class_path": --model, "init_args": the checkpoint's hyper-parameters}}}`` for a
     checkpoint a plain ``Trainer`` wrote (its hyper-parameters name no class); None for others."""
-    import torch
-
     subcommand = config.get("subcommand")
     ckpt_path = subcommand and config[subcommand].get("ckpt_path")
     class_path = getattr(config[subcommand].get("model"), "class_path", None) if subcommand else None
     if not class_path or not ckpt_path or not Path(str(ckpt_path)).is_file():
         return None
-    hparams = dict(torch.load(str(ckpt_path), weights_only=True, map_location="cpu").get("hyper_parameters") or {})
+    hparams = dict((_read_checkpoint(ckpt_path, strict=False) or {}).get("hyper_parameters") or {})
     if not hparams or "_class_path" in hparams or "_instantiator" in hparams:
         return None
     return {subcommand: {"model": {"class_path": class_path, "init_args": hparams}}}
@@ -257,7 +377,7 @@ def _from_checkpoint(model: str, data: str | None, ckpt_path: str) -> tuple[Any,
     def load(path: str, base: type, flag: str) -> Any:
         found = _imported(path, flag)
         if not (isinstance(found, type) and issubclass(found, base)):
-            raise SystemExit(f"lightning-gae compare {flag} {path}: not a {base.__name__} class (give its import path, "
+            raise CommandLineError(f"{flag} {path}: not a {base.__name__} class (give its import path, "
                              "e.g. my_project.models.MyModel, importable from the working directory)")
         return found
 
@@ -272,16 +392,16 @@ def _from_checkpoint(model: str, data: str | None, ckpt_path: str) -> tuple[Any,
     return module, datamodule, None
 
 
-def _imported(path: str, flag: str, command: str = "compare") -> Any:
-    """What the import path ``path`` (``package.module.name``) names, importable from the working directory; an exit
-    naming ``command`` and ``flag`` when it is not there."""
+def _imported(path: str, flag: str) -> Any:
+    """What the import path ``path`` (``package.module.name``) names, importable from the working directory; a
+    :class:`CommandLineError` naming ``flag`` when it is not there."""
     import importlib
 
     module, _, name = path.rpartition(".")
     try:
         return getattr(importlib.import_module(module), name) if module else None
     except (ImportError, AttributeError) as err:
-        raise SystemExit(f"lightning-gae {command} {flag} {path}: {err}") from None
+        raise CommandLineError(f"{flag} {path}: {err}") from err
 
 
 def _reader_advice(err: ValueError) -> str:
@@ -296,9 +416,9 @@ def _inputs_reader(args: list[str]) -> tuple[list[str], Any]:
     for i, arg in enumerate(args):
         if arg == "--inputs" or arg.startswith("--inputs="):
             path = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
-            reader = _imported(path, "--inputs", args[0])
+            reader = _imported(path, "--inputs")
             if not callable(reader):
-                raise SystemExit(f"lightning-gae {args[0]} --inputs {path}: not a function batch -> model inputs (give "
+                raise CommandLineError(f"--inputs {path}: not a function batch -> model inputs (give "
                                  "its import path, e.g. my_readers.pixels for my_readers.py of the working directory)")
             return args[:i] + args[i + (1 if "=" in arg else 2):], reader
     return args, None
@@ -406,11 +526,20 @@ def compare_main(argv: Sequence[str]) -> None:
     if not Path(args.ckpt_path).is_file():
         parser.error(f"--ckpt_path {args.ckpt_path}: no such file; give a checkpoint of the fit, e.g. "
                      "<save_dir>/<name>/version_0/checkpoints/last.ckpt")
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        parser.error(f"--output {args.output}: a file, not a directory; give a directory for comparison.md, "
+                     "comparison.json and comparison.png (created if missing)")
     from lightning_gae.display.progress import MethodBars
 
     bars = MethodBars(args.methods)
     try:
         _compare(args, bars, parser.error)
+    except (ValueError, TypeError) as err:
+        bars.close()
+        origin = _origin(err)
+        if not _raised_here(origin):
+            raise  # not a refusal of this package's: a traceback says where
+        raise CommandLineError(str(origin)) from err
     except KeyboardInterrupt:
         bars.close()
         done = f"{len(bars.finished)} of {len(args.methods)} methods scored ({', '.join(bars.finished) or 'none'})"
@@ -422,8 +551,6 @@ def compare_main(argv: Sequence[str]) -> None:
 
 
 def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
-    import torch
-
     from lightning_gae.compare import comparison_grid, compare, infer_modality, token_set_inputs
     from lightning_gae.options import EngineOptions, FaithfulnessOptions
     from lightning_gae._structures import map_tensors
@@ -431,7 +558,9 @@ def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
 
     model, datamodule, callback = (configured(args.config) if args.config is not None
                                    else _from_checkpoint(args.model, args.data, args.ckpt_path))
-    checkpoint = torch.load(args.ckpt_path, map_location="cpu", weights_only=True)
+    checkpoint = _read_checkpoint(args.ckpt_path)
+    assert checkpoint is not None  # strict
+    _check_weights_fit(model, checkpoint, args.ckpt_path)
     model.load_state_dict(checkpoint["state_dict"])
     model.eval()
     inputs, labels, truth, keyed = _first_validation_samples(model, datamodule, args.num_samples, callback, args.inputs,
@@ -563,16 +692,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     Args:
         argv: the arguments after the command's name; None reads ``sys.argv``. Without arguments, or with
             ``-h``, it prints the subcommands; ``lightning-gae SUBCOMMAND --help`` lists a subcommand's options.
+
+    A mistake on the command line (an option a class refuses, a missing or foreign checkpoint, a malformed YAML)
+    prints one line naming what to fix and exits 2; ``--traceback`` (or ``LIGHTNING_GAE_DEBUG=1``) raises it instead.
     """
     _import_from_working_directory()
     args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--traceback" in args or os.environ.get(DEBUG_VARIABLE, "0") not in ("", "0")
+    if "--traceback" in args:
+        args = [arg for arg in args if arg != "--traceback"]
+        if argv is None:  # LightningCLI reads sys.argv itself
+            sys.argv[1:] = args
     if not args or args[0] in ("-h", "--help"):
         print(_overview())
         return
-    if args and args[0] == "compare":
-        compare_main(args[1:])
-        return
-    _lightning_cli(None if argv is None else args)
+    try:
+        _check_yaml(args)
+        if args[0] == "compare":
+            compare_main(args[1:])
+        else:
+            _lightning_cli(None if argv is None else args)
+    except CommandLineError as err:
+        if debug:
+            raise
+        print(f"lightning-gae {args[0]}: error: {err} (--traceback shows where it was raised)", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
