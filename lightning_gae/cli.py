@@ -175,11 +175,13 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
                 raise _instantiation_error(err) from err
 
         def before_instantiate_classes(self) -> None:
-            # validate/test of a run's own saved config: into that run, not a new version (its config left as it is).
-            self._run_version = None
+            # validate/test of a fit's saved config or checkpoint: into that run at its last step, not a new version
+            # (its config left as it is).
+            self._run: Path | None = None
+            self._summaries: list[Any] = []
             if self.subcommand in ("validate", "test"):
-                self._run_version = _into_saved_run(self.config[self.subcommand])
-                if self._run_version is not None:
+                self._run = _into_saved_run(self.config[self.subcommand])
+                if self._run is not None:
                     self.save_config_callback = None
 
         def before_validate(self) -> None:
@@ -194,11 +196,30 @@ def _lightning_cli(args: Sequence[str] | None) -> None:
                 saved = _read_checkpoint(ckpt_path, strict=False)
                 if saved is not None:
                     _check_weights_fit(self.model, saved, ckpt_path)
-            if self._run_version is not None:
+            if self._run is not None:
                 continue_fit_steps(self.trainer, ckpt_path)
+                # Its summary is printed by after_validate, to look at that run alone.
+                self._summaries = [cb for cb in found if cb.print_summary]
+                for callback in self._summaries:
+                    callback.print_summary = False
 
         def before_test(self) -> None:
             self.before_validate()
+
+        def after_validate(self) -> None:
+            if self._run is None or not self.trainer.is_global_zero:
+                return
+            # The run's own folder: its curves from the fit and this point at the fit's last step, nothing else.
+            look = f"tensorboard --logdir {_shown(self._run)}"
+            for callback in self._summaries:
+                callback.print_summary = True
+                if callback.summary is not None:
+                    print("\n".join(line for line in callback.summary.splitlines()
+                                    if not line.startswith("tensorboard --logdir ")))
+            print(look)
+
+        def after_test(self) -> None:
+            self.after_validate()
 
         def before_fit(self) -> None:
             # The callbacks' summaries are printed when fit has returned, under the progress bar's last lines
@@ -251,16 +272,36 @@ def _plain_checkpoint_model(config: Any) -> dict[str, Any] | None:
     return {subcommand: {"model": {"class_path": class_path, "init_args": hparams}}}
 
 
-def _into_saved_run(config: Any) -> str | None:
-    """When ``config`` (a subcommand's parsed config) was read from a fit's saved ``config.yaml`` (LightningCLI saves it
-    in the run's folder, ``<save_dir>/<name>/<version>``), point its logger at that version (where the config says
-    none) and return the version's folder name; else None and nothing changes."""
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory where it lies below it (as a user typed it), else absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        return str(path)
+
+
+def _fit_run(config: Any) -> Path | None:
+    """The folder of the fit a validate/test ``config`` comes from: the one of its saved ``config.yaml`` (LightningCLI
+    saves it in the run's folder, ``<save_dir>/<name>/<version>``), else of its checkpoint (``<run>/checkpoints/``)."""
+    files = [Path(str(getattr(f, "absolute", f))).resolve() for f in (config.get("config") or [])]
+    if len(files) == 1 and files[0].name == "config.yaml":
+        return files[0].parent
+    ckpt_path = config.get("ckpt_path")
+    found = Path(str(ckpt_path)).resolve() if ckpt_path else None
+    if found is not None and found.is_file() and found.parent.name == "checkpoints":
+        return found.parent.parent
+    return None
+
+
+def _into_saved_run(config: Any) -> Path | None:
+    """When ``config`` (a subcommand's parsed config) comes from a fit's run (:func:`_fit_run`) that its logger's
+    ``save_dir`` and ``name`` hold, point the logger at that version (where the config says none) and return the
+    run's folder; else None and nothing changes."""
     from jsonargparse import Namespace
 
-    files = [Path(str(getattr(f, "absolute", f))).resolve() for f in (config.get("config") or [])]
-    if len(files) != 1 or files[0].name != "config.yaml":
+    run = _fit_run(config)
+    if run is None:
         return None
-    run = files[0].parent
     logger = config.trainer.get("logger")
     if logger is None or logger is True:  # Lightning's default: a TensorBoardLogger in default_root_dir
         root = config.trainer.get("default_root_dir") or os.getcwd()
@@ -275,7 +316,7 @@ def _into_saved_run(config: Any) -> str | None:
         root = Path(args.save_dir).resolve() / name if name else Path(args.save_dir).resolve()
         if root == run.parent:
             args.version = run.name
-            return run.name
+            return run
     return None
 
 
