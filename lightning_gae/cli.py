@@ -344,6 +344,11 @@ def _compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--inputs", help="a function batch -> model inputs by import path, e.g. my_readers.pixels (the "
                                          "YAML's GAECallback batches: inputs:); default: the callback's, else each "
                                          "batch laid out as the module's forward takes it, as the callback does")
+    parser.add_argument("--modality", help="what a token is, by import path: a Modality class built without arguments "
+                                           "or an instance, e.g. lightning_gae.TextTokens (the YAML's GAECallback "
+                                           "modality: wins); default: the callback's, else inferred as the callback "
+                                           "infers it (token ids: text, with the module's or datamodule's tokenizer; "
+                                           "features: tabular; square images)")
     parser.add_argument("--batch_size", type=int, default=64, help="samples per attribution call (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random floor and GradientSHAP")
     parser.add_argument("--protocol", default="predicted", choices=("predicted", "target"),
@@ -445,6 +450,24 @@ def _imported(path: str, flag: str) -> Any:
         raise CommandLineError(f"{flag} {path}: {err}") from err
 
 
+def _modality_argument(path: str) -> Any:
+    """The :class:`~lightning_gae.Modality` ``--modality`` names: an instance, or a class built without arguments."""
+    from lightning_gae.modalities import Modality
+
+    found = _imported(path, "--modality")
+    if isinstance(found, type) and issubclass(found, Modality):
+        try:
+            return found()
+        except TypeError as err:
+            raise CommandLineError(f"--modality {path}: {found.__name__} needs arguments ({err}); declare it in a "
+                                   "YAML, as the GAECallback's init_args: {modality: {class_path: ..., init_args: "
+                                   "{...}}}, and pass --config") from err
+    if isinstance(found, Modality):
+        return found
+    raise CommandLineError(f"--modality {path}: not a Modality class or instance (give its import path, e.g. "
+                           "lightning_gae.TextTokens, lightning_gae.TabularTokens, or my_project.MyTokens)")
+
+
 def _reader_advice(err: ValueError) -> str:
     """The callback's advice on a batch layout its forward cannot tell (a Python reader), put as the command's."""
     return (f"{str(err).removeprefix('GAECallback: ')}. Here such a reader is a function of a module importable from "
@@ -532,8 +555,9 @@ def compare_main(argv: Sequence[str]) -> None:
     samples are explained with every method and scored with every metric, each with its standard
     error (:func:`lightning_gae.compare.compare`), under ``--protocol`` against the batches'
     labels. Batches with ground truth (``masks``, ``rationales``, or ``z`` of ``(x, y, z)``) are
-    scored against it too. The modality is the config's ``GAECallback``'s, else inferred for
-    ViT-style images. Declared regions (``--regions``: the callback's ``RegionOptions``, else the datamodule's
+    scored against it too. The modality is the config's ``GAECallback``'s, else ``--modality``'s, else inferred as
+    the callback infers it (:func:`lightning_gae.compare.infer_data_modality`: token ids are text, read with the
+    module's or datamodule's ``tokenizer``; features are tabular; square images are ViT-style). Declared regions (``--regions``: the callback's ``RegionOptions``, else the datamodule's
     ``region``) add each method's share of relevance on every region and its recall, as the callback logs them,
     beside the random floor. While it runs, stderr shows a bar per method (samples scored, rate, time left);
     Ctrl-C stops it with one line saying which methods were scored and that nothing was written
@@ -544,7 +568,8 @@ def compare_main(argv: Sequence[str]) -> None:
 
     Raises:
         SystemExit: bad arguments (argparse's message).
-        ValueError: a modality that cannot be inferred, or anything ``compare`` rejects.
+        CommandLineError: a modality that cannot be inferred, a file that is no checkpoint of this model, or
+            anything ``compare`` rejects (:func:`main` prints it and exits 2).
 
     Example:
         .. code-block:: bash
@@ -592,7 +617,7 @@ def compare_main(argv: Sequence[str]) -> None:
 
 
 def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
-    from lightning_gae.compare import comparison_grid, compare, infer_modality, token_set_inputs
+    from lightning_gae.compare import comparison_grid, compare, infer_data_modality, token_set_inputs
     from lightning_gae.options import EngineOptions, FaithfulnessOptions
     from lightning_gae._structures import map_tensors
     from lightning_gae.methods import explain
@@ -607,6 +632,8 @@ def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
     inputs, labels, truth, keyed = _first_validation_samples(model, datamodule, args.num_samples, callback, args.inputs,
                                                              refuse)
     given = None if callback is None else callback.modality
+    if given is None and args.modality is not None:
+        given = _modality_argument(args.modality)
     streams = None if callback is None else callback.engine.streams
     explained = callback.target if callback is not None and callable(callback.target) else None
     try:
@@ -640,7 +667,15 @@ def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
         # the standard errors over prompts (a prompt's answer rows are left out together).
         model, inputs, labels, truth, given, groups = rows
         query = "last"
-    modality = given if given is not None else infer_modality(model, inputs)
+    if given is not None:
+        modality = given
+    else:
+        try:
+            modality = infer_data_modality(model, inputs, (model, datamodule))
+        except ValueError as err:
+            raise CommandLineError(f"{err}; here: --modality MODULE.CLASS (e.g. lightning_gae.TextTokens, or a "
+                                   "Modality of your own with its settings as defaults), or the YAML's GAECallback "
+                                   "init_args: {modality: {class_path: ..., init_args: {...}}}") from err
 
     result = compare(model, inputs, labels, methods=args.methods, modality=modality, batch_size=args.batch_size,
                      seed=args.seed, protocol=args.protocol, ground_truth=truth, progress=bars, query=query,
