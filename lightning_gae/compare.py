@@ -90,7 +90,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from lightning_gae.display import grid
-from lightning_gae._structures import ClassTarget, class_index, display_input, first_tensor, keyword_inputs, take
+from lightning_gae._structures import ClassTarget, class_index, first_tensor, take
 from lightning_gae.attribution import ATTRIBUTION_METHODS, attribute
 from lightning_gae.attribution.gradients import batch_tensor, predict
 from lightning_gae.methods import explain, get_method, method_names, methods_of
@@ -105,7 +105,7 @@ from lightning_gae.options import EngineOptions, FaithfulnessOptions, RegionOpti
 from lightning_gae.engine.token_sets import Streams
 from lightning_gae.language.decoder_rows import is_sequence_output, last_positions, sequence_rows
 from lightning_gae.metrics.ground_truth import RECALL, TruthScore, scored_truth, truth_score
-from lightning_gae.modalities.inputs import infer_modality, token_set_input, token_set_inputs
+from lightning_gae.modalities.inputs import infer_data_modality, infer_modality, token_set_input, token_set_inputs
 
 __all__ = [
     "ATTRIBUTION_METHODS",
@@ -570,40 +570,3 @@ def comparison_grid(
              for i in range(display.shape[0])]
     rows = [f"#{i}: class {int(c)}" for i, c in enumerate(classes)]
     return grid(cells, rows, ["input", *methods])
-
-
-def infer_data_modality(model: nn.Module, inputs: Any, holders: Sequence[Any] = ()) -> Modality:
-    """The modality the inputs say, as :class:`~lightning_gae.callbacks.GAECallback` infers it: integer token ids, one
-    per token (:class:`~lightning_gae.TextTokens` with the ``tokenizer`` of the first of ``holders``, the module or
-    its data module, that has one; else the ids, padding by the model's ``config.pad_token_id``, removed by the
-    attention mask where the inputs carry one); features ``[B, F]``, one per token after at most one prefix token
-    (:class:`~lightning_gae.TabularTokens` named ``<input>[i]``, removed to their mean over these samples); else square
-    ViT-style images (:func:`infer_modality`).
-
-    Raises:
-        ValueError: none of these (the message names ``modality=``).
-    """
-    from lightning_gae.modalities import TabularTokens, TextTokens
-
-    shown = display_input(inputs)
-    if isinstance(shown, Tensor) and shown.dim() == 2 and shown.shape[0] > 0:
-        probe = take(inputs, 0, 1, shown.shape[0])
-        num_tokens = explain(model, probe, method="raw_attention").tokens.shape[1]
-        keywords = keyword_inputs(inputs) or {}
-        if not shown.is_floating_point() and shown.shape[1] == num_tokens:
-            tokenizer = next((t for t in (getattr(h, "tokenizer", None) for h in holders)
-                              if hasattr(t, "convert_ids_to_tokens")), None)
-            if tokenizer is not None:
-                return TextTokens(tokenizer)
-            mask = keywords.get("attention_mask")
-            by_mask = isinstance(mask, Tensor) and mask.shape == shown.shape
-            pad = next((c.pad_token_id for c in (getattr(m, "config", None) for m in model.modules())
-                        if c is not None and isinstance(getattr(c, "pad_token_id", None), int)), None)
-            return TextTokens(pad_id=pad, removal="attention" if by_mask else "replace")
-        features = shown.shape[1]
-        if shown.is_floating_point() and 0 <= num_tokens - features <= 1:
-            key = next((k for k, v in keywords.items() if v is shown), "x")
-            table = TabularTokens([f"{key}[{i}]" for i in range(features)], prefix_tokens=num_tokens - features)
-            table.fit(shown.float())
-            return table
-    return infer_modality(model, inputs)

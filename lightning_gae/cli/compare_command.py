@@ -1,22 +1,27 @@
-"""The ``lightning-gae`` command.
-
-``lightning-gae fit|validate|test|predict ...`` is Lightning's own ``LightningCLI`` (models and data
-modules chosen by ``class_path`` in a YAML config); ``lightning-gae compare`` scores GAE, its
-attention baselines and Captum's gradient methods on a trained checkpoint. What an explanation costs is measured
-by the repository's ``python -m benchmarks.bench`` (it measures the repository's recipes, which the wheel does not ship).
-"""
+"""``lightning-gae compare``: score attribution methods on a trained checkpoint's first validation samples and
+write comparison.md, comparison.json and comparison.png."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
-import traceback
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from lightning_gae.cli.errors import (
+    CommandLineError,
+    check_weights_fit,
+    imported,
+    origin,
+    raised_here,
+    read_checkpoint,
+    reader_advice,
+)
+
+__all__ = ["COMPARE_METRICS", "compare_main", "configured"]
 
 COMPARE_METRICS: tuple[str, ...] = (
     "positive_perturbation_auc",
@@ -27,299 +32,6 @@ COMPARE_METRICS: tuple[str, ...] = (
     "sufficiency",
 )
 _GRID_SAMPLES = 4  # rows of comparison.png
-# Set (to anything but 0) to see the traceback behind a command-line error, as --traceback does.
-DEBUG_VARIABLE = "LIGHTNING_GAE_DEBUG"
-
-
-class CommandLineError(Exception):
-    """A mistake on the command line: :func:`main` prints its message, naming what to fix, and exits 2 (with
-    ``--traceback`` or ``LIGHTNING_GAE_DEBUG=1`` it is raised, its cause's traceback above it)."""
-
-
-def _origin(err: BaseException) -> BaseException:
-    """The exception ``err`` was raised from that this package raised (a GAECallback or option group refusing a
-    value, wrapped by jsonargparse into its "Union subtypes" report), else the first one outside jsonargparse."""
-    chain: list[BaseException] = []
-    found: BaseException | None = err
-    while found is not None and found not in chain:
-        chain.append(found)
-        found = found.__cause__ or found.__context__
-    package = str(Path(__file__).resolve().parent)
-    for candidate in reversed(chain):
-        if _raised_here(candidate, package):
-            return candidate
-    outside = [e for e in chain if "jsonargparse" not in "".join(f.filename for f in traceback.extract_tb(e.__traceback__)[-1:])]
-    return outside[-1] if outside else err
-
-
-def _raised_here(err: BaseException, package: str | None = None) -> bool:
-    """Whether this package raised ``err`` (the last frame of its traceback is one of its files)."""
-    frames = traceback.extract_tb(err.__traceback__)
-    package = package or str(Path(__file__).resolve().parent)
-    return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(package)
-
-
-def _instantiation_error(err: BaseException) -> CommandLineError:
-    """``err`` (raised while the config's classes were built) as one message: the refusing class's own."""
-    origin = _origin(err)
-    message = str(origin).strip()
-    if origin is err and "Does not validate against any of the Union subtypes" in message:
-        message = message.split("\nGiven value type:")[0]
-    found = CommandLineError(f"the config's classes could not be built: {message}")
-    found.__cause__ = err
-    return found
-
-
-def _read_checkpoint(path: Any, flag: str = "--ckpt_path", strict: bool = True) -> dict[str, Any] | None:
-    """The checkpoint at ``path`` (weights only, memory-mapped where it can be); a :class:`CommandLineError` naming
-    ``flag`` for a file that is missing or not a checkpoint. A torch checkpoint that holds other objects than tensors
-    and plain values is None where not ``strict`` (Lightning, which loads it in full, decides)."""
-    import zipfile
-
-    import torch
-
-    where = str(path)
-    if not Path(where).is_file():
-        raise CommandLineError(f"{flag} {where}: no such file; give a checkpoint of the fit, e.g. "
-                               "<save_dir>/<name>/version_0/checkpoints/last.ckpt")
-    try:
-        try:
-            checkpoint = torch.load(where, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError:  # the legacy (not zip) format cannot be memory-mapped
-            checkpoint = torch.load(where, map_location="cpu", weights_only=True)
-    except Exception as err:
-        if not strict and zipfile.is_zipfile(where):
-            return None
-        raise CommandLineError(f"{flag} {where}: not a checkpoint of tensors torch.load(weights_only=True) can read "
-                               f"({type(err).__name__}); give a .ckpt file Lightning saved, e.g. "
-                               "<run>/checkpoints/last.ckpt") from err
-    if not isinstance(checkpoint, Mapping) or not isinstance(checkpoint.get("state_dict"), Mapping):
-        raise CommandLineError(f"{flag} {where}: not a Lightning checkpoint (no state_dict); give a .ckpt file "
-                               "Lightning saved, e.g. <run>/checkpoints/last.ckpt")
-    return dict(checkpoint)
-
-
-def _check_weights_fit(model: Any, checkpoint: Mapping[str, Any], where: Any, flag: str = "--ckpt_path") -> None:
-    """A :class:`CommandLineError` where the checkpoint's weights are not ``model``'s (another model's checkpoint)."""
-    own = model.state_dict()
-    saved = checkpoint["state_dict"]
-    missing = [k for k in own if k not in saved]
-    unexpected = [k for k in saved if k not in own]
-    resized = [k for k in own if k in saved and tuple(getattr(saved[k], "shape", ())) != tuple(own[k].shape)]
-    if missing or unexpected or resized:
-        parts = [f"{len(found)} {what} (e.g. {found[0]})" for found, what in
-                 ((missing, "of its weights missing"), (unexpected, "unexpected"), (resized, "of another shape"))
-                 if found]
-        raise CommandLineError(f"{flag} {where}: its weights are not those of {type(model).__name__} "
-                               f"({', '.join(parts)}); give a checkpoint of this model's fit")
-
-
-def _check_yaml(args: Sequence[str]) -> None:
-    """A :class:`CommandLineError` naming the file, line and column of a ``--config`` file that is not valid YAML."""
-    import yaml
-
-    for i, arg in enumerate(args):
-        path = arg.partition("=")[2] if arg.startswith("--config=") else \
-            (args[i + 1] if arg == "--config" and i + 1 < len(args) else None)
-        if not path or not Path(path).is_file():
-            continue
-        try:
-            yaml.safe_load(Path(path).read_text())
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-            problem = getattr(err, "problem", None) or str(err)
-            context = getattr(err, "context", None)
-            raise CommandLineError(f"--config {path}: not valid YAML, {at}{problem}"
-                                   f"{f' ({context})' if context else ''}; fix that line") from err
-
-
-def _lightning_cli(args: Sequence[str] | None) -> None:
-    import dataclasses
-
-    from lightning.pytorch import LightningDataModule, LightningModule
-    from lightning.pytorch.cli import LightningCLI
-
-    from lightning_gae.callbacks import GAECallback
-    from lightning_gae.callbacks.batch_layout import LayoutUnclear
-    from lightning_gae.callbacks.evaluation import continue_fit_steps
-
-    given = list(sys.argv[1:] if args is None else args)
-    subcommand = given[0] if given else None
-    reader = None
-    if subcommand in ("validate", "test"):  # --inputs MODULE.FUNCTION: the GAECallback's batches.inputs
-        given, reader = _inputs_reader(given)
-        args = None if args is None and reader is None else given
-
-    class GAECLI(LightningCLI):
-        def _parse_ckpt_path(self) -> None:
-            # A missing file or one that is no checkpoint, said before anything is built.
-            subcommand = self.config.get("subcommand")
-            ckpt_path = subcommand and self.config[subcommand].get("ckpt_path")
-            if ckpt_path and subcommand in ("validate", "test", "predict"):
-                _read_checkpoint(ckpt_path, strict=False)
-            # A plain Trainer's checkpoint names no class (LightningCLI's own do, and Lightning reads only those): its
-            # saved hyper-parameters are the init_args of the --model given.
-            found = _plain_checkpoint_model(self.config)
-            if found is None:
-                super()._parse_ckpt_path()
-            else:
-                self.config = self.parser.parse_object(found, self.config)
-
-        def instantiate_classes(self) -> None:
-            # A class of the config refusing its arguments (a GAECallback option, a model's): its message, not
-            # jsonargparse's report of every Union subtype it tried.
-            try:
-                super().instantiate_classes()
-            except (ValueError, TypeError) as err:
-                raise _instantiation_error(err) from err
-
-        def before_instantiate_classes(self) -> None:
-            # validate/test of a fit's saved config or checkpoint: into that run at its last step, not a new version
-            # (its config left as it is).
-            self._run: Path | None = None
-            self._summaries: list[Any] = []
-            if self.subcommand in ("validate", "test"):
-                self._run = _into_saved_run(self.config[self.subcommand])
-                if self._run is not None:
-                    self.save_config_callback = None
-
-        def before_validate(self) -> None:
-            found = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback)]  # type: ignore[attr-defined]  # set by Lightning at run time
-            if reader is not None and not found:
-                raise CommandLineError("--inputs reads the batches of a GAECallback; add one "
-                                       "(--trainer.callbacks+=lightning_gae.callbacks.GAECallback)")
-            for callback in found if reader is not None else []:
-                callback.batches = dataclasses.replace(callback.batches, inputs=reader)
-            ckpt_path = self.config[self.subcommand].get("ckpt_path")
-            if ckpt_path and Path(str(ckpt_path)).is_file():  # "best"/"last" are Lightning's to resolve
-                saved = _read_checkpoint(ckpt_path, strict=False)
-                if saved is not None:
-                    _check_weights_fit(self.model, saved, ckpt_path)
-            if self._run is not None:
-                continue_fit_steps(self.trainer, ckpt_path)
-                # Its summary is printed by after_validate, to look at that run alone.
-                self._summaries = [cb for cb in found if cb.print_summary]
-                for callback in self._summaries:
-                    callback.print_summary = False
-
-        def before_test(self) -> None:
-            self.before_validate()
-
-        def after_validate(self) -> None:
-            if self._run is None or not self.trainer.is_global_zero:
-                return
-            # The run's own folder: its curves from the fit and this point at the fit's last step, nothing else.
-            look = f"tensorboard --logdir {_shown(self._run)}"
-            for callback in self._summaries:
-                callback.print_summary = True
-                if callback.summary is not None:
-                    print("\n".join(line for line in callback.summary.splitlines()
-                                    if not line.startswith("tensorboard --logdir ")))
-            print(look)
-
-        def after_test(self) -> None:
-            self.after_validate()
-
-        def before_fit(self) -> None:
-            # The callbacks' summaries are printed when fit has returned, under the progress bar's last lines
-            # (a rich progress bar keeps drawing until the trainer's teardown, after the callbacks' on_fit_end).
-            self._summaries = [cb for cb in self.trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at run time
-                               if isinstance(cb, GAECallback) and cb.print_summary]
-            for callback in self._summaries:
-                callback.print_summary = False
-
-        def after_fit(self) -> None:
-            for callback in self._summaries:
-                callback.print_summary = True
-                if callback.summary is not None:
-                    print(callback.summary)
-            if self._summaries or not self.trainer.is_global_zero:
-                return  # the callback's summary ends with the same command
-            # Where to look: TensorBoard finds every run and version below the save_dir.
-            roots = {getattr(lg, "save_dir", None) for lg in self.trainer.loggers}
-            for root in sorted(r for r in roots if r):
-                print(f"tensorboard --logdir {root}")
-
-    try:
-        GAECLI(
-            LightningModule,
-            LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            save_config_kwargs={"overwrite": True},
-            # None lets LightningCLI read sys.argv itself; explicit args are for calls from Python.
-            args=None if args is None else list(args),
-        )
-    except LayoutUnclear as err:
-        if subcommand not in ("validate", "test"):
-            raise
-        # The callback's advice is a Python reader; here it is --inputs (or the YAML's batches: inputs:).
-        raise CommandLineError(_reader_advice(err)) from err
-
-
-def _plain_checkpoint_model(config: Any) -> dict[str, Any] | None:
-    """``{subcommand: {"model": {"class_path": --model, "init_args": the checkpoint's hyper-parameters}}}`` for a
-    checkpoint a plain ``Trainer`` wrote (its hyper-parameters name no class); None for others."""
-    subcommand = config.get("subcommand")
-    ckpt_path = subcommand and config[subcommand].get("ckpt_path")
-    class_path = getattr(config[subcommand].get("model"), "class_path", None) if subcommand else None
-    if not class_path or not ckpt_path or not Path(str(ckpt_path)).is_file():
-        return None
-    hparams = dict((_read_checkpoint(ckpt_path, strict=False) or {}).get("hyper_parameters") or {})
-    if not hparams or "_class_path" in hparams or "_instantiator" in hparams:
-        return None
-    return {subcommand: {"model": {"class_path": class_path, "init_args": hparams}}}
-
-
-def _shown(path: Path) -> str:
-    """``path`` relative to the working directory where it lies below it (as a user typed it), else absolute."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve())) or "."
-    except ValueError:
-        return str(path)
-
-
-def _fit_run(config: Any) -> Path | None:
-    """The folder of the fit a validate/test ``config`` comes from: the one of its saved ``config.yaml`` (LightningCLI
-    saves it in the run's folder, ``<save_dir>/<name>/<version>``), else of its checkpoint (``<run>/checkpoints/``)."""
-    files = [Path(str(getattr(f, "absolute", f))).resolve() for f in (config.get("config") or [])]
-    if len(files) == 1 and files[0].name == "config.yaml":
-        return files[0].parent
-    ckpt_path = config.get("ckpt_path")
-    found = Path(str(ckpt_path)).resolve() if ckpt_path else None
-    if found is not None and found.is_file() and found.parent.name == "checkpoints":
-        return found.parent.parent
-    return None
-
-
-def _into_saved_run(config: Any) -> Path | None:
-    """When ``config`` (a subcommand's parsed config) comes from a fit's run (:func:`_fit_run`) that its logger's
-    ``save_dir`` and ``name`` hold, point the logger at that version (where the config says none) and return the
-    run's folder; else None and nothing changes."""
-    from jsonargparse import Namespace
-
-    run = _fit_run(config)
-    if run is None:
-        return None
-    logger = config.trainer.get("logger")
-    if logger is None or logger is True:  # Lightning's default: a TensorBoardLogger in default_root_dir
-        root = config.trainer.get("default_root_dir") or os.getcwd()
-        logger = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
-                           init_args=Namespace(save_dir=str(root), name="lightning_logs", version=None))
-        config.trainer.logger = logger
-    for entry in logger if isinstance(logger, list) else [logger]:
-        args = entry.get("init_args") if isinstance(entry, Namespace) else None
-        if args is None or args.get("version") is not None or not args.get("save_dir"):
-            continue
-        name = args.get("name")
-        root = Path(args.save_dir).resolve() / name if name else Path(args.save_dir).resolve()
-        if root == run.parent:
-            args.version = run.name
-            return run
-    return None
-
-
 def _compare_parser() -> argparse.ArgumentParser:
     from lightning_gae import compare, methods
     from lightning_gae.metrics import PERTURBATION_METRICS
@@ -421,7 +133,7 @@ def _from_checkpoint(model: str, data: str | None, ckpt_path: str) -> tuple[Any,
     from lightning.pytorch import LightningDataModule, LightningModule
 
     def load(path: str, base: type, flag: str) -> Any:
-        found = _imported(path, flag)
+        found = imported(path, flag)
         if not (isinstance(found, type) and issubclass(found, base)):
             raise CommandLineError(f"{flag} {path}: not a {base.__name__} class (give its import path, "
                              "e.g. my_project.models.MyModel, importable from the working directory)")
@@ -438,23 +150,11 @@ def _from_checkpoint(model: str, data: str | None, ckpt_path: str) -> tuple[Any,
     return module, datamodule, None
 
 
-def _imported(path: str, flag: str) -> Any:
-    """What the import path ``path`` (``package.module.name``) names, importable from the working directory; a
-    :class:`CommandLineError` naming ``flag`` when it is not there."""
-    import importlib
-
-    module, _, name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name) if module else None
-    except (ImportError, AttributeError) as err:
-        raise CommandLineError(f"{flag} {path}: {err}") from err
-
-
 def _modality_argument(path: str) -> Any:
     """The :class:`~lightning_gae.Modality` ``--modality`` names: an instance, or a class built without arguments."""
     from lightning_gae.modalities import Modality
 
-    found = _imported(path, "--modality")
+    found = imported(path, "--modality")
     if isinstance(found, type) and issubclass(found, Modality):
         try:
             return found()
@@ -466,26 +166,6 @@ def _modality_argument(path: str) -> Any:
         return found
     raise CommandLineError(f"--modality {path}: not a Modality class or instance (give its import path, e.g. "
                            "lightning_gae.TextTokens, lightning_gae.TabularTokens, or my_project.MyTokens)")
-
-
-def _reader_advice(err: ValueError) -> str:
-    """The callback's advice on a batch layout its forward cannot tell (a Python reader), put as the command's."""
-    return (f"{str(err).removeprefix('GAECallback: ')}. Here such a reader is a function of a module importable from "
-            "the working directory (e.g. my_readers.py: def pixels(batch): return batch[...]), given as --inputs "
-            "my_readers.pixels or in the YAML as the GAECallback's init_args: {batches: {inputs: my_readers.pixels}}")
-
-
-def _inputs_reader(args: list[str]) -> tuple[list[str], Any]:
-    """``args`` of validate/test without ``--inputs MODULE.FUNCTION``, and that function (None without the flag)."""
-    for i, arg in enumerate(args):
-        if arg == "--inputs" or arg.startswith("--inputs="):
-            path = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
-            reader = _imported(path, "--inputs")
-            if not callable(reader):
-                raise CommandLineError(f"--inputs {path}: not a function batch -> model inputs (give "
-                                 "its import path, e.g. my_readers.pixels for my_readers.py of the working directory)")
-            return args[:i] + args[i + (1 if "=" in arg else 2):], reader
-    return args, None
 
 
 def _first_validation_samples(model: Any, datamodule: Any, count: int, callback: Any, reader: str | None,
@@ -511,7 +191,7 @@ def _first_validation_samples(model: Any, datamodule: Any, count: int, callback:
     # One batch of `count` straight from the dataset: the first samples, in order, whatever the loader's batch size.
     batch = next(iter(DataLoader(loader.dataset, batch_size=count, collate_fn=loader.collate_fn)))
     given = None if callback is None else callback.batches
-    read_inputs = (reader and _imported(reader, "--inputs")) or (given and given.inputs) or default_batch_inputs
+    read_inputs = (reader and imported(reader, "--inputs")) or (given and given.inputs) or default_batch_inputs
     read_labels = (given and given.labels) or default_batch_labels
     read_truth = (given and given.ground_truth) or default_batch_ground_truth
     inputs = read_inputs(batch)
@@ -519,7 +199,7 @@ def _first_validation_samples(model: Any, datamodule: Any, count: int, callback:
         try:
             inputs = fit_to_forward(model, inputs)
         except ValueError as err:
-            refuse(_reader_advice(err))
+            refuse(reader_advice(err))
     return inputs, read_labels(batch), read_truth(batch), keyed_truth(batch)
 
 
@@ -557,8 +237,8 @@ def compare_main(argv: Sequence[str]) -> None:
     labels. Batches with ground truth (``masks``, ``rationales``, or ``z`` of ``(x, y, z)``) are
     scored against it too. The modality is the config's ``GAECallback``'s, else ``--modality``'s, else inferred as
     the callback infers it (:func:`lightning_gae.compare.infer_data_modality`: token ids are text, read with the
-    module's or datamodule's ``tokenizer``; features are tabular; square images are ViT-style). Declared regions (``--regions``: the callback's ``RegionOptions``, else the datamodule's
-    ``region``) add each method's share of relevance on every region and its recall, as the callback logs them,
+    module's or datamodule's ``tokenizer``; features are tabular; square images are ViT-style). Declared regions (``--regions``: the callback's
+    ``RegionOptions``, else the datamodule's ``region``) add each method's share of relevance on every region and its recall, as the callback logs them,
     beside the random floor. While it runs, stderr shows a bar per method (samples scored, rate, time left);
     Ctrl-C stops it with one line saying which methods were scored and that nothing was written
     (the files are written once every method is scored), exit code 130.
@@ -602,10 +282,10 @@ def compare_main(argv: Sequence[str]) -> None:
         _compare(args, bars, parser.error)
     except (ValueError, TypeError) as err:
         bars.close()
-        origin = _origin(err)
-        if not _raised_here(origin):
+        refusal = origin(err)
+        if not raised_here(refusal):
             raise  # not a refusal of this package's: a traceback says where
-        raise CommandLineError(str(origin)) from err
+        raise CommandLineError(str(refusal)) from err
     except KeyboardInterrupt:
         bars.close()
         done = f"{len(bars.finished)} of {len(args.methods)} methods scored ({', '.join(bars.finished) or 'none'})"
@@ -624,9 +304,9 @@ def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
 
     model, datamodule, callback = (configured(args.config) if args.config is not None
                                    else _from_checkpoint(args.model, args.data, args.ckpt_path))
-    checkpoint = _read_checkpoint(args.ckpt_path)
+    checkpoint = read_checkpoint(args.ckpt_path)
     assert checkpoint is not None  # strict
-    _check_weights_fit(model, checkpoint, args.ckpt_path)
+    check_weights_fit(model, checkpoint, args.ckpt_path)
     model.load_state_dict(checkpoint["state_dict"])
     model.eval()
     inputs, labels, truth, keyed = _first_validation_samples(model, datamodule, args.num_samples, callback, args.inputs,
@@ -731,69 +411,3 @@ def _write_comparison(output: Path, args: argparse.Namespace, result: Any, label
     matplotlib.image.imsave(output / "comparison.png", picture)
     print(table)
     print(f"wrote {output / 'comparison.md'}, {output / 'comparison.json'}, {output / 'comparison.png'}")
-
-
-def _import_from_working_directory() -> None:
-    """Put the working directory first on ``sys.path``, as ``python -m`` does.
-
-    A config's ``class_path`` names modules next to it (this repository's ``recipes/``, a user's
-    own ``my_model.py``); a console script, unlike ``python -m``, would not find them.
-    """
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-
-
-_SUBCOMMANDS = {
-    "fit": "train a config's model with its callbacks (LightningCLI), e.g. --config configs/vit_digits.yaml",
-    "validate": "one evaluation epoch over the validation set (LightningCLI)",
-    "test": "one evaluation epoch over the test set (LightningCLI)",
-    "predict": "run the model on the predict set (LightningCLI)",
-    "compare": "score every attribution method on a checkpoint's first validation samples (tables and a picture)",
-}
-
-
-def _overview() -> str:
-    lines = ["usage: lightning-gae SUBCOMMAND [options]", "",
-             "Generic Attention-model Explainability for PyTorch Lightning: train while watching explanations,",
-             "compare attribution methods.", "", "subcommands:"]
-    lines += [f"  {name:<10} {what}" for name, what in _SUBCOMMANDS.items()]
-    lines += ["", "lightning-gae SUBCOMMAND --help lists a subcommand's options."]
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """The ``lightning-gae`` command: ``fit``, ``validate``, ``test``, ``predict`` (LightningCLI) and ``compare``.
-
-    Args:
-        argv: the arguments after the command's name; None reads ``sys.argv``. Without arguments, or with
-            ``-h``, it prints the subcommands; ``lightning-gae SUBCOMMAND --help`` lists a subcommand's options.
-
-    A mistake on the command line (an option a class refuses, a missing or foreign checkpoint, a malformed YAML)
-    prints one line naming what to fix and exits 2; ``--traceback`` (or ``LIGHTNING_GAE_DEBUG=1``) raises it instead.
-    """
-    _import_from_working_directory()
-    args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--traceback" in args or os.environ.get(DEBUG_VARIABLE, "0") not in ("", "0")
-    if "--traceback" in args:
-        args = [arg for arg in args if arg != "--traceback"]
-        if argv is None:  # LightningCLI reads sys.argv itself
-            sys.argv[1:] = args
-    if not args or args[0] in ("-h", "--help"):
-        print(_overview())
-        return
-    try:
-        _check_yaml(args)
-        if args[0] == "compare":
-            compare_main(args[1:])
-        else:
-            _lightning_cli(None if argv is None else args)
-    except CommandLineError as err:
-        if debug:
-            raise
-        print(f"lightning-gae {args[0]}: error: {err} (--traceback shows where it was raised)", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-if __name__ == "__main__":
-    main()
