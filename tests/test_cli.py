@@ -727,3 +727,13 @@ def test_validate_of_a_plain_fits_checkpoint_logs_into_its_run(tmp_path, monkeyp
     events = read_events(run)
     assert events.scalar_events("faithfulness_samples")["faithfulness_samples"] == [(last, 16.0)]
     assert events.scalar_steps("val_loss")[-1] == last
+
+
+def test_compare_says_an_option_the_configs_callback_refuses_in_one_line(boring_checkpoint, tmp_path, monkeypatch,
+                                                                         capsys):
+    monkeypatch.chdir(tmp_path)
+    settings = yaml.safe_load(CONFIG.read_text())
+    settings["trainer"]["callbacks"][0]["init_args"]["num_samples"] = 0
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(settings))
+    line = _refused(capsys, "compare", "--config", "config.yaml", "--ckpt_path", boring_checkpoint, "--output", "out")
+    assert "GAECallback(num_samples=0)" in line

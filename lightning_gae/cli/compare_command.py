@@ -15,6 +15,7 @@ from lightning_gae.cli.errors import (
     CommandLineError,
     check_weights_fit,
     imported,
+    instantiation_error,
     origin,
     raised_here,
     read_checkpoint,
@@ -96,7 +97,8 @@ def _regions(choice: str, datamodule: Any, callback: Any) -> Any:
 
 
 def configured(config: str) -> tuple[Any, Any, Any]:
-    """``(model, datamodule, GAECallback or None)`` built from the fit's YAML, without fitting or logging."""
+    """``(model, datamodule, GAECallback or None)`` built from the fit's YAML, without fitting or logging (a
+    :class:`~lightning_gae.cli.CommandLineError` where a class of it refuses its arguments)."""
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
 
@@ -119,6 +121,8 @@ def configured(config: str) -> tuple[Any, Any, Any]:
                 run=False,
                 args=["--config", config],
             )
+    except (ValueError, TypeError) as err:  # a class of the config refusing its arguments: its own message
+        raise instantiation_error(err) from err
     finally:
         for logger, level in quiet.items():
             logger.setLevel(level)
