@@ -105,7 +105,7 @@ from lightning_gae.options import EngineOptions, FaithfulnessOptions, RegionOpti
 from lightning_gae.engine.token_sets import Streams
 from lightning_gae.language.decoder_rows import is_sequence_output, last_positions, sequence_rows
 from lightning_gae.metrics.ground_truth import RECALL, TruthScore, scored_truth, truth_score
-from lightning_gae.modalities.inputs import infer_data_modality, infer_modality, token_set_input, token_set_inputs
+from lightning_gae.modalities.inputs import infer_modality, token_set_input, token_set_inputs
 
 __all__ = [
     "ATTRIBUTION_METHODS",
@@ -114,7 +114,6 @@ __all__ = [
     "attribute",
     "compare",
     "comparison_grid",
-    "infer_data_modality",
     "infer_modality",
     "last_positions",
     "sequence_rows",

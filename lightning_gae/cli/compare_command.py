@@ -240,7 +240,7 @@ def compare_main(argv: Sequence[str]) -> None:
     error (:func:`lightning_gae.compare.compare`), under ``--protocol`` against the batches'
     labels. Batches with ground truth (``masks``, ``rationales``, or ``z`` of ``(x, y, z)``) are
     scored against it too. The modality is the config's ``GAECallback``'s, else ``--modality``'s, else inferred as
-    the callback infers it (:func:`lightning_gae.compare.infer_data_modality`: token ids are text, read with the
+    the callback infers it (:func:`lightning_gae.modalities.inputs.infer_data_modality`: token ids are text, read with the
     module's or datamodule's ``tokenizer``; features are tabular; square images are ViT-style). Declared regions (``--regions``: the callback's
     ``RegionOptions``, else the datamodule's ``region``) add each method's share of relevance on every region and its recall, as the callback logs them,
     beside the random floor. While it runs, stderr shows a bar per method (samples scored, rate, time left);
@@ -301,7 +301,8 @@ def compare_main(argv: Sequence[str]) -> None:
 
 
 def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
-    from lightning_gae.compare import comparison_grid, compare, infer_data_modality, token_set_inputs
+    from lightning_gae.compare import comparison_grid, compare, token_set_inputs
+    from lightning_gae.modalities.inputs import infer_data_modality
     from lightning_gae.options import EngineOptions, FaithfulnessOptions
     from lightning_gae._structures import map_tensors
     from lightning_gae.methods import explain
