@@ -698,22 +698,26 @@ def test_compare_reads_a_text_project_as_validate_does(tmp_path, monkeypatch, ca
 
 
 @pytest.mark.slow
-def test_validate_of_a_plain_fits_checkpoint_logs_into_its_run(tmp_path, monkeypatch, capsys, read_events):
+@pytest.mark.parametrize("logs", ["lightning_logs", "runs/plain"])
+def test_validate_of_a_plain_fits_checkpoint_logs_into_its_run(logs, tmp_path, monkeypatch, capsys, read_events):
     """``validate --model/--data --ckpt_path <run>/checkpoints/...``: into the fit's version at its last step (was a
-    new version_1 at step + 1), and ``tensorboard --logdir`` names that run (was the whole project)."""
+    new version_1 at step + 1), and ``tensorboard --logdir`` names that run (was the whole project); the fit's
+    logger Lightning's default or its own TensorBoardLogger."""
     from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch.loggers import TensorBoardLogger
 
     from recipes.digits import DigitsDataModule
     from tests.helpers.models import small_vit
 
     monkeypatch.chdir(tmp_path)
     seed_everything(0)
-    trainer = Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=1, accelerator="cpu",
+    logger = True if logs == "lightning_logs" else TensorBoardLogger(tmp_path / "runs", name="plain")
+    trainer = Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=1, accelerator="cpu", logger=logger,
                       enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
     trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
     ckpt = Path(trainer.checkpoint_callback.best_model_path)
     run = ckpt.parent.parent
-    assert run == tmp_path / "lightning_logs" / "version_0"
+    assert run == tmp_path / logs / "version_0"
     last = trainer.global_step
     capsys.readouterr()
     main(["validate", "--model", "recipes.vit.ViTClassifier", "--data", "recipes.digits.DigitsDataModule",
@@ -722,8 +726,9 @@ def test_validate_of_a_plain_fits_checkpoint_logs_into_its_run(tmp_path, monkeyp
           "--trainer.enable_progress_bar=false"])
     out = capsys.readouterr().out
     assert f"faithfulness (16 validation samples at step {last};" in out, out[-2000:]
-    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"]
-    assert out.rstrip().endswith("tensorboard --logdir lightning_logs/version_0") and out.count("tensorboard --logdir") == 1
+    assert [p.name for p in (tmp_path / logs).iterdir()] == ["version_0"]
+    assert not (tmp_path / "lightning_logs").exists() or logs == "lightning_logs"
+    assert out.rstrip().endswith(f"tensorboard --logdir {logs}/version_0") and out.count("tensorboard --logdir") == 1
     events = read_events(run)
     assert events.scalar_events("faithfulness_samples")["faithfulness_samples"] == [(last, 16.0)]
     assert events.scalar_steps("val_loss")[-1] == last

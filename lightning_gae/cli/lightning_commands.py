@@ -198,8 +198,9 @@ def _fit_run(config: Any) -> Path | None:
 
 def _into_saved_run(config: Any) -> Path | None:
     """When ``config`` (a subcommand's parsed config) comes from a fit's run (:func:`_fit_run`) that its logger's
-    ``save_dir`` and ``name`` hold, point the logger at that version (where the config says none) and return the
-    run's folder; else None and nothing changes."""
+    ``save_dir`` and ``name`` hold (without a logger: Lightning's default, else the TensorBoard run the checkpoint
+    lies in), point the logger at that version (where the config says none) and return the run's folder; else None
+    and nothing changes."""
     from jsonargparse import Namespace
 
     run = _fit_run(config)
@@ -208,8 +209,13 @@ def _into_saved_run(config: Any) -> Path | None:
     logger = config.trainer.get("logger")
     if logger is None or logger is True:  # Lightning's default: a TensorBoardLogger in default_root_dir
         root = config.trainer.get("default_root_dir") or os.getcwd()
+        if Path(root).resolve() / "lightning_logs" != run.parent and any(run.glob("events.out.tfevents.*")):
+            # A TensorBoard run elsewhere (the fit's own logger): that one, as no logger was asked for.
+            root, name = str(run.parent.parent), run.parent.name
+        else:
+            name = "lightning_logs"
         logger = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
-                           init_args=Namespace(save_dir=str(root), name="lightning_logs", version=None))
+                           init_args=Namespace(save_dir=str(root), name=name, version=None))
         config.trainer.logger = logger
     for entry in logger if isinstance(logger, list) else [logger]:
         args = entry.get("init_args") if isinstance(entry, Namespace) else None
