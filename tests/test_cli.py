@@ -544,3 +544,201 @@ def test_validate_refuses_a_layout_the_forward_cannot_tell_and_scores_with_the_i
     runs = sorted({p.parent for p in tmp_path.glob("lightning_logs/version_*/events.out.tfevents.*")})
     scalars = {tag for run in runs for tag in read_events(run).scalar_values()}
     assert "positive_perturbation_auc/gae" in scalars, sorted(scalars)
+
+
+# --- issue 43 item 2: a command-line mistake exits 2 with one line naming the fix, and no traceback ---------------
+# Each of these ended in a Python traceback (or jsonargparse's report of every Union subtype it tried).
+
+BORING = "lightning.pytorch.demos.boring_classes"
+
+
+@pytest.fixture(scope="module")
+def boring_checkpoint(tmp_path_factory):
+    """A checkpoint of a model without attention (one linear layer), written after a single training step."""
+    from lightning.pytorch import Trainer
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    root = tmp_path_factory.mktemp("boring")
+    trainer = Trainer(max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=root)
+    trainer.fit(BoringModel())
+    trainer.save_checkpoint(root / "boring.ckpt")
+    return root / "boring.ckpt"
+
+
+def _refused(capsys, *arguments):
+    """The one error line of ``lightning-gae *arguments``, which must exit 2 without a traceback."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(list(map(str, arguments)))
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2, err[-3000:]
+    assert "Traceback" not in err and "Union subtypes" not in err, err[-3000:]
+    (line,) = [line for line in err.splitlines() if "error:" in line]
+    assert line.startswith(f"lightning-gae {arguments[0]}: error: "), err[-3000:]
+    return line
+
+
+def test_an_option_the_callback_refuses_inside_fit_config_is_one_line(tmp_path, monkeypatch, capsys):
+    # Was 83 lines: two tracebacks, then "Does not validate against any of the Union subtypes".
+    monkeypatch.chdir(tmp_path)
+    line = _refused(capsys, "fit", "--config", CONFIG, "--trainer.callbacks.init_args.methods=[nope]")
+    assert "GAECallback(methods=['nope']): choose from ['gae', 'rollout'" in line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_traceback_of_a_command_line_mistake_is_shown_on_request(tmp_path, monkeypatch, capsys):
+    from lightning_gae.cli import CommandLineError
+
+    monkeypatch.chdir(tmp_path)
+    arguments = ["fit", "--config", str(CONFIG), "--trainer.callbacks.init_args.num_samples=0"]
+    with pytest.raises(CommandLineError, match=r"GAECallback\(num_samples=0\)") as raised:
+        main([*arguments, "--traceback"])
+    # The callback's own ValueError is its cause, with the traceback to where it was raised.
+    causes = []
+    found = raised.value.__cause__
+    while found is not None:
+        causes.append(found)
+        found = found.__cause__
+    assert any(isinstance(e, ValueError) and str(e).startswith("GAECallback(num_samples=0)") for e in causes)
+    monkeypatch.setenv("LIGHTNING_GAE_DEBUG", "1")
+    with pytest.raises(CommandLineError):
+        main(arguments)
+
+
+@pytest.mark.slow
+def test_the_installed_command_prints_one_line_for_a_refused_option(tmp_path, run_python):
+    """The entry point as a user runs it: exit 2, the callback's message, nothing of the traceback."""
+    done = run_python(["-m", "lightning_gae.cli", "fit", "--config", CONFIG,
+                       "--trainer.callbacks.init_args.methods=[nope]"], cwd=tmp_path, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    (line,) = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert "GAECallback(methods=['nope']): choose from" in line and "--traceback" in line
+
+
+@pytest.mark.parametrize("subcommand", ["validate", "test"])
+def test_validate_and_test_name_a_checkpoint_that_does_not_exist(subcommand, tmp_path, monkeypatch, capsys):
+    # Was a FileNotFoundError traceback from the trainer, after the model and data were built.
+    monkeypatch.chdir(tmp_path)
+    line = _refused(capsys, subcommand, "--config", CONFIG, "--ckpt_path", "missing.ckpt")
+    assert "--ckpt_path missing.ckpt: no such file; give a checkpoint of the fit" in line
+
+
+@pytest.mark.parametrize("subcommand", ["compare", "validate"])
+def test_a_ckpt_path_that_is_no_checkpoint_is_named(subcommand, tmp_path, monkeypatch, capsys):
+    # compare: "IndexError: pop from empty list" from torch.load reading the YAML.
+    monkeypatch.chdir(tmp_path)
+    extra = ["--output", "out"] if subcommand == "compare" else []
+    line = _refused(capsys, subcommand, "--config", CONFIG, "--ckpt_path", CONFIG, *extra)
+    assert f"--ckpt_path {CONFIG}: not a checkpoint" in line and "give a .ckpt file Lightning saved" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("subcommand", ["compare", "validate"])
+def test_a_checkpoint_of_another_model_is_named(subcommand, boring_checkpoint, tmp_path, monkeypatch, capsys):
+    # Was load_state_dict's RuntimeError: a traceback, then every missing and unexpected key.
+    monkeypatch.chdir(tmp_path)
+    extra = ["--output", "out"] if subcommand == "compare" else []
+    line = _refused(capsys, subcommand, "--config", CONFIG, "--ckpt_path", boring_checkpoint, *extra)
+    assert f"--ckpt_path {boring_checkpoint}: its weights are not those of ViTClassifier" in line
+    assert "missing (e.g. model." in line and "2 unexpected (e.g. layer.weight)" in line
+    assert "give a checkpoint of this model's fit" in line
+
+
+def test_compare_on_a_model_without_attention_says_so(boring_checkpoint, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    line = _refused(capsys, "compare", "--model", f"{BORING}.BoringModel", "--data", f"{BORING}.BoringDataModule",
+                    "--ckpt_path", boring_checkpoint, "--output", "out", "--num_samples", "4", "--methods", "gae")
+    assert "no attention was recorded from BoringModel" in line and "attention_modules=" in line
+
+
+def test_compare_refuses_an_output_that_is_a_file(boring_checkpoint, tmp_path, monkeypatch, capsys):
+    # Was FileExistsError from mkdir, after every method had been scored.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "taken.md").write_text("mine\n")
+    line = _refused(capsys, "compare", "--config", CONFIG, "--ckpt_path", boring_checkpoint, "--output", "taken.md")
+    assert "--output taken.md: a file, not a directory" in line
+    assert (tmp_path / "taken.md").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "compare"])
+def test_a_malformed_yaml_is_named_with_its_line(subcommand, boring_checkpoint, tmp_path, monkeypatch, capsys):
+    # Was 'in "<unicode string>", line 3, column 2': the line but not the file.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken.yaml").write_text("trainer:\n  max_epochs: 1\n model: [\n")
+    extra = ["--ckpt_path", boring_checkpoint, "--output", "out"] if subcommand == "compare" else []
+    line = _refused(capsys, subcommand, "--config", "broken.yaml", *extra)
+    assert "--config broken.yaml: not valid YAML, line 3, column 2:" in line
+
+
+@pytest.mark.slow
+def test_compare_reads_a_text_project_as_validate_does(tmp_path, monkeypatch, capsys):
+    """``--model/--data`` of a text model: the token ids are text, as the callback infers them (compare asked for a
+    ``modality=`` no command line can give); ``--modality`` names one by import path."""
+    from lightning.pytorch import Trainer, seed_everything
+
+    from recipes.text_rationales import ReviewClassifier, ReviewsDataModule
+
+    monkeypatch.chdir(tmp_path)
+    seed_everything(0)
+    trainer = Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, accelerator="cpu", logger=False,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(ReviewClassifier(dim=16, depth=1, heads=2), ReviewsDataModule(num_train=64, num_val=32, batch_size=16))
+    classes = ["--model", "recipes.text_rationales.ReviewClassifier", "--data",
+               "recipes.text_rationales.ReviewsDataModule", "--ckpt_path", trainer.checkpoint_callback.best_model_path,
+               "--num_samples", "8", "--methods", "gae", "rollout", "--metrics", "positive_perturbation_auc"]
+    main(["compare", *classes, "--output", "inferred"])
+    main(["compare", *classes, "--output", "named", "--modality", "recipes.text_rationales.ReviewTokens"])
+    for output in ("inferred", "named"):
+        report = json.loads((tmp_path / output / "comparison.json").read_text())
+        # Text: scored against the batches' rationales too, as the callback scores them.
+        assert report["num_samples"] == 8 and "rationale_auprc" in report["methods"]["gae"], report
+    line = _refused(capsys, "compare", *classes, "--output", "bad", "--modality", "lightning_gae.explain")
+    assert "--modality lightning_gae.explain: not a Modality class or instance" in line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("logs", ["lightning_logs", "runs/plain"])
+def test_validate_of_a_plain_fits_checkpoint_logs_into_its_run(logs, tmp_path, monkeypatch, capsys, read_events):
+    """``validate --model/--data --ckpt_path <run>/checkpoints/...``: into the fit's version at its last step (was a
+    new version_1 at step + 1), and ``tensorboard --logdir`` names that run (was the whole project); the fit's
+    logger Lightning's default or its own TensorBoardLogger."""
+    from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    from recipes.digits import DigitsDataModule
+    from tests.helpers.models import small_vit
+
+    monkeypatch.chdir(tmp_path)
+    seed_everything(0)
+    logger = True if logs == "lightning_logs" else TensorBoardLogger(tmp_path / "runs", name="plain")
+    trainer = Trainer(max_epochs=1, limit_train_batches=3, limit_val_batches=1, accelerator="cpu", logger=logger,
+                      enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(small_vit(), DigitsDataModule(batch_size=32))
+    ckpt = Path(trainer.checkpoint_callback.best_model_path)
+    run = ckpt.parent.parent
+    assert run == tmp_path / logs / "version_0"
+    last = trainer.global_step
+    capsys.readouterr()
+    main(["validate", "--model", "recipes.vit.ViTClassifier", "--data", "recipes.digits.DigitsDataModule",
+          "--ckpt_path", str(ckpt.relative_to(tmp_path)), "--trainer.callbacks+=lightning_gae.callbacks.GAECallback",
+          "--trainer.callbacks.faithfulness.samples=16", "--trainer.limit_val_batches=1",
+          "--trainer.enable_progress_bar=false"])
+    out = capsys.readouterr().out
+    assert f"faithfulness (16 validation samples at step {last};" in out, out[-2000:]
+    assert [p.name for p in (tmp_path / logs).iterdir()] == ["version_0"]
+    assert not (tmp_path / "lightning_logs").exists() or logs == "lightning_logs"
+    assert out.rstrip().endswith(f"tensorboard --logdir {logs}/version_0") and out.count("tensorboard --logdir") == 1
+    events = read_events(run)
+    assert events.scalar_events("faithfulness_samples")["faithfulness_samples"] == [(last, 16.0)]
+    assert events.scalar_steps("val_loss")[-1] == last
+
+
+def test_compare_says_an_option_the_configs_callback_refuses_in_one_line(boring_checkpoint, tmp_path, monkeypatch,
+                                                                         capsys):
+    monkeypatch.chdir(tmp_path)
+    settings = yaml.safe_load(CONFIG.read_text())
+    settings["trainer"]["callbacks"][0]["init_args"]["num_samples"] = 0
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(settings))
+    line = _refused(capsys, "compare", "--config", "config.yaml", "--ckpt_path", boring_checkpoint, "--output", "out")
+    assert "GAECallback(num_samples=0)" in line

@@ -38,9 +38,10 @@ def whole_subset_hint(trainer: Trainer, subset_size: int | None, scores: Mapping
         # LightningCLI saved the run's config there; its validate subcommand reads it back.
         lines.append(f"  lightning-gae validate --config {configs[0]} --ckpt_path {checkpoint}")
     else:
-        # The fit's own data, as it was passed: a datamodule, or loaders (named as a user would have them).
-        data = "datamodule=datamodule" if trainer.datamodule is not None else "dataloaders=val_dataloader"  # type: ignore[attr-defined]  # set by Lightning at run time
-        lines.append(f"  trainer.validate(model, {data}{', ckpt_path=' + repr(checkpoint) if checkpoint else ''})")
+        # The fit's own model and data, as the trainer holds them after fit (whatever the user's variables are named).
+        data = "datamodule=trainer.datamodule" if trainer.datamodule is not None else "dataloaders=trainer.val_dataloaders"  # type: ignore[attr-defined]  # set by Lightning at run time
+        lines.append(f"  trainer.validate(trainer.lightning_module, {data}"
+                     f"{', ckpt_path=' + repr(checkpoint) if checkpoint else ''})")
     return lines
 
 

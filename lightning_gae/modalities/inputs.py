@@ -1,4 +1,4 @@
-"""Which model input each token set's tokens come from, and the modality of a ViT-style model inferred.
+"""Which model input each token set's tokens come from, and the modality the inputs say (images, token ids, features).
 
 A model's attention runs over one or more token sets (``explain(...).relevance``): one for a ViT,
 BERT or GPT-2, an encoder and a decoder set for an encoder-decoder, two towers for a dual encoder.
@@ -7,17 +7,19 @@ BERT or GPT-2, an encoder and a decoder set for an encoder-decoder, two towers f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch import Tensor, nn
 
-from lightning_gae._structures import display_input, take
+from lightning_gae._structures import display_input, keyword_inputs, take
 from lightning_gae.methods import explain
 from lightning_gae.modalities.image import ImageTokens
+from lightning_gae.modalities.tabular import TabularTokens
+from lightning_gae.modalities.text import TextTokens
 from lightning_gae.modalities.tokens import Modality
 
-__all__ = ["infer_modality", "token_set_input", "token_set_inputs"]
+__all__ = ["infer_data_modality", "infer_modality", "token_set_input", "token_set_inputs"]
 
 
 def token_set_inputs(
@@ -131,3 +133,38 @@ def infer_modality(model: nn.Module, inputs: Any) -> ImageTokens:
             "TextTokens(...) or TabularTokens(...)"
         )
     return modality
+
+
+def infer_data_modality(model: nn.Module, inputs: Any, holders: Sequence[Any] = ()) -> Modality:
+    """The modality the inputs say, as :class:`~lightning_gae.callbacks.GAECallback` infers it: integer token ids, one
+    per token (:class:`~lightning_gae.TextTokens` with the ``tokenizer`` of the first of ``holders``, the module or
+    its data module, that has one; else the ids, padding by the model's ``config.pad_token_id``, removed by the
+    attention mask where the inputs carry one); features ``[B, F]``, one per token after at most one prefix token
+    (:class:`~lightning_gae.TabularTokens` named ``<input>[i]``, removed to their mean over these samples); else square
+    ViT-style images (:func:`infer_modality`).
+
+    Raises:
+        ValueError: none of these (the message names ``modality=``).
+    """
+    shown = display_input(inputs)
+    if isinstance(shown, Tensor) and shown.dim() == 2 and shown.shape[0] > 0:
+        probe = take(inputs, 0, 1, shown.shape[0])
+        num_tokens = explain(model, probe, method="raw_attention").tokens.shape[1]
+        keywords = keyword_inputs(inputs) or {}
+        if not shown.is_floating_point() and shown.shape[1] == num_tokens:
+            tokenizer = next((t for t in (getattr(h, "tokenizer", None) for h in holders)
+                              if hasattr(t, "convert_ids_to_tokens")), None)
+            if tokenizer is not None:
+                return TextTokens(tokenizer)
+            mask = keywords.get("attention_mask")
+            by_mask = isinstance(mask, Tensor) and mask.shape == shown.shape
+            pad = next((c.pad_token_id for c in (getattr(m, "config", None) for m in model.modules())
+                        if c is not None and isinstance(getattr(c, "pad_token_id", None), int)), None)
+            return TextTokens(pad_id=pad, removal="attention" if by_mask else "replace")
+        features = shown.shape[1]
+        if shown.is_floating_point() and 0 <= num_tokens - features <= 1:
+            key = next((k for k, v in keywords.items() if v is shown), "x")
+            table = TabularTokens([f"{key}[{i}]" for i in range(features)], prefix_tokens=num_tokens - features)
+            table.fit(shown.float())
+            return table
+    return infer_modality(model, inputs)

@@ -55,7 +55,7 @@ def test_the_main_job_at_its_defaults_logs_a_curve_of_at_least_five_points(tmp_p
     assert counts == [(s, 32.0) for s in pictures]
     # The summary printed when fit ends says how to score the whole subset of 256.
     assert "these are 32 of the 256 samples of the faithfulness subset" in callback.summary
-    assert "trainer.validate(model, datamodule=datamodule)" in callback.summary
+    assert "trainer.validate(trainer.lightning_module, datamodule=trainer.datamodule)" in callback.summary
     # Each method's own run holds the same values under one tag per metric, for the charts that compare methods.
     runs = _method_runs(log_dir)
     assert set(runs) == set(methods)

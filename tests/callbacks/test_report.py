@@ -104,7 +104,7 @@ def test_validate_after_fit_prints_the_whole_subset_it_scored_where_fit_printed_
     out = capsys.readouterr().out
     assert "faithfulness (8 validation samples, the final weights at step" in out
     # No checkpoint and no saved config here: the hint is the Python call.
-    assert "these are 8 of the 40 samples of the faithfulness subset" in out and "trainer.validate(model, datamodule=datamodule)" in out
+    assert "these are 8 of the 40 samples of the faithfulness subset" in out and "trainer.validate(trainer.lightning_module, datamodule=trainer.datamodule)" in out
     trainer.validate(model, data)
     out = capsys.readouterr().out
     assert out.count("GAECallback: the validation ended") == 1 and "these are" not in out
@@ -136,6 +136,7 @@ def test_a_fit_on_loaders_is_told_to_validate_on_loaders_and_the_hint_works_when
     trainer.fit(model, train_dataloaders=data.train_dataloader(), val_dataloaders=val_dataloader)
     out = capsys.readouterr().out
     hint = [line.strip() for line in out.splitlines() if line.strip().startswith("trainer.validate(")]
-    assert hint == ["trainer.validate(model, dataloaders=val_dataloader)"]
-    eval(hint[0], {"trainer": trainer, "model": model, "val_dataloader": val_dataloader})  # as printed
+    # Only `trainer` is named (the README's example has no `model` or `val_dataloader` variable).
+    assert hint == ["trainer.validate(trainer.lightning_module, dataloaders=trainer.val_dataloaders)"]
+    eval(hint[0], {"trainer": trainer})  # as printed
     assert "faithfulness (40 validation samples at step" in capsys.readouterr().out

@@ -13,8 +13,9 @@ from pathlib import Path
 
 # Modules that may import inside a function, and why.
 LAZY_IMPORTS = {
-    "lightning_gae.cli": "the command imports torch and Lightning only for the subcommand it runs, so that "
-                         "`lightning-gae --help` answers at once",
+    "lightning_gae.cli.compare_command": "the command imports torch and Lightning only for the subcommand it runs, so "
+                                         "that `lightning-gae --help` answers at once",
+    "lightning_gae.cli.lightning_commands": "the same, for fit, validate, test and predict",
     "lightning_gae.engine.lean": "Triton's import takes seconds and only a backward that opted into the kernel needs it",
 }
 

@@ -1,21 +1,28 @@
-"""The ``lightning-gae`` command.
-
-``lightning-gae fit|validate|test|predict ...`` is Lightning's own ``LightningCLI`` (models and data
-modules chosen by ``class_path`` in a YAML config); ``lightning-gae compare`` scores GAE, its
-attention baselines and Captum's gradient methods on a trained checkpoint. What an explanation costs is measured
-by the repository's ``python -m benchmarks.bench`` (it measures the repository's recipes, which the wheel does not ship).
-"""
+"""``lightning-gae compare``: score attribution methods on a trained checkpoint's first validation samples and
+write comparison.md, comparison.json and comparison.png."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from lightning_gae.cli.errors import (
+    CommandLineError,
+    check_weights_fit,
+    imported,
+    instantiation_error,
+    origin,
+    raised_here,
+    read_checkpoint,
+    reader_advice,
+)
+
+__all__ = ["COMPARE_METRICS", "compare_main", "configured"]
 
 COMPARE_METRICS: tuple[str, ...] = (
     "positive_perturbation_auc",
@@ -26,139 +33,6 @@ COMPARE_METRICS: tuple[str, ...] = (
     "sufficiency",
 )
 _GRID_SAMPLES = 4  # rows of comparison.png
-
-
-def _lightning_cli(args: Sequence[str] | None) -> None:
-    import dataclasses
-
-    from lightning.pytorch import LightningDataModule, LightningModule
-    from lightning.pytorch.cli import LightningCLI
-
-    from lightning_gae.callbacks import GAECallback
-    from lightning_gae.callbacks.batch_layout import LayoutUnclear
-    from lightning_gae.callbacks.evaluation import continue_fit_steps
-
-    given = list(sys.argv[1:] if args is None else args)
-    subcommand = given[0] if given else None
-    reader = None
-    if subcommand in ("validate", "test"):  # --inputs MODULE.FUNCTION: the GAECallback's batches.inputs
-        given, reader = _inputs_reader(given)
-        args = None if args is None and reader is None else given
-
-    class GAECLI(LightningCLI):
-        def _parse_ckpt_path(self) -> None:
-            # A plain Trainer's checkpoint names no class (LightningCLI's own do, and Lightning reads only those): its
-            # saved hyper-parameters are the init_args of the --model given.
-            found = _plain_checkpoint_model(self.config)
-            if found is None:
-                super()._parse_ckpt_path()
-            else:
-                self.config = self.parser.parse_object(found, self.config)
-
-        def before_instantiate_classes(self) -> None:
-            # validate/test of a run's own saved config: into that run, not a new version (its config left as it is).
-            self._run_version = None
-            if self.subcommand in ("validate", "test"):
-                self._run_version = _into_saved_run(self.config[self.subcommand])
-                if self._run_version is not None:
-                    self.save_config_callback = None
-
-        def before_validate(self) -> None:
-            found = [cb for cb in self.trainer.callbacks if isinstance(cb, GAECallback)]  # type: ignore[attr-defined]  # set by Lightning at run time
-            if reader is not None and not found:
-                print(f"lightning-gae {self.subcommand}: error: --inputs reads the batches of a GAECallback; add one "
-                      "(--trainer.callbacks+=lightning_gae.callbacks.GAECallback)", file=sys.stderr)
-                raise SystemExit(2)
-            for callback in found if reader is not None else []:
-                callback.batches = dataclasses.replace(callback.batches, inputs=reader)
-            if self._run_version is not None:
-                continue_fit_steps(self.trainer, self.config[self.subcommand].get("ckpt_path"))
-
-        def before_test(self) -> None:
-            self.before_validate()
-
-        def before_fit(self) -> None:
-            # The callbacks' summaries are printed when fit has returned, under the progress bar's last lines
-            # (a rich progress bar keeps drawing until the trainer's teardown, after the callbacks' on_fit_end).
-            self._summaries = [cb for cb in self.trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning at run time
-                               if isinstance(cb, GAECallback) and cb.print_summary]
-            for callback in self._summaries:
-                callback.print_summary = False
-
-        def after_fit(self) -> None:
-            for callback in self._summaries:
-                callback.print_summary = True
-                if callback.summary is not None:
-                    print(callback.summary)
-            if self._summaries or not self.trainer.is_global_zero:
-                return  # the callback's summary ends with the same command
-            # Where to look: TensorBoard finds every run and version below the save_dir.
-            roots = {getattr(lg, "save_dir", None) for lg in self.trainer.loggers}
-            for root in sorted(r for r in roots if r):
-                print(f"tensorboard --logdir {root}")
-
-    try:
-        GAECLI(
-            LightningModule,
-            LightningDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            save_config_kwargs={"overwrite": True},
-            # None lets LightningCLI read sys.argv itself; explicit args are for calls from Python.
-            args=None if args is None else list(args),
-        )
-    except LayoutUnclear as err:
-        if subcommand not in ("validate", "test"):
-            raise
-        # The callback's advice is a Python reader; here it is --inputs (or the YAML's batches: inputs:).
-        print(f"lightning-gae {subcommand}: error: {_reader_advice(err)}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def _plain_checkpoint_model(config: Any) -> dict[str, Any] | None:
-    """``{subcommand: {"model": {"class_path": --model, "init_args": the checkpoint's hyper-parameters}}}`` for a
-    checkpoint a plain ``Trainer`` wrote (its hyper-parameters name no class); None for others."""
-    import torch
-
-    subcommand = config.get("subcommand")
-    ckpt_path = subcommand and config[subcommand].get("ckpt_path")
-    class_path = getattr(config[subcommand].get("model"), "class_path", None) if subcommand else None
-    if not class_path or not ckpt_path or not Path(str(ckpt_path)).is_file():
-        return None
-    hparams = dict(torch.load(str(ckpt_path), weights_only=True, map_location="cpu").get("hyper_parameters") or {})
-    if not hparams or "_class_path" in hparams or "_instantiator" in hparams:
-        return None
-    return {subcommand: {"model": {"class_path": class_path, "init_args": hparams}}}
-
-
-def _into_saved_run(config: Any) -> str | None:
-    """When ``config`` (a subcommand's parsed config) was read from a fit's saved ``config.yaml`` (LightningCLI saves it
-    in the run's folder, ``<save_dir>/<name>/<version>``), point its logger at that version (where the config says
-    none) and return the version's folder name; else None and nothing changes."""
-    from jsonargparse import Namespace
-
-    files = [Path(str(getattr(f, "absolute", f))).resolve() for f in (config.get("config") or [])]
-    if len(files) != 1 or files[0].name != "config.yaml":
-        return None
-    run = files[0].parent
-    logger = config.trainer.get("logger")
-    if logger is None or logger is True:  # Lightning's default: a TensorBoardLogger in default_root_dir
-        root = config.trainer.get("default_root_dir") or os.getcwd()
-        logger = Namespace(class_path="lightning.pytorch.loggers.TensorBoardLogger",
-                           init_args=Namespace(save_dir=str(root), name="lightning_logs", version=None))
-        config.trainer.logger = logger
-    for entry in logger if isinstance(logger, list) else [logger]:
-        args = entry.get("init_args") if isinstance(entry, Namespace) else None
-        if args is None or args.get("version") is not None or not args.get("save_dir"):
-            continue
-        name = args.get("name")
-        root = Path(args.save_dir).resolve() / name if name else Path(args.save_dir).resolve()
-        if root == run.parent:
-            args.version = run.name
-            return run.name
-    return None
-
-
 def _compare_parser() -> argparse.ArgumentParser:
     from lightning_gae import compare, methods
     from lightning_gae.metrics import PERTURBATION_METRICS
@@ -183,6 +57,11 @@ def _compare_parser() -> argparse.ArgumentParser:
     parser.add_argument("--inputs", help="a function batch -> model inputs by import path, e.g. my_readers.pixels (the "
                                          "YAML's GAECallback batches: inputs:); default: the callback's, else each "
                                          "batch laid out as the module's forward takes it, as the callback does")
+    parser.add_argument("--modality", help="what a token is, by import path: a Modality class built without arguments "
+                                           "or an instance, e.g. lightning_gae.TextTokens (the YAML's GAECallback "
+                                           "modality: wins); default: the callback's, else inferred as the callback "
+                                           "infers it (token ids: text, with the module's or datamodule's tokenizer; "
+                                           "features: tabular; square images)")
     parser.add_argument("--batch_size", type=int, default=64, help="samples per attribution call (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random floor and GradientSHAP")
     parser.add_argument("--protocol", default="predicted", choices=("predicted", "target"),
@@ -218,7 +97,8 @@ def _regions(choice: str, datamodule: Any, callback: Any) -> Any:
 
 
 def configured(config: str) -> tuple[Any, Any, Any]:
-    """``(model, datamodule, GAECallback or None)`` built from the fit's YAML, without fitting or logging."""
+    """``(model, datamodule, GAECallback or None)`` built from the fit's YAML, without fitting or logging (a
+    :class:`~lightning_gae.cli.CommandLineError` where a class of it refuses its arguments)."""
     from lightning.pytorch import LightningDataModule, LightningModule
     from lightning.pytorch.cli import LightningCLI
 
@@ -241,6 +121,8 @@ def configured(config: str) -> tuple[Any, Any, Any]:
                 run=False,
                 args=["--config", config],
             )
+    except (ValueError, TypeError) as err:  # a class of the config refusing its arguments: its own message
+        raise instantiation_error(err) from err
     finally:
         for logger, level in quiet.items():
             logger.setLevel(level)
@@ -255,9 +137,9 @@ def _from_checkpoint(model: str, data: str | None, ckpt_path: str) -> tuple[Any,
     from lightning.pytorch import LightningDataModule, LightningModule
 
     def load(path: str, base: type, flag: str) -> Any:
-        found = _imported(path, flag)
+        found = imported(path, flag)
         if not (isinstance(found, type) and issubclass(found, base)):
-            raise SystemExit(f"lightning-gae compare {flag} {path}: not a {base.__name__} class (give its import path, "
+            raise CommandLineError(f"{flag} {path}: not a {base.__name__} class (give its import path, "
                              "e.g. my_project.models.MyModel, importable from the working directory)")
         return found
 
@@ -272,36 +154,22 @@ def _from_checkpoint(model: str, data: str | None, ckpt_path: str) -> tuple[Any,
     return module, datamodule, None
 
 
-def _imported(path: str, flag: str, command: str = "compare") -> Any:
-    """What the import path ``path`` (``package.module.name``) names, importable from the working directory; an exit
-    naming ``command`` and ``flag`` when it is not there."""
-    import importlib
+def _modality_argument(path: str) -> Any:
+    """The :class:`~lightning_gae.Modality` ``--modality`` names: an instance, or a class built without arguments."""
+    from lightning_gae.modalities import Modality
 
-    module, _, name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name) if module else None
-    except (ImportError, AttributeError) as err:
-        raise SystemExit(f"lightning-gae {command} {flag} {path}: {err}") from None
-
-
-def _reader_advice(err: ValueError) -> str:
-    """The callback's advice on a batch layout its forward cannot tell (a Python reader), put as the command's."""
-    return (f"{str(err).removeprefix('GAECallback: ')}. Here such a reader is a function of a module importable from "
-            "the working directory (e.g. my_readers.py: def pixels(batch): return batch[...]), given as --inputs "
-            "my_readers.pixels or in the YAML as the GAECallback's init_args: {batches: {inputs: my_readers.pixels}}")
-
-
-def _inputs_reader(args: list[str]) -> tuple[list[str], Any]:
-    """``args`` of validate/test without ``--inputs MODULE.FUNCTION``, and that function (None without the flag)."""
-    for i, arg in enumerate(args):
-        if arg == "--inputs" or arg.startswith("--inputs="):
-            path = arg.partition("=")[2] if "=" in arg else (args[i + 1] if i + 1 < len(args) else "")
-            reader = _imported(path, "--inputs", args[0])
-            if not callable(reader):
-                raise SystemExit(f"lightning-gae {args[0]} --inputs {path}: not a function batch -> model inputs (give "
-                                 "its import path, e.g. my_readers.pixels for my_readers.py of the working directory)")
-            return args[:i] + args[i + (1 if "=" in arg else 2):], reader
-    return args, None
+    found = imported(path, "--modality")
+    if isinstance(found, type) and issubclass(found, Modality):
+        try:
+            return found()
+        except TypeError as err:
+            raise CommandLineError(f"--modality {path}: {found.__name__} needs arguments ({err}); declare it in a "
+                                   "YAML, as the GAECallback's init_args: {modality: {class_path: ..., init_args: "
+                                   "{...}}}, and pass --config") from err
+    if isinstance(found, Modality):
+        return found
+    raise CommandLineError(f"--modality {path}: not a Modality class or instance (give its import path, e.g. "
+                           "lightning_gae.TextTokens, lightning_gae.TabularTokens, or my_project.MyTokens)")
 
 
 def _first_validation_samples(model: Any, datamodule: Any, count: int, callback: Any, reader: str | None,
@@ -327,7 +195,7 @@ def _first_validation_samples(model: Any, datamodule: Any, count: int, callback:
     # One batch of `count` straight from the dataset: the first samples, in order, whatever the loader's batch size.
     batch = next(iter(DataLoader(loader.dataset, batch_size=count, collate_fn=loader.collate_fn)))
     given = None if callback is None else callback.batches
-    read_inputs = (reader and _imported(reader, "--inputs")) or (given and given.inputs) or default_batch_inputs
+    read_inputs = (reader and imported(reader, "--inputs")) or (given and given.inputs) or default_batch_inputs
     read_labels = (given and given.labels) or default_batch_labels
     read_truth = (given and given.ground_truth) or default_batch_ground_truth
     inputs = read_inputs(batch)
@@ -335,7 +203,7 @@ def _first_validation_samples(model: Any, datamodule: Any, count: int, callback:
         try:
             inputs = fit_to_forward(model, inputs)
         except ValueError as err:
-            refuse(_reader_advice(err))
+            refuse(reader_advice(err))
     return inputs, read_labels(batch), read_truth(batch), keyed_truth(batch)
 
 
@@ -371,9 +239,10 @@ def compare_main(argv: Sequence[str]) -> None:
     samples are explained with every method and scored with every metric, each with its standard
     error (:func:`lightning_gae.compare.compare`), under ``--protocol`` against the batches'
     labels. Batches with ground truth (``masks``, ``rationales``, or ``z`` of ``(x, y, z)``) are
-    scored against it too. The modality is the config's ``GAECallback``'s, else inferred for
-    ViT-style images. Declared regions (``--regions``: the callback's ``RegionOptions``, else the datamodule's
-    ``region``) add each method's share of relevance on every region and its recall, as the callback logs them,
+    scored against it too. The modality is the config's ``GAECallback``'s, else ``--modality``'s, else inferred as
+    the callback infers it (:func:`lightning_gae.modalities.inputs.infer_data_modality`: token ids are text, read with the
+    module's or datamodule's ``tokenizer``; features are tabular; square images are ViT-style). Declared regions (``--regions``: the callback's
+    ``RegionOptions``, else the datamodule's ``region``) add each method's share of relevance on every region and its recall, as the callback logs them,
     beside the random floor. While it runs, stderr shows a bar per method (samples scored, rate, time left);
     Ctrl-C stops it with one line saying which methods were scored and that nothing was written
     (the files are written once every method is scored), exit code 130.
@@ -383,7 +252,8 @@ def compare_main(argv: Sequence[str]) -> None:
 
     Raises:
         SystemExit: bad arguments (argparse's message).
-        ValueError: a modality that cannot be inferred, or anything ``compare`` rejects.
+        CommandLineError: a modality that cannot be inferred, a file that is no checkpoint of this model, or
+            anything ``compare`` rejects (:func:`main` prints it and exits 2).
 
     Example:
         .. code-block:: bash
@@ -406,11 +276,20 @@ def compare_main(argv: Sequence[str]) -> None:
     if not Path(args.ckpt_path).is_file():
         parser.error(f"--ckpt_path {args.ckpt_path}: no such file; give a checkpoint of the fit, e.g. "
                      "<save_dir>/<name>/version_0/checkpoints/last.ckpt")
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        parser.error(f"--output {args.output}: a file, not a directory; give a directory for comparison.md, "
+                     "comparison.json and comparison.png (created if missing)")
     from lightning_gae.display.progress import MethodBars
 
     bars = MethodBars(args.methods)
     try:
         _compare(args, bars, parser.error)
+    except (ValueError, TypeError) as err:
+        bars.close()
+        refusal = origin(err)
+        if not raised_here(refusal):
+            raise  # not a refusal of this package's: a traceback says where
+        raise CommandLineError(str(refusal)) from err
     except KeyboardInterrupt:
         bars.close()
         done = f"{len(bars.finished)} of {len(args.methods)} methods scored ({', '.join(bars.finished) or 'none'})"
@@ -422,21 +301,24 @@ def compare_main(argv: Sequence[str]) -> None:
 
 
 def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
-    import torch
-
-    from lightning_gae.compare import comparison_grid, compare, infer_modality, token_set_inputs
+    from lightning_gae.compare import comparison_grid, compare, token_set_inputs
+    from lightning_gae.modalities.inputs import infer_data_modality
     from lightning_gae.options import EngineOptions, FaithfulnessOptions
     from lightning_gae._structures import map_tensors
     from lightning_gae.methods import explain
 
     model, datamodule, callback = (configured(args.config) if args.config is not None
                                    else _from_checkpoint(args.model, args.data, args.ckpt_path))
-    checkpoint = torch.load(args.ckpt_path, map_location="cpu", weights_only=True)
+    checkpoint = read_checkpoint(args.ckpt_path)
+    assert checkpoint is not None  # strict
+    check_weights_fit(model, checkpoint, args.ckpt_path)
     model.load_state_dict(checkpoint["state_dict"])
     model.eval()
     inputs, labels, truth, keyed = _first_validation_samples(model, datamodule, args.num_samples, callback, args.inputs,
                                                              refuse)
     given = None if callback is None else callback.modality
+    if given is None and args.modality is not None:
+        given = _modality_argument(args.modality)
     streams = None if callback is None else callback.engine.streams
     explained = callback.target if callback is not None and callable(callback.target) else None
     try:
@@ -470,7 +352,15 @@ def _compare(args: argparse.Namespace, bars: Any, refuse: Any) -> None:
         # the standard errors over prompts (a prompt's answer rows are left out together).
         model, inputs, labels, truth, given, groups = rows
         query = "last"
-    modality = given if given is not None else infer_modality(model, inputs)
+    if given is not None:
+        modality = given
+    else:
+        try:
+            modality = infer_data_modality(model, inputs, (model, datamodule))
+        except ValueError as err:
+            raise CommandLineError(f"{err}; here: --modality MODULE.CLASS (e.g. lightning_gae.TextTokens, or a "
+                                   "Modality of your own with its settings as defaults), or the YAML's GAECallback "
+                                   "init_args: {modality: {class_path: ..., init_args: {...}}}") from err
 
     result = compare(model, inputs, labels, methods=args.methods, modality=modality, batch_size=args.batch_size,
                      seed=args.seed, protocol=args.protocol, ground_truth=truth, progress=bars, query=query,
@@ -526,54 +416,3 @@ def _write_comparison(output: Path, args: argparse.Namespace, result: Any, label
     matplotlib.image.imsave(output / "comparison.png", picture)
     print(table)
     print(f"wrote {output / 'comparison.md'}, {output / 'comparison.json'}, {output / 'comparison.png'}")
-
-
-def _import_from_working_directory() -> None:
-    """Put the working directory first on ``sys.path``, as ``python -m`` does.
-
-    A config's ``class_path`` names modules next to it (this repository's ``recipes/``, a user's
-    own ``my_model.py``); a console script, unlike ``python -m``, would not find them.
-    """
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-
-
-_SUBCOMMANDS = {
-    "fit": "train a config's model with its callbacks (LightningCLI), e.g. --config configs/vit_digits.yaml",
-    "validate": "one evaluation epoch over the validation set (LightningCLI)",
-    "test": "one evaluation epoch over the test set (LightningCLI)",
-    "predict": "run the model on the predict set (LightningCLI)",
-    "compare": "score every attribution method on a checkpoint's first validation samples (tables and a picture)",
-}
-
-
-def _overview() -> str:
-    lines = ["usage: lightning-gae SUBCOMMAND [options]", "",
-             "Generic Attention-model Explainability for PyTorch Lightning: train while watching explanations,",
-             "compare attribution methods.", "", "subcommands:"]
-    lines += [f"  {name:<10} {what}" for name, what in _SUBCOMMANDS.items()]
-    lines += ["", "lightning-gae SUBCOMMAND --help lists a subcommand's options."]
-    return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """The ``lightning-gae`` command: ``fit``, ``validate``, ``test``, ``predict`` (LightningCLI) and ``compare``.
-
-    Args:
-        argv: the arguments after the command's name; None reads ``sys.argv``. Without arguments, or with
-            ``-h``, it prints the subcommands; ``lightning-gae SUBCOMMAND --help`` lists a subcommand's options.
-    """
-    _import_from_working_directory()
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(_overview())
-        return
-    if args and args[0] == "compare":
-        compare_main(args[1:])
-        return
-    _lightning_cli(None if argv is None else args)
-
-
-if __name__ == "__main__":
-    main()
