@@ -168,8 +168,7 @@ class GAECallback(Callback):
         """The arguments as they are now (a config or the CLI may change them before a run), checked
         (:func:`check_arguments`); the callback keeps what the checks read (lists as tuples)."""
         args = check_arguments(Arguments(**{f.name: getattr(self, f.name) for f in fields(Arguments)}))
-        for f in fields(args):
-            setattr(self, f.name, getattr(args, f.name))
+        self.__dict__.update({f.name: getattr(args, f.name) for f in fields(args)})  # plain attributes, no properties
         return args
 
     @property
