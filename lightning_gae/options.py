@@ -1,7 +1,7 @@
 """Options grouped by concern, shared by ``GAECallback`` and :func:`~lightning_gae.compare.compare`; each group
 checks itself when built.
 
-``GAECallback`` takes all four beside its everyday arguments; ``compare`` takes the two that apply to a finished
+``GAECallback`` takes all five beside its everyday arguments; ``compare`` takes the two that apply to a finished
 model (``faithfulness``: its metrics and batch size; ``engine``: embedding layer, token sets, their inputs). A YAML
 config of ``LightningCLI`` sets them as nested keys of the callback's ``init_args``::
 
@@ -21,8 +21,11 @@ and on the command line ``--trainer.callbacks.faithfulness.samples=64`` override
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+import math
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from numbers import Real
 from typing import Any
 
 from torch import Tensor
@@ -35,11 +38,246 @@ from lightning_gae.modalities.regions import Region
 __all__ = ["BatchOptions", "DisplayOptions", "EngineOptions", "FaithfulnessOptions", "RegionOptions"]
 
 
-def _positive(owner: str, name: str, value: Any, allow_none: bool = False, hint: str = "") -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{owner}({name}={value!r}): use a positive integer{hint}")
+# --- one check per field ----------------------------------------------------------------------------------------
+# Every group checks every field the same way: ``settle`` runs each field's ``Field`` and keeps the value it reads;
+# a refusal names the group, the field, the value and the forms the field accepts. GAECallback's own arguments use
+# the same checks (callbacks/_arguments.py).
+
+
+@dataclass(frozen=True)
+class Field:
+    """What one argument accepts: ``read(value)`` returns the value as it is kept, or raises ``ValueError`` whose
+    text says what is wrong and which forms are accepted (:func:`settle` puts ``Owner(field=value): `` before it)."""
+
+    read: Callable[[Any], Any]
+    show: bool = True
+    """Whether the refusal shows the value (a region's mask is too long to: it shows ``...``)."""
+
+
+def shown(value: Any, limit: int = 100) -> str:
+    """``value`` as a refusal shows it: a tuple as the list a YAML file would give, a long value cut short."""
+    text = repr(list(value) if isinstance(value, tuple) else value)
+    return text if len(text) <= limit else text[: limit - 4] + " ..."
+
+
+def check_field(owner: str, name: str, value: Any, field: Field) -> Any:
+    """``field.read(value)``, its refusal prefixed with ``owner(name=value): ``."""
+    try:
+        return field.read(value)
+    except ValueError as refused:
+        raise ValueError(f"{owner}({name}={shown(value) if field.show else '...'}): {refused}") from None
+
+
+def checked(owner: str, values: Mapping[str, Any], checks: Mapping[str, Field]) -> dict[str, Any]:
+    """Every one of ``values`` (argument -> value) read by its entry of ``checks``. An argument without a check is a
+    mistake of ``owner``'s own code (every argument is checked): a ``TypeError``."""
+    if sorted(values) != sorted(checks):
+        raise TypeError(f"{owner}: the arguments {sorted(set(values) ^ set(checks))} need a check each")
+    return {name: check_field(owner, name, value, checks[name]) for name, value in values.items()}
+
+
+def settle(group: Any, checks: Mapping[str, Field]) -> None:
+    """Checks every field of the dataclass ``group`` by its entry of ``checks`` (:func:`checked`) and keeps what
+    each reads."""
+    values = {f.name: getattr(group, f.name) for f in fields(group)}
+    for name, value in checked(type(group).__name__, values, checks).items():
+        setattr(group, name, value)
+
+
+def _or_none(text: str, none: str | None) -> str:
+    return text if none is None else f"{text}, or None ({none})"
+
+
+def _integer(value: Any) -> int | None:
+    """``value`` as an int when it is an integer (numpy's and 0-d integer tensors included), bool not; else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def flag(none: str | None = None) -> Field:
+    """``True`` or ``False`` (``none``: also None, which means ``none``); ``"no"``, 0 and 1 are refused."""
+    def read(value: Any) -> bool | None:
+        if isinstance(value, bool) or (value is None and none is not None):
+            return value
+        raise ValueError(_or_none("use True or False", none))
+    return Field(read)
+
+
+def count(minimum: int = 1, none: str | None = None, hint: str = "") -> Field:
+    """An integer of at least ``minimum`` (``none``: or None, meaning that); floats, strings and bools are refused."""
+    words = {0: "an integer, 0 or more", 1: "a positive integer"}.get(minimum, f"an integer of at least {minimum}")
+
+    def read(value: Any) -> int | None:
+        if value is None and none is not None:
+            return None
+        number = _integer(value)
+        if number is None or number < minimum:
+            raise ValueError(_or_none(f"use {words}{hint}", none))
+        return number
+    return Field(read)
+
+
+def share(words: str = "a share", none: str | None = None) -> Field:
+    """A number in ``(0, 1]`` (an int or a float; bools and strings are refused), kept as a float."""
+    def read(value: Any) -> float | None:
+        if value is None and none is not None:
+            return None
+        number = float(value) if isinstance(value, Real) and not isinstance(value, bool) else math.nan
+        if not 0 < number <= 1:
+            raise ValueError(_or_none(f"use {words} in (0, 1]", none))
+        return number
+    return Field(read)
+
+
+def one_of(options: Sequence[str], meanings: str) -> Field:
+    """One of the strings ``options`` (``meanings`` says what each does)."""
+    def read(value: Any) -> str:
+        if not isinstance(value, str) or value not in options:
+            raise ValueError(f"use {' or '.join(repr(o) for o in options)} ({meanings})")
+        return value
+    return Field(read)
+
+
+def function(none: str | None = None, words: str = "a function") -> Field:
+    """A callable (``none``: or None, meaning that)."""
+    def read(value: Any) -> Any:
+        if (value is None and none is not None) or callable(value):
+            return value
+        raise ValueError(_or_none(f"give {words}", none))
+    return Field(read)
+
+
+def instance(kind: type, words: str, none: str | None = None) -> Field:
+    """An instance of ``kind`` (``words``: how it is built, e.g. ``lightning_gae.Streams(...)``)."""
+    def read(value: Any) -> Any:
+        if (value is None and none is not None) or isinstance(value, kind):
+            return value
+        raise ValueError(_or_none(f"give {words}", none))
+    return Field(read)
+
+
+def _listed(value: Any, accepted: str) -> list[Any]:
+    """The items of a list-like ``value`` (a list, a tuple, a 1-d array); a single string, mapping or set is refused
+    with ``accepted`` (it would be read character by character, key by key, or in no order)."""
+    if isinstance(value, (str, bytes, Mapping, set, frozenset)) or not isinstance(value, Iterable):
+        raise ValueError(accepted)
+    return list(value)
+
+
+def _twice(items: Sequence[Any]) -> list[Any]:
+    return sorted({i for i in items if items.count(i) > 1}, key=str)
+
+
+def names(choices: Callable[[], Sequence[str]], what: str, empty: str | None = None,
+          hints: Callable[[list[str]], str] | None = None) -> Field:
+    """A list of distinct names out of ``choices()`` (read when checked: registries grow), kept as a tuple;
+    ``empty``: what an empty list means (None: it is refused); ``hints(unknown)``: a pointer for names that belong
+    elsewhere."""
+    def read(value: Any) -> tuple[str, ...]:
+        known = list(choices())
+        accepted = f"choose from {known}" + ("" if empty is None else f", or () for {empty}")
+        example = f"[{value!r}]" if isinstance(value, str) else f"[{known[0]!r}]" if known else "[]"
+        items = _listed(value, f"give a list of {what}, e.g. {example}")
+        unknown = [i for i in items if i not in known]
+        if unknown:
+            hint = hints(unknown) if hints is not None else ""
+            raise ValueError(f"{unknown} are not {what}; {hint + '; ' if hint else ''}{accepted}")
+        if _twice(items):
+            raise ValueError(f"{_twice(items)} are given more than once; name each once ({accepted})")
+        if not items and empty is None:
+            raise ValueError(f"name at least one; {accepted}")
+        return tuple(items)
+    return Field(read)
+
+
+def _key_or_position(value: Any) -> int | str | None:
+    """A key (a string) or a position (an integer 0 or more), else None."""
+    if isinstance(value, str):
+        return value
+    position = _integer(value)
+    return position if position is not None and position >= 0 else None
+
+
+def _dataloader(value: Any) -> int | str:
+    read = _key_or_position(value)
+    if read is None:
+        raise ValueError("use a position 0, 1, ... or the key of a mapping of validation dataloaders")
+    return read
+
+
+def _positions(value: Any) -> list[int] | None:
+    accepted = ("give a list of distinct positions in the validation set (integers 0 or more, e.g. [0, 5]), or None "
+                "for a seeded choice")
+    if value is None:
+        return None
+    items = _listed(value, accepted)
+    read = [_integer(i) for i in items]
+    positions = [r for r in read if r is not None and r >= 0]
+    if len(positions) < len(items):
+        raise ValueError(f"{shown([i for i, r in zip(items, read) if r is None or r < 0])} are no positions; {accepted}")
+    if not positions:
+        raise ValueError(accepted)
+    if _twice(positions):
+        raise ValueError(f"{_twice(positions)} are given more than once; {accepted}")
+    return positions
+
+
+def _seed(value: Any) -> int:
+    seed = _integer(value)
+    if seed is None or not 0 <= seed < 2**32:
+        raise ValueError("use an integer from 0 to 2**32 - 1")
+    return seed
+
+
+def _globs(value: Any) -> str | list[str] | None:
+    accepted = ("give module-path globs, a list of strings (e.g. ['blocks.*.attn.attn_drop']) or one string, or None "
+                "(the softmaxes and attention functions the capture recognises)")
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else _listed(value, accepted)
+    if not items or not all(isinstance(i, str) and i for i in items):
+        raise ValueError(accepted)
+    return items
+
+
+def _module_path(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise ValueError("give the module path of the token embedding (a string, e.g. 'bert.embeddings.word_embeddings'), "
+                     "or None to find it for Hugging Face models")
+
+
+def _set_inputs(value: Any) -> dict[str, int | str] | None:
+    accepted = ("give a mapping token set -> input key or tuple position, e.g. {'encoder': 0, 'decoder': 1}, or None "
+                "to find the input each set's modality fits")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(accepted)
+    read = {k: _key_or_position(v) for k, v in value.items()}
+    kept = {k: v for k, v in read.items() if isinstance(k, str) and v is not None}
+    if len(kept) < len(read):
+        wrong = {k: v for k, v in value.items() if k not in kept}
+        raise ValueError(f"the entries {shown(wrong)} are not set name -> key or position; {accepted}")
+    return kept
+
+
+def _regions(value: Any) -> tuple[Region, ...]:
+    if isinstance(value, Region):
+        raise ValueError(f"give a list of regions: regions=[Region({value.name!r}, ...)]")
+    items = _listed(value, "give a list of lightning_gae.modalities.regions.Region(...), e.g. "
+                           "[Region('watermark', 'suspect', mask=...)]")
+    wrong = [type(r).__name__ for r in items if not isinstance(r, Region)]
+    if wrong:
+        raise ValueError(f"{wrong} are not lightning_gae.modalities.regions.Region; give a list of Region(...)")
+    named = [r.name for r in items]
+    if _twice(named):
+        raise ValueError(f"the names {named} repeat; give every region its own")
+    return tuple(items)
 
 
 @dataclass
@@ -64,7 +302,9 @@ class FaithfulnessOptions:
         max_batch: at most this many samples per explained batch and perturbed inputs per forward.
 
     Raises:
-        ValueError: an unknown metric, a negative count, or a schedule that is not a positive integer.
+        ValueError: naming the field and what it accepts: an unknown or repeated metric (or one name instead of a
+            list), a flag that is not True or False, a count that is not an integer (a float, a string, a bool) or
+            is negative, a schedule or batch size below 1.
     """
 
     metrics: Sequence[str] = ("positive_perturbation_auc", "negative_perturbation_auc")
@@ -75,20 +315,14 @@ class FaithfulnessOptions:
     max_batch: int = 256
 
     def __post_init__(self) -> None:
-        self.metrics = tuple(self.metrics)
-        unknown = [m for m in self.metrics if m not in PERTURBATION_METRICS]
-        if unknown:
-            raise ValueError(f"FaithfulnessOptions(metrics={list(self.metrics)}): {unknown} are not metrics; choose "
-                             f"from {sorted(PERTURBATION_METRICS)}")
-        _positive("FaithfulnessOptions", "max_batch", self.max_batch)
-        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 0:
-            raise ValueError(f"FaithfulnessOptions(samples={self.samples!r}): use a positive integer, or 0 to score "
-                             "the displayed samples")
-        _positive("FaithfulnessOptions", "every_n_explanations", self.every_n_explanations, allow_none=True,
-                  hint=" (1: every explanation step), or None to score once, on the final weights")
-        if isinstance(self.interim_samples, bool) or not isinstance(self.interim_samples, int) or self.interim_samples < 0:
-            raise ValueError(f"FaithfulnessOptions(interim_samples={self.interim_samples!r}): use a positive integer, "
-                             "or 0 to score all the samples at every scheduled step")
+        settle(self, {
+            "metrics": names(lambda: sorted(PERTURBATION_METRICS), "metrics", empty="no metric"),
+            "random_baseline": flag(),
+            "samples": count(0, hint=" (0: score the displayed samples)"),
+            "interim_samples": count(0, hint=" (0: score all the samples at every scheduled step)"),
+            "every_n_explanations": count(hint=" (1: every explanation step)", none="score once, on the final weights"),
+            "max_batch": count(),
+        })
 
 
 @dataclass
@@ -108,8 +342,9 @@ class BatchOptions:
         seed: seed of the choice of the tracked samples and of the faithfulness subset.
 
     Raises:
-        ValueError: a ``dataloader_idx`` that is neither a position nor a key, a scan limit below 1, or a
-            negative sample index.
+        ValueError: naming the field and what it accepts: a ``dataloader_idx`` that is neither a position nor a
+            key, a reader that is not callable, a scan limit below 1, ``sample_indices`` that are not a list of
+            distinct positions 0 or more (one string, a float, a repeated position), a seed outside 0 .. 2**32 - 1.
     """
 
     dataloader_idx: int | str = 0
@@ -121,21 +356,15 @@ class BatchOptions:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        index = self.dataloader_idx
-        if isinstance(index, bool) or not isinstance(index, (int, str)) or (isinstance(index, int) and index < 0):
-            raise ValueError(f"BatchOptions(dataloader_idx={index!r}): use a position 0, 1, ... or the key of a "
-                             "mapping of validation dataloaders")
-        _positive("BatchOptions", "max_scan_batches", self.max_scan_batches)
-        for name in ("inputs", "labels", "ground_truth"):
-            reader = getattr(self, name)
-            if reader is not None and not callable(reader):
-                raise ValueError(f"BatchOptions({name}={reader!r}): give a function batch -> {name}, or None for "
-                                 "the default reader")
-        if self.sample_indices is not None:
-            self.sample_indices = [int(i) for i in self.sample_indices]
-            if any(i < 0 for i in self.sample_indices):
-                raise ValueError(f"BatchOptions(sample_indices={self.sample_indices}): positions in the validation "
-                                 "set are 0 or more")
+        settle(self, {
+            "dataloader_idx": Field(_dataloader),
+            "inputs": function("the default reader", "a function batch -> inputs"),
+            "labels": function("the default reader", "a function batch -> labels"),
+            "ground_truth": function("the default reader", "a function batch -> ground_truth"),
+            "max_scan_batches": count(),
+            "sample_indices": Field(_positions),
+            "seed": Field(_seed),
+        })
 
 
 @dataclass
@@ -143,9 +372,9 @@ class EngineOptions:
     """How the model is explained, where it cannot be found out by itself.
 
     Args:
-        attention_modules: module-path globs of the modules whose output is the attention probabilities
-            (``attention_modules=`` of :func:`~lightning_gae.explain`), for models that compute attention
-            without a softmax the capture recognises.
+        attention_modules: module-path globs (a list, or one glob) of the modules whose output is the attention
+            probabilities (``attention_modules=`` of :func:`~lightning_gae.explain`), for models that compute
+            attention without a softmax the capture recognises.
         streams: declares the token sets where no preset or inference finds them (:class:`~lightning_gae.Streams`).
         embedding_layer: module path of the token embedding, for Captum baselines on token ids and for
             ``"attnlrp"``; None finds it for Hugging Face models.
@@ -157,7 +386,9 @@ class EngineOptions:
             and the batches carry ``input_ids`` and ``labels [B, T]``.
 
     Raises:
-        ValueError: arguments of the wrong type.
+        ValueError: naming the field and what it accepts: globs or a module path that are not (non-empty) strings,
+            ``streams`` that are not a ``Streams``, ``set_inputs`` that are not a mapping of set names to input keys
+            or positions, an ``answer_tokens`` that is not True, False or None.
     """
 
     attention_modules: Sequence[str] | None = None
@@ -167,15 +398,13 @@ class EngineOptions:
     answer_tokens: bool | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.attention_modules, str):
-            self.attention_modules = [self.attention_modules]
-        if self.streams is not None and not isinstance(self.streams, Streams):
-            raise ValueError(f"EngineOptions(streams={self.streams!r}): give a lightning_gae.Streams(...)")
-        if self.set_inputs is not None and not isinstance(self.set_inputs, Mapping):
-            raise ValueError(f"EngineOptions(set_inputs={self.set_inputs!r}): give a mapping token set -> input key "
-                             "or tuple position")
-        if self.answer_tokens is not None and not isinstance(self.answer_tokens, bool):
-            raise ValueError(f"EngineOptions(answer_tokens={self.answer_tokens!r}): use True, False or None")
+        settle(self, {
+            "attention_modules": Field(_globs),
+            "streams": instance(Streams, "a lightning_gae.Streams(...)", none="inferred or a preset"),
+            "embedding_layer": Field(_module_path),
+            "set_inputs": Field(_set_inputs),
+            "answer_tokens": flag(none="when the module holds a Hugging Face causal LM and the batches carry labels"),
+        })
 
 
 @dataclass
@@ -190,7 +419,8 @@ class DisplayOptions:
             (a method's colour range is set at its first logged step and kept, so that steps compare).
 
     Raises:
-        ValueError: a non-positive length, a fraction outside (0, 1], an unknown scale.
+        ValueError: naming the field and what it accepts: a length that is not a positive integer, a fraction that
+            is not a number in (0, 1] (a bool or a string included), an unknown scale.
     """
 
     evolution_length: int = 5
@@ -198,12 +428,12 @@ class DisplayOptions:
     heatmap_scale: Scale = "per_map"
 
     def __post_init__(self) -> None:
-        _positive("DisplayOptions", "evolution_length", self.evolution_length)
-        if not 0 < self.top_fraction <= 1:
-            raise ValueError(f"DisplayOptions(top_fraction={self.top_fraction}): use a fraction in (0, 1]")
-        if self.heatmap_scale not in ("per_map", "fixed"):
-            raise ValueError(f"DisplayOptions(heatmap_scale={self.heatmap_scale!r}): use 'per_map' (each map its own "
-                             "colour range) or 'fixed' (each method's range from its first step)")
+        settle(self, {
+            "evolution_length": count(),
+            "top_fraction": share("a fraction"),
+            "heatmap_scale": one_of(("per_map", "fixed"), "each map its own colour range, or each method's range from "
+                                                          "its first step"),
+        })
 
 
 @dataclass
@@ -231,8 +461,9 @@ class RegionOptions:
             recipes' data modules do), read when fit starts: what a YAML config uses, since it cannot build a mask.
 
     Raises:
-        ValueError: something that is not a ``Region``, two regions with one name, a threshold or rise outside
-            (0, 1], a ``top_k`` below 1.
+        ValueError: naming the field and what it accepts: regions that are not a list of ``Region`` (one
+            ``Region`` alone included), two regions with one name, a threshold or rise that is not a number in
+            (0, 1] or None, a ``top_k`` that is not a positive integer or None, a flag that is not True or False.
     """
 
     regions: Sequence[Region] = ()
@@ -243,15 +474,11 @@ class RegionOptions:
     from_data: bool = False
 
     def __post_init__(self) -> None:
-        self.regions = tuple(self.regions)
-        wrong = [type(r).__name__ for r in self.regions if not isinstance(r, Region)]
-        if wrong:
-            raise ValueError(f"RegionOptions(regions=...): {wrong} are not lightning_gae.modalities.regions.Region")
-        names = [r.name for r in self.regions]
-        if len(set(names)) != len(names):
-            raise ValueError(f"RegionOptions(regions=...): the names {names} repeat; give every region its own")
-        for name in ("threshold", "rise"):
-            value = getattr(self, name)
-            if value is not None and not 0 < value <= 1:
-                raise ValueError(f"RegionOptions({name}={value}): use a share in (0, 1], or None")
-        _positive("RegionOptions", "top_k", self.top_k, allow_none=True)
+        settle(self, {
+            "regions": Field(_regions, show=False),
+            "threshold": share(none="never by share"),
+            "rise": share(none="never by rise"),
+            "top_k": count(none="as many as the region has"),
+            "stop_on_shortcut": flag(),
+            "from_data": flag(),
+        })

@@ -24,7 +24,15 @@ from lightning_gae.callbacks.samples import (
     default_batch_labels,
 )
 from lightning_gae.modalities.tokens import Modality
-from lightning_gae.options import BatchOptions, DisplayOptions, EngineOptions, FaithfulnessOptions, RegionOptions
+from lightning_gae.options import (
+    BatchOptions,
+    DisplayOptions,
+    EngineOptions,
+    FaithfulnessOptions,
+    RegionOptions,
+    check_field,
+    flag,
+)
 
 __all__ = ["GAECallback"]
 
@@ -63,9 +71,15 @@ class GAECallback(Callback):
     the RNGs are restored. On several processes (DDP, FSDP2, FSDP1) rank zero reads the samples and logs; the
     faithfulness subset is split across the ranks and its per-sample states gathered.
 
-    Whatever can be checked without the model and data is checked here, when the callback is built; the rest when a
-    run starts, by reading the samples and explaining them once: any failure stops the run with the fix. Later, a
-    failing explanation warns once with its reason and is skipped, and nothing non-finite is ever logged.
+    Whatever can be checked without the model and data is checked here, when the callback is built (every argument
+    and option group refuses a value of the wrong type or range, naming it and what it accepts; nothing is
+    converted silently); the rest when a run starts, by reading the samples and explaining them once: any failure
+    stops the run with the fix. Later, a failing explanation warns once with its reason and is skipped, and nothing
+    non-finite is ever logged.
+
+    A Trainer takes one ``GAECallback``: two would write the same tags at the same steps into one logger, so a
+    second one stops the run in ``setup``, naming both. One callback takes every method (``methods``,
+    ``captum_baselines``) and every region (``regions``).
 
     Models with several token sets (encoder-decoders, dual encoders, co-attention) are drawn and scored per set, a
     decoder position by position; perturbation metrics and Captum baselines, which remove one input, are refused.
@@ -96,9 +110,11 @@ class GAECallback(Callback):
             one takes it (:class:`~lightning_gae.options.RegionOptions`).
 
     Raises:
-        ValueError: here, for an unknown method or Captum baseline, a bad schedule or target, options that
+        ValueError: here, naming the argument and what it accepts: an unknown or repeated method or Captum
+            baseline (a Captum method given to ``methods`` is pointed to ``captum_baselines``), a bad schedule,
+            target or query, a flag that is not True or False, a group that is not its options class, options that
             conflict (a callable target with metrics; a ``TabularTokens`` without ``means`` while metrics remove
-            features). When a run starts: a strategy it cannot explain under (DeepSpeed stage 3, tensor
+            features). In ``setup``: a second ``GAECallback`` in the Trainer. When a run starts: a strategy it cannot explain under (DeepSpeed stage 3, tensor
             parallelism), no validation dataloader, samples outside the validation set, ``target="label"`` without
             labels, a model that cannot be explained on the samples, or a modality that does not fit its tokens.
 
@@ -133,25 +149,27 @@ class GAECallback(Callback):
         self.num_samples = num_samples
         self.every_n_epochs = every_n_epochs
         self.every_n_train_steps = every_n_train_steps
-        self.methods = tuple(methods)
+        self.methods = methods
         self.modality = modality
         self.target = target
         self.query = query
-        self.captum_baselines = tuple(captum_baselines)
-        self.print_summary = print_summary
+        self.captum_baselines = captum_baselines
+        self.print_summary = check_field("GAECallback", "print_summary", print_summary, flag())
         self.log_sanity_check = log_sanity_check
         self.faithfulness = FaithfulnessOptions() if faithfulness is None else faithfulness
         self.batches = BatchOptions() if batches is None else batches
         self.engine = EngineOptions() if engine is None else engine
         self.display = DisplayOptions() if display is None else display
         self.regions = RegionOptions() if regions is None else regions
-        check_arguments(self._arguments())
         # The run's whole state, what a checkpoint keeps included: every hook below hands its work to it.
         self.run = Run(self._arguments())
 
     def _arguments(self) -> Arguments:
-        """The arguments as they are now (a config or the CLI may change them before a run)."""
-        return Arguments(**{f.name: getattr(self, f.name) for f in fields(Arguments)})
+        """The arguments as they are now (a config or the CLI may change them before a run), checked
+        (:func:`check_arguments`); the callback keeps what the checks read (lists as tuples)."""
+        args = check_arguments(Arguments(**{f.name: getattr(self, f.name) for f in fields(Arguments)}))
+        self.__dict__.update({f.name: getattr(args, f.name) for f in fields(args)})  # plain attributes, no properties
+        return args
 
     @property
     def sample_indices(self) -> list[int] | None:
@@ -178,7 +196,22 @@ class GAECallback(Callback):
 
     @override
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._only_one(trainer)
         self.run.setup(trainer, stage, self._arguments())
+
+    def _only_one(self, trainer: Trainer) -> None:
+        """One ``GAECallback`` per Trainer: two would write the same tags (``gae_heatmaps/val_<i>``, every
+        ``<metric>/<method>``, the GAE tab's summaries) at the same steps into the same logger, and nothing tells them
+        apart."""
+        ours = [(i, c) for i, c in enumerate(trainer.callbacks)  # type: ignore[attr-defined]  # set by Lightning at run time
+                if isinstance(c, GAECallback)]
+        if len(ours) > 1:
+            named = " and ".join(f"trainer.callbacks[{i}] (methods={list(c.methods)}, num_samples={c.num_samples})"
+                                 for i, c in ours)
+            raise ValueError(f"the Trainer holds {len(ours)} GAECallbacks, {named}: they would write the same tags at "
+                             "the same steps into one logger. Keep one GAECallback and give it every method "
+                             "(methods=[...], captum_baselines=[...]); a second set of samples or options needs a second "
+                             "Trainer run")
 
     @override
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

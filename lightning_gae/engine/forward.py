@@ -26,6 +26,7 @@ from lightning_gae.engine.capture import AttentionRecord, AttentionRecorder
 from lightning_gae.engine.readout import (
     Explanation,
     Query,
+    diverged,
     explaining,
     hide_own,
     keep_mask,
@@ -119,6 +120,21 @@ def attended_keys(layers: Sequence[AttentionRecord]) -> Tensor:
                 seen.append((rec.as_heads() > 0).any(dim=1).any(dim=1))
         seen = on_device(seen, layers[0].tensor.device)
         return torch.stack(seen).any(dim=0)
+
+
+def _refuse_diverged(layers: Sequence[AttentionRecord], keep: Tensor) -> None:
+    """A sample none of whose tokens any query attends to, with NaN or inf probabilities: a model that has diverged
+    (the readout would otherwise take all its tokens for padding). Said before anything reads the sample."""
+    empty = ~keep.any(dim=1)
+    if not empty.any():
+        return
+    with torch.no_grad():
+        broken = torch.zeros_like(empty)
+        for rec in layers:
+            if rec.lean is None and rec.batch_size == empty.shape[0]:
+                broken |= ~torch.isfinite(rec.as_heads()).flatten(1).all(dim=1).to(broken.device)
+    if (broken & empty).any():
+        raise diverged("attention", (broken & empty).nonzero().flatten().tolist())
 
 
 def _gae_backward(score: Tensor, layers: list[AttentionRecord], recorder: AttentionRecorder,
@@ -366,6 +382,8 @@ def recorded_forward(model: nn.Module, inputs: Any, target: Target, query: Query
             for x in sets.sizes:
                 used = [r for r, k in zip(layers, sets.key_sets) if k == x]
                 keeps[x] = attended_keys(used) if used else torch.ones(batch, sets.sizes[x], dtype=torch.bool, device=device)
+        for keep in keeps.values():
+            _refuse_diverged(layers, keep)
         per_set = dict(query) if isinstance(query, Mapping) else {}
         main_query = per_set.pop(sets.query_set, None) if isinstance(query, Mapping) else query
         if main_query is None:

@@ -27,7 +27,7 @@ from lightning_gae._structures import (
     nonfinite_inputs,
 )
 
-__all__ = ["PADDING_KEYS", "Explanation", "Query", "explaining", "hide_own", "keep_mask", "readout_query",
+__all__ = ["PADDING_KEYS", "Explanation", "Query", "diverged", "explaining", "hide_own", "keep_mask", "readout_query",
            "refuse_nonfinite", "resolve_readout", "target_scores", "check_inputs"]
 
 Query = Union[int, Literal["last", "mean"], Sequence[int], Tensor]
@@ -162,12 +162,17 @@ def _refuse_nonfinite_scores(score: Tensor) -> Tensor:
     test on NaN probabilities would answer for it), silently."""
     bad = ~torch.isfinite(score.detach())
     if bad.any():
-        samples = bad.nonzero().flatten().tolist()
-        raise ValueError(f"the model's output to explain is NaN or inf for sample(s) {samples[:8]}"
-                         f"{' ...' if len(samples) > 8 else ''}, from finite inputs: the model has diverged (non-finite "
-                         "weights or activations), and every explanation of it would be NaN. Check the weights "
-                         "(all(p.isfinite().all() for p in model.parameters())) and the training's loss")
+        raise diverged("output to explain", bad.nonzero().flatten().tolist())
     return score
+
+
+def diverged(what: str, samples: list[int]) -> ValueError:
+    """The error every method raises for a model whose ``what`` (its output, its attention) is NaN or inf on finite
+    inputs: whichever part of the forward shows it first, the cause and the fix are the same."""
+    return ValueError(f"the model's {what} is NaN or inf for sample(s) {samples[:8]}{' ...' if len(samples) > 8 else ''}"
+                      ", from finite inputs: the model has diverged (non-finite weights or activations), and every "
+                      "explanation of it would be NaN. Check the weights (all(p.isfinite().all() for p in "
+                      "model.parameters())) and the training's loss")
 
 
 def _refuse_non_integer(target: Any) -> None:

@@ -62,6 +62,7 @@ class TextTokens(Modality):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        _check_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.vocab = None if vocab is None else list(vocab)
         if special_ids is None:
@@ -81,7 +82,8 @@ class TextTokens(Modality):
         keywords = keyword_inputs(inputs)
         ids = input_tensor(inputs) if keywords is None else keywords.get("input_ids")
         if not isinstance(ids, Tensor) or ids.dim() != 2:
-            raise ValueError("TextTokens needs input_ids [B, T]: a tensor, or a mapping (a tokenizer's output) with 'input_ids'")
+            raise ValueError("TextTokens needs input_ids [B, T]: a tensor, or a mapping (a tokenizer's output) with "
+                             f"'input_ids'{_other_modality(ids)}")
         return ids
 
     def to_input(self, tokens: Tensor, inputs: Any) -> Tensor:
@@ -259,3 +261,30 @@ class TextTokens(Modality):
             ids, values = ids[keep], values[keep]
         muted = [i in self.special_ids for i in ids.tolist()]
         return display.token_strip(self.token_strings(ids), values, title, cmap=self.cmap, muted=muted)
+
+
+def _other_modality(found: Any) -> str:
+    """What to pass instead of ``TextTokens`` for inputs that are not token ids."""
+    if not isinstance(found, Tensor):
+        return f"; got {type(found).__name__}"
+    shape = f"; got a {str(found.dtype).removeprefix('torch.')} tensor of shape {tuple(found.shape)}"
+    if found.dim() == 4:
+        return (f"{shape}, images [B, C, H, W]: pass modality=ImageTokens(patch_size=...) (or modality=None, which "
+                "infers it for a ViT on square images)")
+    return shape
+
+
+def _check_tokenizer(tokenizer: Any) -> None:
+    """A tokenizer must turn ids into token strings the Hugging Face way (``convert_ids_to_tokens``); a raw
+    ``tokenizers.Tokenizer`` (the Rust library's) does not, and would fail at the first drawing."""
+    if tokenizer is None or callable(getattr(tokenizer, "convert_ids_to_tokens", None)):
+        return
+    kind = f"{type(tokenizer).__module__}.{type(tokenizer).__name__}"
+    if callable(getattr(tokenizer, "id_to_token", None)):
+        raise ValueError(
+            f"TextTokens(tokenizer=<{kind}>): a raw tokenizers.Tokenizer cannot name its ids here; wrap it, "
+            "TextTokens(tokenizer=transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=..., "
+            "mask_token=...)), or give its vocabulary, TextTokens(vocab=[tokenizer.id_to_token(i) for i in "
+            "range(tokenizer.get_vocab_size())], pad_id=..., special_ids=[...])")
+    raise ValueError(f"TextTokens(tokenizer=<{kind}>): give a Hugging Face tokenizer (with convert_ids_to_tokens) or "
+                     "its name, or vocab=[...] (id -> string)")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lightning_gae as lg
-from tests.helpers.models import TinyViT
+from tests.helpers.models import TinyViT, small_vit
 
 
 def test_nan_pixels_are_refused_with_their_count_and_input():
@@ -96,6 +96,20 @@ def test_a_diverged_model_is_refused_by_every_method_with_the_samples_and_what_t
     with pytest.raises(ValueError, match=re.escape("the model's output to explain is NaN or inf for sample(s) [0, 1]")
                        + ".*Check the weights"):
         lg.explain(model, inputs, method=method)
+
+
+@pytest.mark.parametrize("method", [*lg.METHODS, *lg.LRP_METHODS])
+def test_a_model_with_nan_weights_is_called_diverged_by_every_method_without_padding_too(method):
+    # Unpadded, the methods that read the probabilities took every (NaN) key for padding and said the query "lands on a
+    # padded position"; gae, which reads the score, said the model diverged.
+    model = small_vit().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(float("nan"))
+    x = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"is NaN or inf for sample\(s\) \[0, 1\], from finite inputs: the model has "
+                                         r"diverged.*Check the weights"):
+        lg.explain(model, x, method=method)
 
 
 def test_a_callable_targets_nonfinite_score_is_refused_too():

@@ -76,3 +76,28 @@ def test_text_without_tokenizer_uses_vocab_or_ids():
     assert TextTokens().token_strings(torch.tensor([7, 3])) == ["7", "3"]
     with pytest.raises(ValueError, match="input_ids"):
         TextTokens().to_input(torch.zeros(1, 3), {"pixel_values": torch.zeros(1, 3)})
+
+
+def test_a_raw_tokenizers_tokenizer_is_refused_when_built_with_what_to_pass_instead():
+    # A tokenizers.Tokenizer (no convert_ids_to_tokens) used to be taken, then fail at the first drawing with an
+    # AttributeError; the vocabulary form it suggests works.
+    tokenizers = pytest.importorskip("tokenizers")
+    raw = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[PAD]": 0, "[UNK]": 1, "cats": 2, "sleep": 3},
+                                                           unk_token="[UNK]"))
+    with pytest.raises(ValueError, match=r"TextTokens\(tokenizer=<tokenizers\.Tokenizer>\): a raw tokenizers\.Tokenizer "
+                                         r".*PreTrainedTokenizerFast\(tokenizer_object=tokenizer.*TextTokens\(vocab="
+                                         r"\[tokenizer\.id_to_token\(i\) for i in range\(tokenizer\.get_vocab_size\(\)\)\]"):
+        TextTokens(tokenizer=raw)
+    suggested = TextTokens(vocab=[raw.id_to_token(i) for i in range(raw.get_vocab_size())], pad_id=0)
+    assert suggested.token_strings([2, 3, 0]) == ["cats", "sleep", "[PAD]"]
+
+
+def test_text_tokens_on_images_suggest_image_tokens():
+    # On an image model the refusal named only what TextTokens wanted, never what fits the inputs.
+    from lightning_gae.compare import compare
+    from tests.helpers.models import small_vit
+
+    images = torch.randn(4, 1, 8, 8)
+    with pytest.raises(ValueError, match=r"TextTokens needs input_ids \[B, T\].*got a float32 tensor of shape "
+                                         r"\(4, 1, 8, 8\), images \[B, C, H, W\]: pass modality=ImageTokens\(patch_size="):
+        compare(small_vit().eval(), images, methods=("gae",), modality=TextTokens(pad_id=0))
