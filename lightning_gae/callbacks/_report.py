@@ -109,7 +109,8 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
         lines.append("metrics: the module logged none (trainer.callback_metrics is empty)")
     found = None if scores is None else faithfulness_rows(scores)
     if found is None:
-        lines.append(f"faithfulness: not scored ({not_scored})")
+        # The flags and alerts of a run that scored no faithfulness are no less its findings.
+        lines += [f"faithfulness: not scored ({not_scored})", *after_scores]
     else:
         names, rows = found
         assert scores is not None  # rows were found in them

@@ -285,7 +285,7 @@ class Run:
             if trainer.is_global_zero:
                 self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
         self._remember(scalars, scored_on)
-        self.health.check(trainer, step, scalars)
+        self.health.check(trainer, step, scalars, {m: e.tokens for m, e in explanations.items()})
         if shares is not None and trainer.is_global_zero:
             self._alert(trainer, pl_module, step, inputs, scalars, shares)
         self.previous = {m: e.tokens.detach().cpu() for m, e in explanations.items()}

@@ -39,7 +39,8 @@ from lightning_gae._structures import map_tensors
 from lightning_gae.display import Scale
 from lightning_gae.engine.readout import Explanation
 from lightning_gae.metrics import PERTURBATION_METRICS
-from lightning_gae.metrics.functional.health import tied_groups
+from lightning_gae.methods import methods_of
+from lightning_gae.metrics.functional.health import IDENTITY_TOLERANCE, beside_identity, tied_groups
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.tensorboard import metadata
 from lightning_gae.tensorboard.method_runs import (
@@ -54,8 +55,8 @@ from lightning_gae.tensorboard.method_runs import (
 from lightning_gae.tensorboard.views import SetInput, StepViews, bounded, markdown_cell
 
 __all__ = ["FAITHFULNESS_SAMPLES", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout",
-           "faithfulness_rows", "faithfulness_table", "higher_is_better", "rank_labels", "sample_tag", "scalar_tag",
-           "write_alerts", "write_health"]
+           "faithfulness_rows", "faithfulness_table", "higher_is_better", "negligible_notes", "rank_labels", "sample_tag",
+           "scalar_tag", "write_alerts", "write_health"]
 
 Curves = Mapping[str, Mapping[str, tuple[Sequence[float], Tensor]]]
 
@@ -162,6 +163,24 @@ def rank_labels(scalars: Mapping[str, float]) -> dict[str, dict[str, str]]:
         groups = tied_groups(by_method, errors, higher_is_better(metric))
         out[metric] = {m: f"#{k}" + ("=" if len(group) > 1 else "") for k, group in enumerate(groups, 1) for m in group}
     return out
+
+
+def negligible_notes(explanations: Mapping[str, Explanation]) -> list[str]:
+    """Per sample, what its picture says of the methods whose map is negligible beside the identity (their row starts
+    from the read-out token's 1, and nothing beside it reaches
+    :data:`~lightning_gae.metrics.functional.health.IDENTITY_TOLERANCE` of it), e.g. ``"gae: negligible beside the
+    identity (max 7.7e-07)"``; ``""`` where none is. Such a map, drawn on its own colour scale, is round-off at full
+    contrast."""
+    identity = {m.name for m in methods_of() if m.beside_identity}
+    count = next(iter(explanations.values())).tokens.shape[0] if explanations else 0
+    notes: list[list[str]] = [[] for _ in range(count)]
+    for method, exp in explanations.items():
+        if method not in identity or exp.tokens.dim() != 2:
+            continue
+        for k, largest in enumerate(beside_identity(exp.tokens).tolist()):
+            if largest < IDENTITY_TOLERANCE:
+                notes[k].append(f"{method}: negligible beside the identity (max {largest:.2g})")
+    return ["; ".join(n) for n in notes]
 
 
 def _write_marks(writers: Sequence[Any], step: int, text_tag: str, kind: str, names: tuple[str, str],
@@ -334,6 +353,7 @@ class TensorBoardViews(StepViews):
         flags = self.unit_flags(modality, shown, inputs)
         ranges = self.ranges(shown_maps, None if flags is None else flags[0] & ~flags[1])
         predictions = self.predictions(first, len(sample_indices))
+        negligible = negligible_notes(explanations)
 
         # Typed by the several-sets branch above, which returns the same three.
         values, inputs_values, pictures = [], [], {}
@@ -342,6 +362,7 @@ class TensorBoardViews(StepViews):
         for k, index in enumerate(sample_indices):
             label = None if labels is None else _label(labels[k])
             header = self.header(index, label, predictions[k], class_names)
+            header += f" · {negligible[k]}" if negligible[k] else ""
             name = sample_tag(index)
             images = {f"gae_heatmaps/{name}": self.picture(modality, shown, inputs, k, shown_maps, ranges, header, flags)}
             if self.add_column(modality, shown[k], index, step, shown_maps, ranges, k, header) and self.strip_due(index, last):
