@@ -419,7 +419,7 @@ class Run:
         after = [*(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else []),
                  *self.health.summary_lines()]
         return run_summary(trainer, self.reported, self.not_scored, self.state, self.args.faithfulness.metrics, after,
-                           elsewhere_lines(trainer))
+                           elsewhere_lines(trainer), self.curves)
 
     # --- checkpointing --------------------------------------------------------------------------
 
