@@ -220,7 +220,7 @@ def test_a_saturated_bert_flags_gae_and_names_a_more_faithful_method(tmp_path, m
     assert "rollout" in flag.best and "gae" not in flag.best.split(":", 1)[1]
     assert f"{POSITIVE} " in flag.faithfulness and "vs random" in flag.faithfulness
     # Once in the terminal per method and cause, with the step, the numbers, the best method and the cause.
-    ours = [m for m in said if "largest relevance beside the identity" in m]
+    ours = [m for m in said if "relevance beside the identity is negligible on" in m]
     assert len(ours) == 1 and f"step {flag.step}: gae's" in ours[0] and "rollout" in ours[0]
     assert "vanish beside the identity" in ours[0] and "± " in ours[0]
     # In the summary printed when fit ends.

@@ -90,8 +90,8 @@ def identity_dominated(relevance: Tensor, query: int | Tensor | None = None,
     """bool ``[B]``: the rows whose relevance outside the read-out token is negligible beside the identity,
     :func:`beside_identity` below ``tolerance`` (a NaN row is not: it is broken, not dominated).
 
-    A method is flagged when most of its rows are (e.g. ``identity_dominated(exp.tokens).float().mean() >= 0.5``):
-    its ranking of the other tokens is then round-off.
+    GAECallback flags a method when a quarter of its rows are (``identity_dominated(exp.tokens).float().mean() >=
+    0.25``): the ranking of the other tokens is round-off on those samples.
 
     >>> import torch
     >>> identity_dominated(torch.tensor([[0.0, 1e-6, 0.0], [0.0, 0.0, 0.0], [0.0, 0.2, 0.05]]))
