@@ -231,16 +231,16 @@ def tie_note(scalars: Mapping[str, float], curves: Curves | None = None) -> str 
             same.append(f"{metric} ({value:.4g} ± {error:.2g}{over})")
         elif len(tied_groups(by_method, errors, higher_is_better(metric))) == 1:
             tied.append(metric)
+    notes = []
     if same:
-        return (f"every method, random included, scores the same on {', '.join(same)}: removing the tokens in any "
-                "order, random's included, leaves the model's predictions as they were (its perturbation curves are "
-                "flat), as for a model that predicts one class whatever the input; these ranks say nothing about the "
-                "methods")
+        notes.append(f"every method, random included, scores the same on {', '.join(same)}: removing tokens in any "
+                     "order leaves the model's predictions as they were (its perturbation curves are flat), as for a "
+                     "model that predicts one class whatever the input; these ranks say nothing about the methods")
     if tied:
-        return (f"no method is told apart from another, random included, on {', '.join(tied)}: the standard errors"
-                f"{over} are wider than the differences; score more samples (FaithfulnessOptions(samples=..., "
-                "interim_samples=...)), or check whether the model is at chance (no token decides its prediction)")
-    return None
+        notes.append(f"no method is told apart from another, random included, on {', '.join(tied)}: the standard "
+                     f"errors{over} are wider than the differences; score more samples (FaithfulnessOptions(samples=..., "
+                     "interim_samples=...)), or check whether the model is at chance (no token decides its prediction)")
+    return "; ".join(notes) or None
 
 
 def _write_marks(writers: Sequence[Any], step: int, text_tag: str, kind: str, names: tuple[str, str],
