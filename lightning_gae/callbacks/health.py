@@ -153,8 +153,8 @@ def _most_faithful(scores: Mapping[str, Mapping[str, tuple[float, float]]], flag
 def _identity_finding(largest: Mapping[str, Tensor]) -> str | None:
     """What the flag beside the identity says, or None: ``largest`` holds
     :func:`~lightning_gae.metrics.functional.health.beside_identity` of every sample of each set of samples explained
-    at the step, by what the flag calls them (``"tracked samples"``); the set with the most samples among those where at least
-    :data:`DOMINATED_SHARE` are negligible is named."""
+    at the step, by what the flag calls them (``"tracked samples"``); the set with the most samples among those where
+    at least :data:`DOMINATED_SHARE` are negligible is named (the first of equal ones)."""
     found: tuple[int, str] | None = None
     for what, values in largest.items():
         values = values[torch.isfinite(values)]
@@ -254,7 +254,7 @@ class Health:
         identity = self._identity_methods()
         shown = {m: beside_identity(t.detach()).cpu() for m, t in (tracked or {}).items()
                  if m in identity and t.dim() == 2}
-        found = health_flags(step, scalars, {"samples of the faithfulness subset": rows, "tracked samples": shown},
+        found = health_flags(step, scalars, {"tracked samples": shown, "samples of the faithfulness subset": rows},
                              {(f.method, f.cause) for f in self.flags})
         if _scores(scalars):
             now = {f.method for f in found if f.cause == FLOOR}

@@ -182,7 +182,8 @@ def test_ties_that_the_errors_make_name_the_samples_and_what_to_do():
                "positive_perturbation_auc/random": 48.0, "positive_perturbation_auc/random/stderr": 8.0,
                "faithfulness_samples": 32.0}
     note = tie_note(scalars)
-    assert note is not None and "no method is told apart from another, random included, on positive_perturbation_auc" in note
+    assert note is not None
+    assert "no method is told apart from another, random included, on positive_perturbation_auc" in note
     assert "over 32 samples" in note and "FaithfulnessOptions(samples=" in note and "at chance" in note
     # Told apart: nothing to explain.
     assert tie_note({**scalars, "positive_perturbation_auc/gae/stderr": 0.5,
