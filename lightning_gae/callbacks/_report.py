@@ -2,7 +2,9 @@
 
 Plain text, the same on every terminal and in a log file: the faithfulness rows are the Text tab's
 ``gae_faithfulness`` table (:func:`lightning_gae.tensorboard.summary.faithfulness_rows`), from the same scalars, each
-value with its rank (:func:`lightning_gae.tensorboard.summary.rank_labels`: tied where the errors do not tell apart).
+value with its rank (:func:`lightning_gae.tensorboard.summary.rank_labels`: tied where the errors do not tell apart),
+the number of samples behind the ranks, and why every method ties where they all do
+(:func:`lightning_gae.tensorboard.summary.tie_note`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from lightning_gae.callbacks._state import RunState
 from lightning_gae.callbacks._loggers import event_logs, only_dummy_loggers
 from lightning_gae.methods.random import RANDOM
 from lightning_gae.metrics import PERTURBATION_METRICS
-from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, faithfulness_rows, rank_labels
+from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, Curves, faithfulness_rows, rank_labels, tie_note
 
 __all__ = ["fit_report", "run_summary", "text_table", "whole_subset_hint", "why_no_logs", "why_not_scored"]
 
@@ -88,7 +90,7 @@ def _direction(metric: str) -> str:
 
 def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None, scored_on: str,
                not_scored: str, logs: Sequence[tuple[str, str]], no_logs: str, after_scores: Sequence[str] = (),
-               stage: str = "fit", elsewhere: Sequence[str] = ()) -> str:
+               stage: str = "fit", elsewhere: Sequence[str] = (), curves: Curves | None = None) -> str:
     """The lines printed when a fit (or a validation, a test) ends.
 
     Args:
@@ -101,6 +103,8 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
         after_scores: lines printed under the faithfulness table (e.g. how to score more samples).
         stage: ``"fit"``, ``"validate"`` or ``"test"``: the run that ended.
         elsewhere: lines on what the loggers that are not TensorBoard got.
+        curves: the perturbation metrics' mean curves of ``scores``, which tell why every method ties where they do
+            (:func:`~lightning_gae.tensorboard.summary.tie_note`).
     """
     lines = ["", f"GAECallback: {_ENDED.get(stage, f'the {stage} ended')}"]
     if metrics:
@@ -110,7 +114,8 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
         lines.append("metrics: the module logged none (trainer.callback_metrics is empty)")
     found = None if scores is None else faithfulness_rows(scores)
     if found is None:
-        lines.append(f"faithfulness: not scored ({not_scored})")
+        # The flags and alerts of a run that scored no faithfulness are no less its findings.
+        lines += [f"faithfulness: not scored ({not_scored})", *after_scores]
     else:
         names, rows = found
         assert scores is not None  # rows were found in them
@@ -118,9 +123,13 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
         rows = [[method, *(f"{cell} {ranks[name][method]}" if cell else cell for name, cell in zip(names, cells))]
                 for method, *cells in rows]
         floor = "; random is the floor" if any(row[0] == RANDOM.name for row in rows) else ""
-        lines += [f"faithfulness ({scored_on}; value ± standard error and rank, #k= where the errors do not tell "
+        count = scores.get(FAITHFULNESS_SAMPLES)
+        over = "" if count is None else f" over {int(count)} samples"
+        note = tie_note(scores, curves)
+        lines += [f"faithfulness ({scored_on}; value ± standard error and rank, #k= where the errors{over} do not tell "
                   f"methods apart{floor}):",
-                  *text_table(["method", *(name + _direction(name) for name in names)], rows), *after_scores]
+                  *text_table(["method", *(name + _direction(name) for name in names)], rows),
+                  *([] if note is None else [f"ties: {note}"]), *after_scores]
     if logs:
         for log_dir, _ in logs:
             lines.append(f"event files: {log_dir}")
@@ -132,12 +141,13 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
 
 
 def run_summary(trainer: Trainer, reported: tuple[str, Mapping[str, float]] | None, not_scored: str | None,
-                run: RunState, metrics: Sequence[str], after: Sequence[str] = (), elsewhere: Sequence[str] = ()) -> str:
+                run: RunState, metrics: Sequence[str], after: Sequence[str] = (), elsewhere: Sequence[str] = (),
+                curves: Curves | None = None) -> str:
     """The summary of the run that ended (``trainer.state.fn``): the module's metrics, ``reported`` (what the last
     faithfulness scalars were scored on, and them) or why none (``not_scored``: a failure of the whole subset's
     scoring, else the run's latest scoring failure at an explanation step), where the logs are; after
     a fit whose last scores were a part of the subset, how to score all of it; then ``after``, what the loggers
-    other than TensorBoard got (``elsewhere``) and the failures."""
+    other than TensorBoard got (``elsewhere``) and the failures; ``curves``: the mean curves of ``reported``'s scores."""
     stage = trainer.state.fn.value  # type: ignore[union-attr]  # a hook runs inside a trainer call, which sets fn
     values = {name: float(value) for name, value in trainer.callback_metrics.items()
               if isinstance(value, Tensor) and value.numel() == 1}
@@ -149,4 +159,4 @@ def run_summary(trainer: Trainer, reported: tuple[str, Mapping[str, float]] | No
     # A scoring that failed at an explanation step (a validation's) is why, as much as one of the whole subset.
     failure = not_scored if not_scored is not None else run.failures.last("scoring")
     return fit_report(values, scores, scored_on, why_not_scored(trainer, failure, metrics, has_truth), logs,
-                      why_no_logs(trainer), [*hint, *after], stage, elsewhere) + run.failures.summary()
+                      why_no_logs(trainer), [*hint, *after], stage, elsewhere, curves) + run.failures.summary()

@@ -26,7 +26,7 @@ from lightning_gae.evaluation import Batch, score_batches, score_sets, set_score
 from lightning_gae.language.answers import NextTokenLogits
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.methods.random import RANDOM
-from lightning_gae.metrics.functional import explanation_stability
+from lightning_gae.metrics.functional import explanation_stability, relevance_concentration
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, scalar_tag
 from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore
@@ -52,12 +52,14 @@ def cached_metric(cache: dict[str, Metric], name: str, module: LightningModule |
 
 
 def relevance_scalars(method: str, tokens: Tensor, previous: Tensor | None, top_fraction: float) -> dict[str, float]:
-    """``relevance_concentration`` (share of relevance in the top ``top_fraction`` of tokens) and, against the
-    previous step's relevance of the same shape, ``relevance_stability_{spearman,topk_overlap}``."""
+    """``relevance_concentration`` (the mean over samples of :func:`relevance_concentration`: the share of the positive
+    relevance in the top ``top_fraction`` of tokens, in [0, 1]; samples without positive relevance are left out of the
+    mean, and a step where no sample has any logs no value) and, against the previous step's relevance of the same
+    shape, ``relevance_stability_{spearman,topk_overlap}``."""
     tokens = tokens.detach().cpu()
-    k = max(1, round(top_fraction * tokens.shape[1]))
-    total = tokens.sum(dim=1).clamp(min=1e-12)
-    out = {scalar_tag("relevance_concentration", method): (tokens.topk(k, dim=1).values.sum(dim=1) / total).mean().item()}
+    shares = relevance_concentration(tokens, top_fraction)
+    shares = shares[~shares.isnan()]
+    out = {} if not len(shares) else {scalar_tag("relevance_concentration", method): shares.mean().item()}
     if previous is not None and previous.shape == tokens.shape:
         stability = explanation_stability(tokens, previous, top_fraction)
         out[scalar_tag("relevance_stability_spearman", method)] = stability["spearman"].item()

@@ -52,7 +52,8 @@ class GAECallback(Callback):
       data module's ``class_names``); images also ``gae_evolution/val_<i>`` (methods x the last steps); text and
       tabular data also ``gae_tokens/val_<i>`` in the Text tab;
     * scalars ``relevance_stability_spearman/<method>``, ``relevance_stability_topk_overlap/<method>`` (versus the
-      previous step), ``relevance_concentration/<method>``; a histogram ``relevance/<method>``;
+      previous step), ``relevance_concentration/<method>`` (the share of the positive relevance in the top
+      ``DisplayOptions.top_fraction`` of tokens, in [0, 1]); a histogram ``relevance/<method>``;
     * faithfulness ``<metric>/<method>`` with ``<metric>/<method>/stderr`` for every method, Captum baseline and
       ``random`` (the floor), and ground-truth scores when the batches carry masks or rationales
       (``segmentation_*``, ``rationale_*``), on a fixed subset of the validation set (:class:`FaithfulnessOptions`);

@@ -1,8 +1,15 @@
-"""GAECallback's check that an explanation still says something: a method is flagged when its faithfulness is scored
-and either its relevance outside the read-out token is negligible beside the identity, or it is not better than the
-random floor beyond the standard errors (:mod:`lightning_gae.metrics.functional.health`).
+"""GAECallback's check that an explanation still says something (:mod:`lightning_gae.metrics.functional.health`).
 
-A flag warns once per method and cause (not better than random: at two scored steps in a row), naming the step, the numbers, the run's most faithful method and the likely
+A method is flagged when
+
+- its relevance outside the read-out token is negligible beside the identity on a large part of the samples it
+  explained at a step (at least :data:`DOMINATED_SHARE` of them): checked at every explanation step on the tracked
+  samples, and at every scored step on the faithfulness samples scored, so neither the faithfulness schedule nor
+  ``FaithfulnessOptions(metrics=())`` hides it; the flag names the samples affected ("on 15 of 32 samples of the
+  faithfulness subset (47%)");
+- or it is not better than the random floor beyond the standard errors, at two scored steps in a row.
+
+A flag warns once per method and cause, naming the step, the numbers, the run's most faithful method and the likely
 cause; each step's flags go to the Text tab (``gae_health``) and the GAE tab, and the summary lists them.
 """
 
@@ -35,8 +42,12 @@ from lightning_gae.tensorboard.summary import higher_is_better, write_health
 
 __all__ = ["CAUSES", "DOMINATED_SHARE", "FLOOR", "Health", "HealthFlag", "health_flags"]
 
-DOMINATED_SHARE = 0.5
-"""A method is identity-dominated when at least this share of the scored samples' rows is."""
+DOMINATED_SHARE = 0.25
+"""A method is flagged beside the identity when at least this share of the samples explained at a step (the tracked
+ones, or the faithfulness samples scored) have relevance negligible beside it. A healthy model has none: the trained
+recipe models' largest relevance beside the identity is 0.003..0.2 on every sample, and untrained ones 8e-5 and up. A
+saturated one has a large part: a small BERT that decides by one spurious word had 15 of 32 (47%), the saturated BERT
+of GAE_SPEC section 11 50..70%. A quarter of the pictures showing round-off is enough to say so."""
 
 FLOOR = RANDOM.name
 """The floor every method is held against: random relevance, scored under its method's name."""
@@ -139,28 +150,48 @@ def _most_faithful(scores: Mapping[str, Mapping[str, tuple[float, float]]], flag
     return f"most faithful method of this run, on {metric}: {best}{tied}; read its explanations instead"
 
 
-def health_flags(step: int, scalars: Mapping[str, float], dominated: Mapping[str, Tensor],
+def _identity_finding(largest: Mapping[str, Tensor]) -> str | None:
+    """What the flag beside the identity says, or None: ``largest`` holds
+    :func:`~lightning_gae.metrics.functional.health.beside_identity` of every sample of each set of samples explained
+    at the step, by what the flag calls them (``"tracked samples"``); the set with the most samples among those where
+    at least :data:`DOMINATED_SHARE` are negligible is named (the first of equal ones)."""
+    found: tuple[int, str] | None = None
+    for what, values in largest.items():
+        values = values[torch.isfinite(values)]
+        negligible = values[values < IDENTITY_TOLERANCE]
+        if not len(values) or len(negligible) < DOMINATED_SHARE * len(values):
+            continue
+        if found is None or len(values) > found[0]:
+            found = (len(values), f"its relevance beside the identity is negligible on {len(negligible)} of "
+                                  f"{len(values)} {what} ({len(negligible) / len(values):.0%}): their largest "
+                                  f"is below {IDENTITY_TOLERANCE:g} of the identity's 1 (median "
+                                  f"{float(negligible.median()):.2g}), so their maps are round-off")
+    return None if found is None else found[1]
+
+
+def health_flags(step: int, scalars: Mapping[str, float], dominated: Mapping[str, Mapping[str, Tensor]],
                  raised: AbstractSet[tuple[str, str]] = frozenset()) -> list[HealthFlag]:
-    """The flags a scored step raises, those in ``raised`` (``(method, cause)``) left out.
+    """The flags a step raises, those in ``raised`` (``(method, cause)``) left out.
 
     Args:
         step: the step the scalars were logged at.
-        scalars: the step's scalars, ``<metric>/<method>`` and ``<metric>/<method>/stderr`` with ``random`` the floor.
-        dominated: method -> :func:`~lightning_gae.metrics.functional.health.beside_identity` of every scored sample's
-            row (methods registered with ``beside_identity`` only).
+        scalars: the step's scalars, ``<metric>/<method>`` and ``<metric>/<method>/stderr`` with ``random`` the floor
+            (none: only the flag beside the identity can be raised).
+        dominated: the samples explained at the step (``"tracked samples"``, ``"samples of the faithfulness subset"``)
+            -> method ->
+            :func:`~lightning_gae.metrics.functional.health.beside_identity` of each sample's row (methods registered
+            with ``beside_identity`` only).
         raised: the flags raised before, which are not raised again.
     """
     scores = _scores(scalars)
     found: dict[tuple[str, str], tuple[str, str]] = {}
-    for method, largest in dominated.items():
-        largest = largest[torch.isfinite(largest)]
-        share = float((largest < IDENTITY_TOLERANCE).float().mean()) if len(largest) else 0.0
-        if share >= DOMINATED_SHARE:
+    methods_seen = dict.fromkeys(m for by_method in dominated.values() for m in by_method)
+    for method in methods_seen:
+        finding = _identity_finding({what: by_method[method] for what, by_method in dominated.items()
+                                     if method in by_method})
+        if finding is not None:
             numbers = "; ".join(_beside_random(m, method, v) for m, v in scores.items() if method in v)
-            found[(method, "identity")] = (
-                f"its largest relevance beside the identity is {float(largest.median()):.2g} (median of "
-                f"{len(largest)} samples; below {IDENTITY_TOLERANCE:g} in {share:.0%} of them)",
-                f"its faithfulness: {numbers or 'not scored'}")
+            found[(method, "identity")] = (finding, f"its faithfulness: {numbers or 'not scored at this step'}")
     methods = dict.fromkeys(m for by_method in scores.values() for m in by_method if m != FLOOR)
     for method in methods:
         # Worse than random beyond the errors always says something. Not better than random does only where the scores
@@ -182,7 +213,10 @@ def health_flags(step: int, scalars: Mapping[str, float], dominated: Mapping[str
 
 
 class Health:
-    """What a fit found out so far: the flags raised, and the rows of the batches being scored."""
+    """What a fit found out so far: the flags raised, and the rows of the samples explained at the current step.
+
+    :meth:`state_dict` holds what the verdicts depend on, as plain data for a checkpoint.
+    """
 
     def __init__(self) -> None:
         self.flags: list[HealthFlag] = []
@@ -192,30 +226,41 @@ class Health:
         # chance now and then, for one method or another, over the many steps, methods and metrics of a fit.
         self._below_random: set[str] = set()
 
+    @staticmethod
+    def _identity_methods() -> set[str]:
+        # The methods whose relevance row starts from the identity (the read-out token's own 1), so that relevance
+        # outside that token is measured in units of it.
+        return {m.name for m in methods_of() if m.beside_identity}
+
     def watch(self, batches: Iterable[ScoredBatch]) -> Iterator[ScoredBatch]:
         """``batches`` unchanged, each identity-starting method's rows measured on the way
         (:func:`~lightning_gae.metrics.functional.health.beside_identity`)."""
         self._rows = {}
-        # The methods whose relevance row starts from the identity (the read-out token's own 1), so that relevance
-        # outside that token is measured in units of it.
-        identity = {m.name for m in methods_of() if m.beside_identity}
+        identity = self._identity_methods()
         for batch in batches:
             for method, tokens in batch[1].items():
                 if method in identity and tokens.dim() == 2:
                     self._rows.setdefault(method, []).append(beside_identity(tokens).cpu())
             yield batch
 
-    def check(self, trainer: Trainer, step: int, scalars: Mapping[str, float]) -> None:
-        """On rank zero, after a step's faithfulness was scored: warn once per method and cause, and write the step's
-        new flags to the Text tab (``gae_health``) and the GAE tab."""
+    def check(self, trainer: Trainer, step: int, scalars: Mapping[str, float],
+              tracked: Mapping[str, Tensor] | None = None) -> None:
+        """On rank zero, after an explanation step (``tracked``: each method's relevance of the tracked samples) or a
+        scoring (the rows :meth:`watch` saw): warn once per method and cause, and write the step's new flags to the
+        Text tab (``gae_health``) and the GAE tab."""
         rows, self._rows = {m: torch.cat(r) for m, r in self._rows.items() if r}, {}
-        if not trainer.is_global_zero or not _scores(scalars):
+        if not trainer.is_global_zero:
             return
-        found = health_flags(step, scalars, rows, {(f.method, f.cause) for f in self.flags})
-        now = {f.method for f in found if f.cause == FLOOR}
-        found = [f if f.cause != FLOOR else replace(f, finding=f"{f.finding} (here and at the scored step before)")
-                 for f in found if f.cause != FLOOR or f.method in self._below_random]
-        self._below_random = now
+        identity = self._identity_methods()
+        shown = {m: beside_identity(t.detach()).cpu() for m, t in (tracked or {}).items()
+                 if m in identity and t.dim() == 2}
+        found = health_flags(step, scalars, {"tracked samples": shown, "samples of the faithfulness subset": rows},
+                             {(f.method, f.cause) for f in self.flags})
+        if _scores(scalars):
+            now = {f.method for f in found if f.cause == FLOOR}
+            found = [f if f.cause != FLOOR else replace(f, finding=f"{f.finding} (here and at the scored step before)")
+                     for f in found if f.cause != FLOOR or f.method in self._below_random]
+            self._below_random = now
         for flag in found:
             self.flags.append(flag)
             rank_zero_warn(f"GAECallback: {flag.text()}")

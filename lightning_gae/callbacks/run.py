@@ -296,7 +296,7 @@ class Run:
             if trainer.is_global_zero:
                 self._log(trainer, step, inputs, explanations, maps, scalars, views, rows)
         self._remember(scalars, scored_on)
-        self.health.check(trainer, step, scalars)
+        self.health.check(trainer, step, scalars, {m: e.tokens for m, e in explanations.items()})
         if shares is not None and trainer.is_global_zero:
             self._alert(trainer, pl_module, step, inputs, scalars, shares)
         self.previous = {m: e.tokens.detach().cpu() for m, e in explanations.items()}
@@ -430,7 +430,7 @@ class Run:
         after = [*(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else []),
                  *self.health.summary_lines()]
         return run_summary(trainer, self.reported, self.not_scored, self.state, self.args.faithfulness.metrics, after,
-                           elsewhere_lines(trainer))
+                           elsewhere_lines(trainer), self.curves)
 
     # --- checkpointing --------------------------------------------------------------------------
 

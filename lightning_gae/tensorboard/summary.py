@@ -39,7 +39,8 @@ from lightning_gae._structures import map_tensors
 from lightning_gae.display import Scale
 from lightning_gae.engine.readout import Explanation
 from lightning_gae.metrics import PERTURBATION_METRICS
-from lightning_gae.metrics.functional.health import tied_groups
+from lightning_gae.methods import methods_of
+from lightning_gae.metrics.functional.health import IDENTITY_TOLERANCE, beside_identity, tied_groups
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.tensorboard import metadata
 from lightning_gae.tensorboard.method_runs import (
@@ -55,8 +56,8 @@ from lightning_gae.tensorboard.method_runs import (
 from lightning_gae.tensorboard.views import SetInput, StepViews, bounded, markdown_cell, markdown_text
 
 __all__ = ["FAITHFULNESS_SAMPLES", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout",
-           "faithfulness_rows", "faithfulness_table", "higher_is_better", "rank_labels", "sample_tag", "scalar_tag",
-           "write_alerts", "write_health"]
+           "faithfulness_rows", "faithfulness_table", "higher_is_better", "negligible_notes", "rank_labels", "sample_tag",
+           "scalar_tag", "tie_note", "write_alerts", "write_health"]
 
 Curves = Mapping[str, Mapping[str, tuple[Sequence[float], Tensor]]]
 
@@ -115,10 +116,11 @@ def faithfulness_rows(scalars: Mapping[str, float]) -> tuple[list[str], list[lis
     return metrics, [[method, *(cell(metric, method) for metric in metrics)] for method in methods]
 
 
-def faithfulness_table(scalars: Mapping[str, float]) -> str | None:
+def faithfulness_table(scalars: Mapping[str, float], curves: Curves | None = None) -> str | None:
     """The faithfulness scalars of a step as one markdown table: a row per method, a column per metric,
-    ``value ± standard error``, then the number of samples scored (``faithfulness_samples``) when given;
-    None when the step has none (:func:`faithfulness_rows`).
+    ``value ± standard error``, then the number of samples scored (``faithfulness_samples``) when given and why
+    the methods tie where they all do (:func:`tie_note`, from ``curves``); None when the step has none
+    (:func:`faithfulness_rows`).
 
     Written to the Text tab (``gae_faithfulness``): each step's numbers to read, beside the charts.
     """
@@ -131,6 +133,9 @@ def faithfulness_table(scalars: Mapping[str, float]) -> str | None:
     count = scalars.get(FAITHFULNESS_SAMPLES)
     if count is not None:
         lines += ["", f"value ± standard error over {int(count)} validation samples"]
+    note = tie_note(scalars, curves)
+    if note is not None:
+        lines += ["", f"ties: {note}"]
     return "\n".join(lines)
 
 
@@ -179,6 +184,80 @@ def _literal_markdown(text: str) -> str:
         else:
             lines.append(markdown_text(line))
     return "\n".join(lines)
+
+
+def negligible_notes(explanations: Mapping[str, Explanation]) -> list[str]:
+    """Per sample, what its picture says of the methods whose map is negligible beside the identity (their row starts
+    from the read-out token's 1, and nothing beside it reaches
+    :data:`~lightning_gae.metrics.functional.health.IDENTITY_TOLERANCE` of it), e.g. ``"gae: negligible beside the
+    identity (max 7.7e-07)"``; ``""`` where none is. Such a map, drawn on its own colour scale, is round-off at full
+    contrast."""
+    identity = {m.name for m in methods_of() if m.beside_identity}
+    count = next(iter(explanations.values())).tokens.shape[0] if explanations else 0
+    notes: list[list[str]] = [[] for _ in range(count)]
+    for method, exp in explanations.items():
+        if method not in identity or exp.tokens.dim() != 2:
+            continue
+        for k, largest in enumerate(beside_identity(exp.tokens).tolist()):
+            if largest < IDENTITY_TOLERANCE:
+                notes[k].append(f"{method}: negligible beside the identity (max {largest:.2g})")
+    return ["; ".join(n) for n in notes]
+
+
+def _flat(values: Tensor) -> bool:
+    """Every value the same, to round-off (NaN: not)."""
+    values = values.detach().double()
+    spread = float(values.max() - values.min()) if values.numel() else float("nan")
+    return spread <= 1e-9 * max(1.0, float(values.abs().max()))
+
+
+def tie_note(scalars: Mapping[str, float], curves: Curves | None = None) -> str | None:
+    """Why a step's ranking ties every method (random included) on some metric, and the number of samples behind it;
+    None where every metric tells some methods apart.
+
+    Two causes are told apart:
+
+    - every method scores the same: its perturbation curves (``curves``, the metrics' mean curves) are flat, or
+      without curves every value and standard error is equal. Removing tokens in any order then changes the model's
+      predictions alike, which is a model whose predictions do not change under perturbation (one that predicts one
+      class whatever the input): the ranking says nothing about the methods;
+    - the values differ but not beyond the standard errors (:func:`rank_labels`): too few samples, or a model at chance
+      that no token decides.
+
+    >>> tie_note({"positive_perturbation_auc/gae": 45.0, "positive_perturbation_auc/gae/stderr": 8.1,
+    ...           "positive_perturbation_auc/random": 45.0, "positive_perturbation_auc/random/stderr": 8.1,
+    ...           "faithfulness_samples": 32.0}).split(":")[0]
+    'every method, random included, scores the same on positive_perturbation_auc (45 ± 8.1 over 32 samples)'
+    """
+    values: dict[str, dict[str, float]] = {}
+    for tag, value in scalars.items():
+        parts = tag.split("/")
+        if len(parts) == 2 and is_faithfulness(parts[0]):
+            values.setdefault(parts[0], {})[parts[1]] = value
+    count = scalars.get(FAITHFULNESS_SAMPLES)
+    over = "" if count is None else f" over {int(count)} samples"
+    same, tied = [], []
+    for metric, by_method in sorted(values.items()):
+        if len(by_method) < 2:
+            continue
+        errors = {m: scalars.get(f"{metric}/{m}/stderr", float("nan")) for m in by_method}
+        drawn = (curves or {}).get(metric, {})
+        equal = _flat(torch.tensor(list(by_method.values()))) and _flat(torch.tensor(list(errors.values())))
+        if equal and (set(drawn) < set(by_method) or all(_flat(curve) for _, curve in drawn.values())):
+            value, error = next(iter(by_method.values())), next(iter(errors.values()))
+            same.append(f"{metric} ({value:.4g} ± {error:.2g}{over})")
+        elif len(tied_groups(by_method, errors, higher_is_better(metric))) == 1:
+            tied.append(metric)
+    notes = []
+    if same:
+        notes.append(f"every method, random included, scores the same on {', '.join(same)}: removing tokens in any "
+                     "order leaves the model's predictions as they were (its perturbation curves are flat), as for a "
+                     "model that predicts one class whatever the input; these ranks say nothing about the methods")
+    if tied:
+        notes.append(f"no method is told apart from another, random included, on {', '.join(tied)}: the standard "
+                     f"errors{over} are wider than the differences; score more samples (FaithfulnessOptions(samples=..., "
+                     "interim_samples=...)), or check whether the model is at chance (no token decides its prediction)")
+    return "; ".join(notes) or None
 
 
 def _write_marks(writers: Sequence[Any], step: int, text_tag: str, kind: str, names: tuple[str, str],
@@ -363,6 +442,7 @@ class TensorBoardViews(StepViews):
         flags = self.unit_flags(modality, shown, inputs)
         ranges = self.ranges(shown_maps, None if flags is None else flags[0] & ~flags[1])
         predictions = self.predictions(first, len(sample_indices))
+        negligible = negligible_notes(explanations)
 
         # Typed by the several-sets branch above, which returns the same three.
         values, inputs_values, pictures = [], [], {}
@@ -371,6 +451,7 @@ class TensorBoardViews(StepViews):
         for k, index in enumerate(sample_indices):
             label = None if labels is None else _label(labels[k])
             header = self.header(index, label, predictions[k], class_names)
+            header += f" · {negligible[k]}" if negligible[k] else ""
             name = sample_tag(index)
             images = {f"gae_heatmaps/{name}": self.picture(modality, shown, inputs, k, shown_maps, ranges, header, flags)}
             if self.add_column(modality, shown[k], index, step, shown_maps, ranges, k, header) and self.strip_due(index, last):
@@ -410,7 +491,8 @@ class TensorBoardViews(StepViews):
         """The faithfulness of a step that draws nothing (the subset scored when fit ends): its curves for the
         GAE tab, the Text tab's ``gae_faithfulness`` table and the Custom Scalars layout of its metrics; the
         loggers write the scalars themselves."""
-        values = self._curve_values(curves) + self._table_values(scalars) + _score_values(scalars) + _region_values(scalars)
+        values = (self._curve_values(curves) + self._table_values(scalars, curves) + _score_values(scalars)
+                  + _region_values(scalars))
         for writer in writers:
             layout = self._layout(writer, scalars)
             if layout:
@@ -421,8 +503,8 @@ class TensorBoardViews(StepViews):
             self._runs.write(writer, step, scalars)
 
     @staticmethod
-    def _table_values(scalars: Mapping[str, float] | None) -> list[Summary.Value]:
-        table = faithfulness_table(scalars or {})
+    def _table_values(scalars: Mapping[str, float] | None, curves: Curves | None = None) -> list[Summary.Value]:
+        table = faithfulness_table(scalars or {}, curves)
         return [] if table is None else list(text_summary.text_pb("gae_faithfulness", table).value)
 
     @staticmethod
@@ -451,7 +533,7 @@ class TensorBoardViews(StepViews):
 
         ``inputs_values`` (the tracked samples' inputs) go to each writer once, the first time it is written to.
         """
-        values = (values + self._curve_values(curves) + self._table_values(scalars) + _score_values(scalars)
+        values = (values + self._curve_values(curves) + self._table_values(scalars, curves) + _score_values(scalars)
                   + _region_values(scalars))
         for writer in writers:
             key = _writer_key(writer)

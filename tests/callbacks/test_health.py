@@ -5,6 +5,7 @@ standard error, and the rank tables tie the methods that the standard errors do 
 import itertools
 import json
 import math
+import re
 import warnings
 
 import pytest
@@ -15,8 +16,12 @@ from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from lightning_gae.callbacks.health import Health, health_flags
 from lightning_gae.metrics.functional.health import differs_beyond_stderr
 from lightning_gae.tensorboard.summary import rank_labels
+from torch.utils.data import DataLoader
+
+from lightning_gae import TextTokens
 from recipes.common import TensorDictDataset
 from recipes.text_rationales import BertReviewClassifier, ReviewsDataModule, ReviewTokens, make_reviews
+from tests.helpers.hf_modules import HFModule, tiny_bert
 
 POSITIVE = "positive_perturbation_auc"  # lower is better
 NEGATIVE = "negative_perturbation_auc"  # higher is better
@@ -130,15 +135,47 @@ def test_not_better_than_random_is_raised_when_it_holds_at_two_scored_steps_in_a
     assert len([w for w in said if "gae's explanation is not faithful" in str(w.message)]) == 1
 
 
-def test_a_flag_beside_the_identity_needs_most_rows_negligible_and_is_raised_once():
+def test_a_flag_beside_the_identity_names_the_share_of_samples_and_is_raised_once():
     scalars = _scalars(POSITIVE, {"gae": 40.0, "rollout": 41.0, "random": 73.0}, {"gae": 2.0, "rollout": 2.0, "random": 2.0})
-    half = torch.tensor([0.0, 0.0, 3e-7, 0.2])          # three of four rows below 1e-5 of the identity
-    flags = health_flags(3, scalars, {"gae": half})
+    # The issue's small BERT: 15 of 32 scored samples (47%) with GAE's largest relevance beside the identity ~1e-6.
+    bert = torch.cat([torch.full((15,), 7.7e-7), torch.linspace(2e-4, 5e-2, 17)])
+    flags = health_flags(3, scalars, {"samples of the faithfulness subset": {"gae": bert}})
     assert [(f.method, f.cause) for f in flags] == [("gae", "identity")]
-    assert "below 1e-05 in 75% of them" in flags[0].finding and "rollout 41 ± 2" in flags[0].best
-    assert "vanish beside the identity" in flags[0].text()
-    assert health_flags(3, scalars, {"gae": torch.tensor([0.0, 0.01, 0.2, 0.3])}) == []   # an untrained model's scale
-    assert health_flags(3, scalars, {"gae": half}, raised={("gae", "identity")}) == []
+    assert "negligible on 15 of 32 samples of the faithfulness subset (47%)" in flags[0].finding
+    assert "7.7e-07" in flags[0].finding
+    assert "rollout 41 ± 2" in flags[0].best and "vanish beside the identity" in flags[0].text()
+    subset = {"samples of the faithfulness subset": {"gae": bert}}
+    assert health_flags(3, scalars, subset, raised={("gae", "identity")}) == []
+    # Whatever the schedule: the tracked samples of a step that scores nothing are enough, with no faithfulness at all.
+    (flag,) = health_flags(4, {}, {"tracked samples": {"gae": torch.tensor([0.0, 3e-7, 0.2, 0.3])}})
+    assert "on 2 of 4 tracked samples (50%)" in flag.finding and "not scored at this step" in flag.faithfulness
+    # The larger set is named where both are; a healthy scale (an untrained model's included) and one stray sample in
+    # 32 raise nothing.
+    (flag,) = health_flags(5, {}, {"tracked samples": {"gae": torch.zeros(4)},
+                                       "samples of the faithfulness subset": {"gae": bert}})
+    assert "15 of 32 samples of the faithfulness subset" in flag.finding
+    assert health_flags(3, scalars, {"tracked samples": {"gae": torch.tensor([8e-5, 0.01, 0.2, 0.3])}}) == []
+    assert health_flags(3, scalars, {"tracked samples": {"gae": torch.cat([torch.zeros(1), torch.full((31,), 0.1)])}}) == []
+
+
+def test_health_checks_the_tracked_samples_at_every_step_and_keeps_its_state_as_plain_data():
+    from lightning.pytorch import Trainer
+
+    trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    below = _scalars(POSITIVE, {"gae": 70.0, "rollout": 40.0, "random": 73.0}, {"gae": 2.0, "rollout": 2.0, "random": 2.0})
+    health = Health()
+    health.check(trainer, 10, below)
+    # A step that scores nothing neither forgets the scored step before nor hides a degenerate map.
+    with pytest.warns(UserWarning, match=r"negligible on 3 of 4 tracked samples \(75%\)"):
+        health.check(trainer, 15, {}, {"gae": torch.tensor([[0.0, 1e-7, 0.0], [0.0, 0.0, 0.0], [0.0, 2e-6, 0.0],
+                                                             [0.0, 0.3, 0.1]]), "rollout": torch.zeros(4, 3)})
+    health.check(trainer, 20, below)
+    assert [(f.step, f.method, f.cause) for f in health.flags] == [(15, "gae", "identity"), (20, "gae", "random")]
+    state = health.state_dict()
+    assert json.loads(json.dumps(state)) == state      # plain data
+    restored = Health()
+    restored.load_state_dict(state)
+    assert restored.flags == health.flags and restored.state_dict() == state
 
 
 def _reviews(max_length: int = 16):
@@ -185,7 +222,7 @@ def test_a_saturated_bert_flags_gae_and_names_a_more_faithful_method(tmp_path, m
     assert "rollout" in flag.best and "gae" not in flag.best.split(":", 1)[1]
     assert f"{POSITIVE} " in flag.faithfulness and "vs random" in flag.faithfulness
     # Once in the terminal per method and cause, with the step, the numbers, the best method and the cause.
-    ours = [m for m in said if "largest relevance beside the identity" in m]
+    ours = [m for m in said if "relevance beside the identity is negligible on" in m]
     assert len(ours) == 1 and f"step {flag.step}: gae's" in ours[0] and "rollout" in ours[0]
     assert "vanish beside the identity" in ours[0] and "± " in ours[0]
     # In the summary printed when fit ends.
@@ -209,3 +246,57 @@ def test_a_bert_that_every_method_explains_above_the_floor_raises_no_flag(tmp_pa
     assert said == [] and callback.run.health.flags == []
     assert "flags (" not in callback.summary and f"{POSITIVE}" in callback.summary
     assert "gae_health/text_summary" not in read_events(trainer.logger.log_dir).Tags()["tensors"]
+
+
+class SpuriousWordBert(HFModule):
+    """A Hugging Face BERT from a tiny config, trained briskly (AdamW, 3e-3) on sentences labelled by one word."""
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=3e-3)
+
+
+def _spurious_sentences(n: int, seed: int) -> list[dict]:
+    """Random sentences of 12 ids after a CLS id 1; 45% hold the word 7 somewhere, and their label is 1."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 40, (n, 12), generator=generator)
+    ids[:, 0] = 1
+    ids[ids == 7] = 8
+    has = torch.rand(n, generator=generator) < 0.45
+    place = torch.randint(1, 12, (n,), generator=generator)
+    ids[has, place[has]] = 7
+    return [{"input_ids": i, "attention_mask": torch.ones_like(i), "labels": y} for i, y in zip(ids, has.long())]
+
+
+@pytest.mark.slow
+def test_a_bert_that_decides_by_one_word_flags_gae_on_the_share_of_samples_whatever_the_schedule(
+        tmp_path, make_trainer, read_events):
+    # Within its first epoch (~2 s) the model decides by the word alone and saturates on the sentences that hold it:
+    # GAE's largest relevance beside the identity is ~1e-7 or exactly 0 there, ~1e-4 on the others. No perturbation
+    # metric is scored (FaithfulnessOptions(metrics=())), so only the tracked samples of each step can tell.
+    seed_everything(0)
+    model = SpuriousWordBert(tiny_bert(vocab_size=40, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+    callback = GAECallback(num_samples=8, every_n_epochs=1, methods=("gae", "rollout"),
+                           modality=TextTokens(special_ids=[1], pad_id=0), faithfulness=FaithfulnessOptions(metrics=()))
+    trainer = make_trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=None, limit_val_batches=None)
+    with warnings.catch_warnings(record=True) as records:
+        warnings.simplefilter("always")
+        trainer.fit(model, train_dataloaders=DataLoader(_spurious_sentences(2000, 0), batch_size=64, shuffle=True),
+                    val_dataloaders=DataLoader(_spurious_sentences(64, 1), batch_size=64))
+    (flag,) = callback.run.health.flags
+    assert (flag.method, flag.cause) == ("gae", "identity")
+    found = re.search(r"negligible on (\d+) of (\d+) (tracked samples|samples of the faithfulness subset) \((\d+)%\)",
+                      flag.finding)
+    assert found is not None and int(found[4]) == round(100 * int(found[1]) / int(found[2])) >= 25
+    said = [str(w.message) for w in records if "explanation is not faithful" in str(w.message)]
+    assert len(said) == 1 and found[0] in said[0] and found[0] in callback.summary
+    # Each negligible map says so in its sample's picture (its header; the Text tab's table carries the same).
+    events = read_events(trainer.logger.log_dir)
+    texts = {tag: e.tensor_proto.string_val[0].decode().replace("\\", "") for tag in events.Tags()["tensors"]
+             if tag.startswith("gae_tokens/") for e in events.Tensors(tag) if e.step == flag.step}
+    noted = [float(m) for text in texts.values() for m in re.findall(r"gae: negligible beside the identity \(max (\S+)\)",
+                                                                      text)]
+    assert noted and all(m < 1e-5 for m in noted) and len(noted) < len(texts) == 8
+    assert not any("rollout: negligible" in text for text in texts.values())

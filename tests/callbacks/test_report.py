@@ -5,12 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 import pytest
 from lightning.pytorch import seed_everything
 
+from torch.utils.data import DataLoader
+
+from lightning_gae import TextTokens
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
-from lightning_gae.tensorboard.summary import rank_labels
+from lightning_gae.tensorboard.summary import rank_labels, tie_note
 from recipes.digits import DigitsDataModule
+from tests.helpers.hf_modules import Batches, TextByName, ids_and_mask, tiny_bert
 from tests.helpers.models import small_vit
 from tests.helpers.report import HEADER, assert_printed_as_logged, section, value_and_error
 
@@ -140,3 +146,52 @@ def test_a_fit_on_loaders_is_told_to_validate_on_loaders_and_the_hint_works_when
     assert hint == ["trainer.validate(trainer.lightning_module, dataloaders=trainer.val_dataloaders)"]
     eval(hint[0], {"trainer": trainer})  # as printed
     assert "faithfulness (40 validation samples at step" in capsys.readouterr().out
+
+
+def test_a_model_that_predicts_one_class_says_why_every_method_ties(tmp_path, make_trainer, read_events, capsys):
+    # A Hugging Face BERT whose classifier's bias always picks class 0: removing tokens in any order leaves every
+    # prediction as it was, so every method, random included, scores the accuracy of class 0 with the same error.
+    seed_everything(0)
+    model = TextByName(tiny_bert())
+    with torch.no_grad():
+        model.model.classifier.bias.copy_(torch.tensor([1e3, -1e3]))
+
+    def sample(i):
+        ids, mask = ids_and_mask(i)
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor(int(i % 3 == 0))}
+
+    callback = GAECallback(num_samples=2, methods=("gae", "rollout"), modality=TextTokens(special_ids=[2], pad_id=0),
+                           faithfulness=FaithfulnessOptions(samples=24, interim_samples=0))
+    trainer = make_trainer(tmp_path, [callback], max_epochs=1, limit_train_batches=1, limit_val_batches=None)
+    trainer.fit(model, train_dataloaders=DataLoader(Batches(sample, n=8), batch_size=8),
+                val_dataloaders=DataLoader(Batches(sample, n=24), batch_size=8))
+    out = capsys.readouterr().out
+    assert "#k= where the errors over 24 samples do not tell methods apart" in out
+    header, *rows = section(out, "faithfulness (")
+    assert {cell.rsplit(" ", 1)[1] for _, *cells in rows for cell in cells} == {"#1="}
+    (ties,) = [line for line in out.splitlines() if line.startswith("ties: ")]
+    assert "every method, random included, scores the same on negative_perturbation_auc (" in ties
+    assert "over 24 samples)" in ties and "predicts one class" in ties
+    # The Text tab's table says the same.
+    events = read_events(trainer.logger.log_dir)
+    tables = [e.tensor_proto.string_val[0].decode() for e in events.Tensors("gae_faithfulness")]
+    assert tables and all("ties: every method, random included, scores the same" in t for t in tables)
+
+
+def test_ties_that_the_errors_make_name_the_samples_and_what_to_do():
+    scalars = {"positive_perturbation_auc/gae": 40.0, "positive_perturbation_auc/gae/stderr": 8.0,
+               "positive_perturbation_auc/random": 48.0, "positive_perturbation_auc/random/stderr": 8.0,
+               "faithfulness_samples": 32.0}
+    note = tie_note(scalars)
+    assert note is not None
+    assert "no method is told apart from another, random included, on positive_perturbation_auc" in note
+    assert "over 32 samples" in note and "FaithfulnessOptions(samples=" in note and "at chance" in note
+    # Told apart: nothing to explain.
+    assert tie_note({**scalars, "positive_perturbation_auc/gae/stderr": 0.5,
+                     "positive_perturbation_auc/random/stderr": 0.5}) is None
+    # Equal values whose curves still move are not a model that ignores the removal: a tie of the errors.
+    curves = {"positive_perturbation_auc": {m: ([0.0, 0.5], torch.tensor([1.0, 0.4])) for m in ("gae", "random")}}
+    same = {**scalars, "positive_perturbation_auc/gae": 48.0}
+    assert tie_note(same, curves).startswith("no method is told apart")
+    flat = {"positive_perturbation_auc": {m: ([0.0, 0.5], torch.tensor([0.45, 0.45])) for m in ("gae", "random")}}
+    assert tie_note(same, flat).startswith("every method, random included, scores the same")

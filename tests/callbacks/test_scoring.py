@@ -78,7 +78,9 @@ def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weig
     assert header == ["method", "negative_perturbation_auc", "positive_perturbation_auc"]
     rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:]
                                               if line.startswith("|"))}
-    assert lines[-1] == "value ± standard error over 16 validation samples"
+    count = lines.index("value ± standard error over 16 validation samples")
+    # Then, where every method ties on a metric, why (on 16 samples of a model trained 8 steps, they may).
+    assert all(line.startswith("ties: ") for line in lines[count + 1:] if line)
     assert set(rows) == {"gae", "random"}
     for method, cells in rows.items():
         for metric, cell in zip(header[1:], cells):

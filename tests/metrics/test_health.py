@@ -12,6 +12,7 @@ from lightning_gae.metrics.functional.health import (
     differs_beyond_stderr,
     identity_dominated,
     not_better_than_random,
+    relevance_concentration,
     tied_groups,
 )
 
@@ -138,3 +139,28 @@ def test_a_gae_row_that_shrank_to_the_identity_is_flagged_and_a_live_one_is_not(
     shrunk = lg.explain(model, images, target=0).tokens
     assert not identity_dominated(live).any() and identity_dominated(shrunk).all()
     torch.testing.assert_close(beside_identity(shrunk), 1e-6 * beside_identity(live), rtol=1e-2, atol=0)
+
+
+def test_relevance_concentration_is_a_share_for_every_registered_method():
+    # A tiny Hugging Face BERT (seed 1): AttnLRP's signed relevance sums to ~4e-4 on one sentence, and the share of a
+    # signed total reached 2.5e6 there; the share of the positive part always lies in [0, 1].
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from lightning_gae.attribution import attribute
+    from lightning_gae.methods.registry import method_names
+
+    torch.manual_seed(1)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+        max_position_embeddings=32, num_labels=2)).eval()
+    ids = torch.randint(5, 50, (16, 12))
+    ids[:, 0] = 1
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    for method in method_names():
+        relevance = attribute(method, model, inputs).reshape(16, -1)
+        shares = relevance_concentration(relevance, 0.1)
+        assert not shares.isnan().all(), method
+        assert 0.0 <= shares.nanmean().item() <= 1.0, (method, shares)
+        assert ((shares >= 0) & (shares <= 1) | shares.isnan()).all(), (method, shares)
+    # No positive relevance, no share: NaN.
+    assert relevance_concentration(torch.tensor([[0.0, 0.0], [-1.0, -2.0]]), 0.5).isnan().all()

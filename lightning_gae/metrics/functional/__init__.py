@@ -21,6 +21,7 @@ from lightning_gae.metrics.functional.health import (
     differs_beyond_stderr,
     identity_dominated,
     not_better_than_random,
+    relevance_concentration,
     tied_groups,
 )
 from lightning_gae.metrics.functional.regions import RegionRemoval, region_recall, region_removal_drop, region_share
@@ -52,6 +53,7 @@ __all__ = [
     "region_recall",
     "region_removal_drop",
     "region_share",
+    "relevance_concentration",
     "relevance_segmentation",
     "sufficiency",
     "tied_groups",

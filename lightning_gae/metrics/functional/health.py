@@ -10,6 +10,8 @@ trusted or when two scores cannot be told apart.
 - A method that does not beat random relevance beyond the standard error is not shown to be faithful:
   :func:`not_better_than_random`.
 - Methods whose values the standard errors do not tell apart are tied: :func:`tied_groups`.
+- How much of a map's (positive) relevance its top tokens hold, a share in [0, 1] for signed relevance too:
+  :func:`relevance_concentration`.
 
 The standard-error rule is the project's (README, "Faithfulness over training"): two values differ at ~95%
 when their difference exceeds :data:`STDERR_FACTOR` times the standard error of the difference,
@@ -32,6 +34,7 @@ __all__ = [
     "differs_beyond_stderr",
     "identity_dominated",
     "not_better_than_random",
+    "relevance_concentration",
     "tied_groups",
 ]
 
@@ -87,8 +90,8 @@ def identity_dominated(relevance: Tensor, query: int | Tensor | None = None,
     """bool ``[B]``: the rows whose relevance outside the read-out token is negligible beside the identity,
     :func:`beside_identity` below ``tolerance`` (a NaN row is not: it is broken, not dominated).
 
-    A method is flagged when most of its rows are (e.g. ``identity_dominated(exp.tokens).float().mean() >= 0.5``):
-    its ranking of the other tokens is then round-off.
+    GAECallback flags a method when a quarter of its rows are (``identity_dominated(exp.tokens).float().mean() >=
+    0.25``): the ranking of the other tokens is round-off on those samples.
 
     >>> import torch
     >>> identity_dominated(torch.tensor([[0.0, 1e-6, 0.0], [0.0, 0.0, 0.0], [0.0, 0.2, 0.05]]))
@@ -177,3 +180,28 @@ def tied_groups(values: Mapping[str, float], stderrs: Mapping[str, float], highe
         else:
             groups.append([name])
     return groups + [[name] for name in values if math.isnan(values[name])]
+
+
+def relevance_concentration(tokens: Tensor, top_fraction: float) -> Tensor:
+    r"""Per sample, the share of its positive relevance that its top ``top_fraction`` of tokens hold, in [0, 1].
+
+    .. math:: c = \frac{\sum_{n \in \mathrm{top}_k} r_n^+}{\sum_n r_n^+}, \qquad r^+ = \max(r, 0),
+        \quad k = \max(1, \mathrm{round}(\mathrm{top\_fraction} \cdot N))
+
+    Signed relevance (AttnLRP, gradients) has a total near 0 on some samples, and a share of it is then no share;
+    the positive part is what speaks for the explained class, and its share is one (the region shares are defined
+    the same way). A sample without positive relevance (all zero, or all negative) has no share: NaN.
+
+    Args:
+        tokens: ``[B, N]`` relevance.
+        top_fraction: the share of the tokens counted as the top, in (0, 1].
+
+    >>> import torch
+    >>> relevance_concentration(torch.tensor([[4.0, -3.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]]), 0.25)
+    tensor([0.8000,    nan])
+    """
+    positive = tokens.detach().float().clamp(min=0)
+    k = max(1, round(top_fraction * positive.shape[1]))
+    total = positive.sum(dim=1)
+    top = positive.topk(k, dim=1).values.sum(dim=1)
+    return torch.where(total > 0, top / total.clamp(min=torch.finfo(total.dtype).tiny), torch.nan).clamp(max=1.0)
