@@ -2,9 +2,9 @@
 
 Plain text, the same on every terminal and in a log file: the faithfulness rows are the Text tab's
 ``gae_faithfulness`` table (:func:`lightning_gae.tensorboard.summary.faithfulness_rows`), from the same scalars, each
-value with its rank (:func:`lightning_gae.tensorboard.summary.rank_labels`: tied where the errors do not tell apart),
+value with its rank (:func:`lightning_gae.tensorboard.ranks.rank_labels`: tied where the errors do not tell apart),
 the number of samples behind the ranks, and why every method ties where they all do
-(:func:`lightning_gae.tensorboard.summary.tie_note`).
+(:func:`lightning_gae.tensorboard.ranks.tie_note`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from lightning_gae.callbacks._state import RunState
 from lightning_gae.callbacks._loggers import event_logs, only_dummy_loggers
 from lightning_gae.methods.random import RANDOM
 from lightning_gae.metrics import PERTURBATION_METRICS
-from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, Curves, faithfulness_rows, rank_labels, tie_note
+from lightning_gae.tensorboard.summary import faithfulness_rows
+from lightning_gae.tensorboard.ranks import FAITHFULNESS_SAMPLES, Curves, rank_labels, tie_note
 
 __all__ = ["fit_report", "run_summary", "text_table", "whole_subset_hint", "why_no_logs", "why_not_scored"]
 
@@ -104,7 +105,7 @@ def fit_report(metrics: Mapping[str, float], scores: Mapping[str, float] | None,
         stage: ``"fit"``, ``"validate"`` or ``"test"``: the run that ended.
         elsewhere: lines on what the loggers that are not TensorBoard got.
         curves: the perturbation metrics' mean curves of ``scores``, which tell why every method ties where they do
-            (:func:`~lightning_gae.tensorboard.summary.tie_note`).
+            (:func:`~lightning_gae.tensorboard.ranks.tie_note`).
     """
     lines = ["", f"GAECallback: {_ENDED.get(stage, f'the {stage} ended')}"]
     if metrics:

@@ -28,7 +28,8 @@ from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.methods.random import RANDOM
 from lightning_gae.metrics.functional import explanation_stability, relevance_concentration
 from lightning_gae.modalities.tokens import Modality
-from lightning_gae.tensorboard.summary import FAITHFULNESS_SAMPLES, scalar_tag
+from lightning_gae.tensorboard.summary import scalar_tag
+from lightning_gae.tensorboard.ranks import FAITHFULNESS_SAMPLES
 from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore
 
 __all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "finite_scalars", "relevance_scalars",

@@ -38,7 +38,8 @@ from lightning_gae.metrics.functional.health import (
     not_better_than_random,
     tied_groups,
 )
-from lightning_gae.tensorboard.summary import higher_is_better, write_health
+from lightning_gae.tensorboard.summary import write_health
+from lightning_gae.tensorboard.ranks import higher_is_better
 
 __all__ = ["CAUSES", "DOMINATED_SHARE", "FLOOR", "Health", "HealthFlag", "health_flags"]
 

@@ -38,9 +38,8 @@ from torch import Tensor
 from lightning_gae._structures import map_tensors
 from lightning_gae.display import Scale
 from lightning_gae.engine.readout import Explanation
-from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.methods import methods_of
-from lightning_gae.metrics.functional.health import IDENTITY_TOLERANCE, beside_identity, tied_groups
+from lightning_gae.metrics.functional.health import IDENTITY_TOLERANCE, beside_identity
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.tensorboard import metadata
 from lightning_gae.tensorboard.method_runs import (
@@ -53,16 +52,12 @@ from lightning_gae.tensorboard.method_runs import (
     restart_event,
     scalar_group,
 )
+from lightning_gae.tensorboard.ranks import FAITHFULNESS_SAMPLES, Curves, higher_is_better, tie_note
 from lightning_gae.tensorboard.views import SetInput, StepViews, bounded, markdown_cell, markdown_text
 
-__all__ = ["FAITHFULNESS_SAMPLES", "RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout",
-           "faithfulness_rows", "faithfulness_table", "higher_is_better", "negligible_notes", "rank_labels", "sample_tag",
-           "scalar_tag", "tie_note", "write_alerts", "write_health"]
-
-Curves = Mapping[str, Mapping[str, tuple[Sequence[float], Tensor]]]
-
-FAITHFULNESS_SAMPLES = "faithfulness_samples"
-"""The scalar that says how many samples a step's faithfulness scalars were scored on."""
+__all__ = ["RELEVANCE_SCALARS", "SetInput", "TensorBoardViews", "custom_scalars_layout",
+           "faithfulness_rows", "faithfulness_table", "negligible_notes", "sample_tag", "scalar_tag", "write_alerts",
+           "write_health"]
 
 
 def scalar_tag(metric: str, method: str) -> str:
@@ -139,37 +134,6 @@ def faithfulness_table(scalars: Mapping[str, float], curves: Curves | None = Non
     return "\n".join(lines)
 
 
-def higher_is_better(metric: str) -> bool:
-    """Which way ``metric``'s methods rank: a perturbation metric's own ``higher_is_better``; every ground-truth
-    score the callback logs (segmentation, rationale agreement, alignment accuracy) is better higher."""
-    found = PERTURBATION_METRICS.get(metric)
-    # The table holds callables; every one declares higher_is_better (register_metric admits no other).
-    return True if found is None else bool(getattr(found, "higher_is_better", True))
-
-
-def rank_labels(scalars: Mapping[str, float]) -> dict[str, dict[str, str]]:
-    """Metric -> method -> its rank among the step's methods (``random`` included): ``"#k"``, or ``"#k="`` for
-    methods that the standard errors do not tell apart, which share their rank
-    (:func:`~lightning_gae.metrics.functional.health.tied_groups`; a method without a standard error ties).
-
-    >>> rank_labels({"positive_perturbation_auc/gae": 30.0, "positive_perturbation_auc/gae/stderr": 1.0,
-    ...              "positive_perturbation_auc/rollout": 31.0, "positive_perturbation_auc/rollout/stderr": 1.0,
-    ...              "positive_perturbation_auc/random": 45.0, "positive_perturbation_auc/random/stderr": 1.0})
-    {'positive_perturbation_auc': {'gae': '#1=', 'rollout': '#1=', 'random': '#2'}}
-    """
-    values: dict[str, dict[str, float]] = {}
-    for tag, value in scalars.items():
-        parts = tag.split("/")
-        if len(parts) == 2 and is_faithfulness(parts[0]):
-            values.setdefault(parts[0], {})[parts[1]] = value
-    out: dict[str, dict[str, str]] = {}
-    for metric, by_method in values.items():
-        errors = {m: scalars.get(f"{metric}/{m}/stderr", float("nan")) for m in by_method}
-        groups = tied_groups(by_method, errors, higher_is_better(metric))
-        out[metric] = {m: f"#{k}" + ("=" if len(group) > 1 else "") for k, group in enumerate(groups, 1) for m in group}
-    return out
-
-
 def _literal_markdown(text: str) -> str:
     """An entry's text as markdown that shows every user string (a region's, method's or class's name) literally
     (:func:`~lightning_gae.tensorboard.views.markdown_text`); the entries' own structure, a ``**headline**`` and
@@ -202,62 +166,6 @@ def negligible_notes(explanations: Mapping[str, Explanation]) -> list[str]:
             if largest < IDENTITY_TOLERANCE:
                 notes[k].append(f"{method}: negligible beside the identity (max {largest:.2g})")
     return ["; ".join(n) for n in notes]
-
-
-def _flat(values: Tensor) -> bool:
-    """Every value the same, to round-off (NaN: not)."""
-    values = values.detach().double()
-    spread = float(values.max() - values.min()) if values.numel() else float("nan")
-    return spread <= 1e-9 * max(1.0, float(values.abs().max()))
-
-
-def tie_note(scalars: Mapping[str, float], curves: Curves | None = None) -> str | None:
-    """Why a step's ranking ties every method (random included) on some metric, and the number of samples behind it;
-    None where every metric tells some methods apart.
-
-    Two causes are told apart:
-
-    - every method scores the same: its perturbation curves (``curves``, the metrics' mean curves) are flat, or
-      without curves every value and standard error is equal. Removing tokens in any order then changes the model's
-      predictions alike, which is a model whose predictions do not change under perturbation (one that predicts one
-      class whatever the input): the ranking says nothing about the methods;
-    - the values differ but not beyond the standard errors (:func:`rank_labels`): too few samples, or a model at chance
-      that no token decides.
-
-    >>> tie_note({"positive_perturbation_auc/gae": 45.0, "positive_perturbation_auc/gae/stderr": 8.1,
-    ...           "positive_perturbation_auc/random": 45.0, "positive_perturbation_auc/random/stderr": 8.1,
-    ...           "faithfulness_samples": 32.0}).split(":")[0]
-    'every method, random included, scores the same on positive_perturbation_auc (45 ± 8.1 over 32 samples)'
-    """
-    values: dict[str, dict[str, float]] = {}
-    for tag, value in scalars.items():
-        parts = tag.split("/")
-        if len(parts) == 2 and is_faithfulness(parts[0]):
-            values.setdefault(parts[0], {})[parts[1]] = value
-    count = scalars.get(FAITHFULNESS_SAMPLES)
-    over = "" if count is None else f" over {int(count)} samples"
-    same, tied = [], []
-    for metric, by_method in sorted(values.items()):
-        if len(by_method) < 2:
-            continue
-        errors = {m: scalars.get(f"{metric}/{m}/stderr", float("nan")) for m in by_method}
-        drawn = (curves or {}).get(metric, {})
-        equal = _flat(torch.tensor(list(by_method.values()))) and _flat(torch.tensor(list(errors.values())))
-        if equal and (set(drawn) < set(by_method) or all(_flat(curve) for _, curve in drawn.values())):
-            value, error = next(iter(by_method.values())), next(iter(errors.values()))
-            same.append(f"{metric} ({value:.4g} ± {error:.2g}{over})")
-        elif len(tied_groups(by_method, errors, higher_is_better(metric))) == 1:
-            tied.append(metric)
-    notes = []
-    if same:
-        notes.append(f"every method, random included, scores the same on {', '.join(same)}: removing tokens in any "
-                     "order leaves the model's predictions as they were (its perturbation curves are flat), as for a "
-                     "model that predicts one class whatever the input; these ranks say nothing about the methods")
-    if tied:
-        notes.append(f"no method is told apart from another, random included, on {', '.join(tied)}: the standard "
-                     f"errors{over} are wider than the differences; score more samples (FaithfulnessOptions(samples=..., "
-                     "interim_samples=...)), or check whether the model is at chance (no token decides its prediction)")
-    return "; ".join(notes) or None
 
 
 def _write_marks(writers: Sequence[Any], step: int, text_tag: str, kind: str, names: tuple[str, str],

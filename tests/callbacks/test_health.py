@@ -15,7 +15,7 @@ from lightning.pytorch import seed_everything
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from lightning_gae.callbacks.health import Health, health_flags
 from lightning_gae.metrics.functional.health import differs_beyond_stderr
-from lightning_gae.tensorboard.summary import rank_labels
+from lightning_gae.tensorboard.ranks import rank_labels
 from torch.utils.data import DataLoader
 
 from lightning_gae import TextTokens

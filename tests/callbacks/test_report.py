@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from lightning_gae import TextTokens
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
-from lightning_gae.tensorboard.summary import rank_labels, tie_note
+from lightning_gae.tensorboard.ranks import rank_labels, tie_note
 from recipes.digits import DigitsDataModule
 from tests.helpers.hf_modules import Batches, TextByName, ids_and_mask, tiny_bert
 from tests.helpers.models import small_vit
