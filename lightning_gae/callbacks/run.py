@@ -28,8 +28,8 @@ from lightning_gae.callbacks._explainer import Explainer
 from lightning_gae.callbacks._loggers import (elsewhere_lines, image_loggers, log_pictures, log_scalars, logger_note,
                                               only_dummy_loggers, writers)
 from lightning_gae.callbacks._preflight import check_explanations
-from lightning_gae.callbacks._regions import (RegionAlert, announce, new_alerts, region_masks, region_scalars,
-                                              with_data_regions)
+from lightning_gae.callbacks._regions import (RegionAlert, announce, announce_coverage, coverage_lines, new_alerts,
+                                              region_masks, region_scalars, removal_chunks, with_data_regions)
 from lightning_gae.callbacks._report import run_summary
 from lightning_gae.callbacks._schedule import final_explanation, fit_part, subset_due
 from lightning_gae.callbacks._scoring import (Curves, ScoredBatch, faithfulness, finite_scalars, relevance_scalars,
@@ -187,6 +187,8 @@ class Run:
                 except Exception as err:
                     raise ValueError(f"GAECallback(regions=RegionOptions(...)) does not fit the tracked samples with "
                                      f"{state.modality!r}: {type(err).__name__}: {err}") from err
+                if trainer.is_global_zero:
+                    announce_coverage(writers(trainer), trainer.global_step, state.region_masks)
 
     def _model_inputs(self, trainer: Trainer, pl_module: LightningModule) -> Any:
         # The loops cast every batch to the precision ("bf16-true", "16-true"); the kept samples need the same.
@@ -296,9 +298,15 @@ class Run:
         if self.first_regions is None:
             self.first_regions = {t: v for t, v in scalars.items() if t.startswith("region_share_")}
         module = self.state.readout if self.state.readout is not None else pl_module
+        subset, modality, max_batch = self.state.scored, self.state.modality, self.args.faithfulness.max_batch
+        removal = None
+        if subset is not None and self.state.readout is None and modality is not None:
+            # The removal check runs on the faithfulness subset, more samples than the tracked ones.
+            move = lambda x: trainer.precision_plugin.convert_input(map_tensors(x, lambda t: t.to(pl_module.device)))  # noqa: E731
+            removal = lambda region: (removal_chunks(subset, region, modality, move, max_batch), "faithfulness subset")  # noqa: E731
         announce(trainer, writers(trainer), step, self.alerts, self.args.regions.stop_on_shortcut, new_alerts(
             self.args.regions, self.state, scalars, shares, self.first_regions, self.alerts, module, inputs, step,
-            (self.reported or ("", None))[1], self.args.batches.seed))
+            (self.reported or ("", None))[1], self.args.batches.seed, removal))
 
     def _remember(self, scalars: dict[str, float], scored_on: str) -> None:
         """Keep the faithfulness scalars just logged (if the step scored any) for the summary printed when fit ends."""
@@ -416,7 +424,8 @@ class Run:
         if stage != "fit" and (self.last_scored is None or self.last_scored[0] != stage):
             self.reported = self.not_scored = None
         alerts = [alert.text(indent="  ") for alert in self.alerts]
-        after = [*(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else []),
+        after = [*coverage_lines(self.state.region_masks),
+                 *(["alerts (declared regions whose share of relevance differs from chance):", *alerts] if alerts else []),
                  *self.health.summary_lines()]
         return run_summary(trainer, self.reported, self.not_scored, self.state, self.args.faithfulness.metrics, after,
                            elsewhere_lines(trainer))
