@@ -43,7 +43,7 @@ __all__ = ["NOT_SCORED", "RegionAlert", "alert_tokens", "announce", "announce_co
            "faithfulness_beside", "new_alerts", "region_masks", "region_scalars", "removal_chunks", "removal_verdict",
            "share_tag", "with_data_regions"]
 
-NOT_SCORED = "not scored"
+NOT_SCORED = "not_scored"
 """The method name of a region's entry in the alerts when no tracked sample holds it (the GAE tab lists it)."""
 
 
@@ -294,7 +294,7 @@ def coverage_lines(masks: Mapping[str, Tensor]) -> list[str]:
     lines = []
     for name, (held, total) in coverage(masks).items():
         if held == 0:
-            lines.append(f"  {name!r}: {NOT_SCORED}: it matches no token of any of the {total} tracked samples")
+            lines.append(f"  {name!r}: not scored: it matches no token of any of the {total} tracked samples")
         else:
             lines.append(f"  {name!r}: scored on the {held} of {total} tracked samples that hold it")
     return ["regions (each method's share against chance):", *lines] if lines else []
@@ -307,7 +307,7 @@ def announce_coverage(writers: list[Any], step: int, masks: Mapping[str, Tensor]
     for name, (held, total) in coverage(masks).items():
         if held:
             continue
-        text = (f"region {name!r} is {NOT_SCORED}: it matches no token of any of the {total} tracked samples (an "
+        text = (f"region {name!r} is not scored: it matches no token of any of the {total} tracked samples (an "
                 "all-false mask, a token id that never occurs in them, a mask smaller than half a patch); no share, "
                 "recall or alert can come from it")
         rank_zero_warn(f"GAECallback: {text}")
