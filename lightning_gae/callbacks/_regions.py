@@ -158,10 +158,10 @@ class RegionAlert:
         floor = "" if self.floor is None or not math.isfinite(self.floor) else f", where chance puts {self.floor:.1%}"
         head = f"step {self.step}: {self.share:.0%} of {self.method}'s relevance sits on the {self.kind} region {self.region!r}{floor}"
         lean = "more" if self.kind == "suspect" else "less"
-        against = (f"share minus chance: {self.excess:+.1%} ± {self.stderr:.1%} (standard error) over {self.count} samples"
-                   f" ({lean} than chance by over {STDERR_MULTIPLE:g} standard errors and the margin)"
-                   if self.rule == "chance" else f"raised by the {self.rule} rule; share minus chance: "
-                   f"{self.excess:+.1%} ± {self.stderr:.1%} (standard error) over {self.count} samples")
+        error = f" ± {self.stderr:.1%} (standard error)" if math.isfinite(self.stderr) else " (no standard error)"
+        measured = f"share minus chance: {self.excess:+.1%}{error} over {self.count} samples"
+        against = (f"{measured} ({lean} than chance by over {STDERR_MULTIPLE:g} standard errors and the margin)"
+                   if self.rule == "chance" else f"raised by the {self.rule} rule; {measured}")
         details = [against, f"samples most affected: {self.samples}", self.faithfulness, self.removal]
         return "\n".join([indent + head, *(f"{indent}    {line}" for line in details)])
 
