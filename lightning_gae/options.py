@@ -217,11 +217,11 @@ class RegionOptions:
     a method puts more of its relevance on a *suspect* region than uniform random relevance would, per sample
     (region tokens over the tokens a region can hold in it), by more than two standard errors and by more than
     ``margin`` (:func:`~lightning_gae.metrics.regions.beyond_chance`), or less on an *evidence* region by as much,
-    the callback warns once for that method and region, with the step, the share beside chance's, the samples most affected, the
-    method's faithfulness and a removal check (the drop of the explained class's probability when the region is
-    removed, against random regions of its size: whether the model really uses it); the alert also goes to the
-    Text tab (``gae_alerts``) and to the summary printed when the run ends. ``threshold`` and ``rise`` add absolute
-    rules for suspect regions.
+    the callback warns once for that method and region, with the step, the share beside chance's, the samples most
+    affected, the method's faithfulness and a removal check (the drop of the explained class's probability when the
+    region is removed, against random regions of its size: whether the model really uses it); the alert also goes to
+    the Text tab (``gae_alerts``) and to the summary printed when the run ends. ``threshold`` and ``rise`` add
+    absolute rules for suspect regions.
 
     Args:
         regions: the regions (:class:`~lightning_gae.modalities.regions.Region`: an image mask, text token ids or a
