@@ -39,9 +39,10 @@ from lightning_gae.callbacks.samples import Samples
 from lightning_gae.options import RegionOptions
 from lightning_gae.tensorboard.summary import faithfulness_rows, write_alerts
 
-__all__ = ["NOT_SCORED", "RegionAlert", "alert_tokens", "announce", "announce_coverage", "coverage", "coverage_lines", "due_alerts",
-           "faithfulness_beside", "new_alerts", "region_masks", "region_scalars", "removal_chunks", "removal_verdict",
-           "share_tag", "with_data_regions"]
+__all__ = ["NOT_SCORED", "Due", "RegionAlert", "Removal", "alert_tokens", "announce", "announce_coverage", "coverage",
+           "coverage_lines", "due_alerts", "faithfulness_beside", "new_alerts", "region_chance", "region_masks",
+           "region_scalars", "removal_chunks", "removal_text", "removal_verdict", "share_tag", "subset_removal",
+           "with_data_regions"]
 
 NOT_SCORED = "not_scored"
 """The method name of a region's entry in the alerts when no tracked sample holds it (the GAE tab lists it)."""
@@ -129,6 +130,20 @@ def removal_chunks(samples: Samples, region: Region, modality: Modality, move: C
     for start in range(0, total, max_batch):
         inputs = take(samples.inputs, start, min(start + max_batch, total), total)
         yield move(inputs), evaluation.region_masks([region], modality, inputs)[region.name]
+
+
+Removal = Callable[[Region], tuple[Iterable[tuple[Any, Tensor]], str]]
+"""Where the removal check of a region runs: ``region -> (batches of (inputs, region mask), what they are)``."""
+
+
+def subset_removal(run: RunState, move: Callable[[Any], Any], max_batch: int) -> Removal | None:
+    """The removal check on the faithfulness subset (more samples than the tracked ones, put on the model's device by
+    ``move``, ``max_batch`` at a time) when the run has one and explains the model itself; None: on the tracked
+    samples."""
+    subset, modality = run.scored, run.modality
+    if subset is None or run.readout is not None or modality is None:
+        return None
+    return lambda region: (removal_chunks(subset, region, modality, move, max_batch), "faithfulness subset")
 
 
 @dataclass
@@ -258,8 +273,7 @@ def region_chance(masks: Mapping[str, Tensor], modality: Modality, inputs: Any) 
 def new_alerts(regions: RegionOptions, run: RunState, scalars: Mapping[str, float],
                shares: Mapping[str, Mapping[str, Tensor]], first: Mapping[str, float], raised: list[RegionAlert],
                module: nn.Module, inputs: Any, step: int, last_scores: Mapping[str, float] | None,
-               seed: int, removal: Callable[[Region], tuple[Iterable[tuple[Any, Tensor]], str]] | None = None,
-               ) -> list[RegionAlert]:
+               seed: int, removal: Removal | None = None) -> list[RegionAlert]:
     """The alerts this step raises (:func:`due_alerts`), each with the method's faithfulness (this step's, or the last
     scored) and the removal check of its region: on the samples ``removal(region)`` gives (``(chunks, what)``: the
     faithfulness subset), else on the tracked samples."""

@@ -29,7 +29,7 @@ from lightning_gae.callbacks._loggers import (elsewhere_lines, image_loggers, lo
                                               only_dummy_loggers, writers)
 from lightning_gae.callbacks._preflight import check_explanations
 from lightning_gae.callbacks._regions import (RegionAlert, announce, announce_coverage, coverage_lines, new_alerts,
-                                              region_masks, region_scalars, removal_chunks, with_data_regions)
+                                              region_masks, region_scalars, subset_removal, with_data_regions)
 from lightning_gae.callbacks._report import run_summary
 from lightning_gae.callbacks._schedule import final_explanation, fit_part, subset_due
 from lightning_gae.callbacks._scoring import (Curves, ScoredBatch, faithfulness, finite_scalars, relevance_scalars,
@@ -298,12 +298,8 @@ class Run:
         if self.first_regions is None:
             self.first_regions = {t: v for t, v in scalars.items() if t.startswith("region_share_")}
         module = self.state.readout if self.state.readout is not None else pl_module
-        subset, modality, max_batch = self.state.scored, self.state.modality, self.args.faithfulness.max_batch
-        removal = None
-        if subset is not None and self.state.readout is None and modality is not None:
-            # The removal check runs on the faithfulness subset, more samples than the tracked ones.
-            move = lambda x: trainer.precision_plugin.convert_input(map_tensors(x, lambda t: t.to(pl_module.device)))  # noqa: E731
-            removal = lambda region: (removal_chunks(subset, region, modality, move, max_batch), "faithfulness subset")  # noqa: E731
+        removal = subset_removal(self.state, lambda x: trainer.precision_plugin.convert_input(
+            map_tensors(x, lambda t: t.to(pl_module.device))), self.args.faithfulness.max_batch)
         announce(trainer, writers(trainer), step, self.alerts, self.args.regions.stop_on_shortcut, new_alerts(
             self.args.regions, self.state, scalars, shares, self.first_regions, self.alerts, module, inputs, step,
             (self.reported or ("", None))[1], self.args.batches.seed, removal))
