@@ -172,9 +172,10 @@ def test_a_corner_shortcut_of_a_hugging_face_vit_alerts_by_default_and_the_whole
     pixels[:4, :4] = True
     corner = Region("corner", "suspect", mask=pixels)
     everything = Region("everything", "suspect", mask=torch.ones(32, 32, dtype=torch.bool))
+    rest = Region("rest", "evidence", mask=~pixels)     # where the evidence should be: too little of it there
     callback = GAECallback(num_samples=8, methods=("gae", "rollout"),
                            faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",), samples=32),
-                           regions=RegionOptions(regions=[corner, everything]))
+                           regions=RegionOptions(regions=[corner, everything, rest]))
     trainer = make_trainer(tmp_path, [callback], max_epochs=6, limit_train_batches=None, limit_val_batches=None)
     model = CornerViT()
     trainer.fit(model, DataLoader(corner_images(512, True, 0), batch_size=32, shuffle=True),
@@ -193,6 +194,10 @@ def test_a_corner_shortcut_of_a_hugging_face_vit_alerts_by_default_and_the_whole
     assert re.search(r"\d+% of gae's relevance sits on the suspect region 'corner', where chance puts 1\.6%", alert.text())
     assert re.search(r"share minus chance: \+\d+\.\d% ± \d+\.\d% \(standard error\) over 8 samples", alert.text())
     assert "the model uses it" in " ".join(a.removal for a in alerts)
+    # The rest of the image, as evidence: less of GAE's relevance than chance's 63 of 64 patches.
+    evidence = next(a for a in callback.run.alerts if a.region == "rest" and a.method == "gae")
+    assert evidence.kind == "evidence" and evidence.excess < -max(0.05, 2 * evidence.stderr)
+    assert re.search(r"of gae's relevance sits on the evidence region 'rest', where chance puts 98\.4%", evidence.text())
     # The whole image: every method's share is chance's, whatever it is.
     assert [a for a in callback.run.alerts if a.region == "everything"] == []
     shares = read_events(trainer.logger.log_dir).scalar_events("region_share_everything/gae")["region_share_everything/gae"]
