@@ -1,5 +1,5 @@
-"""GAECallback's declared regions: how much of each method's relevance sits on them, and the alert when a suspect
-region takes it (:class:`~lightning_gae.options.RegionOptions`). The scores themselves are
+"""GAECallback's declared regions: how much of each method's relevance sits on them, and the alert when that differs
+from chance (:class:`~lightning_gae.options.RegionOptions`). The scores themselves are
 :mod:`lightning_gae.metrics.regions`' (through :mod:`lightning_gae.evaluation`, as ``compare`` scores them); this
 module is about the run: which samples, when to alert, what to say.
 
@@ -332,11 +332,11 @@ def announce_coverage(writers: list[Any], step: int, masks: Mapping[str, Tensor]
 def announce(trainer: Trainer, writers: list[Any], step: int, alerts: list[RegionAlert], stop: bool,
              found: list[RegionAlert]) -> None:
     """Each new alert in ``found``: kept in ``alerts`` (for the summary), warned once, written to the Text tab and the
-    GAE tab; with ``stop`` (``RegionOptions.stop_on_shortcut``) training stops."""
+    GAE tab; with ``stop`` (``RegionOptions.stop_on_shortcut``) an alert of a suspect region stops training."""
     for alert in found:
         alerts.append(alert)
         rank_zero_warn(f"GAECallback: {alert.text()}")
-        trainer.should_stop = trainer.should_stop or stop
+        trainer.should_stop = trainer.should_stop or (stop and alert.kind == "suspect")
     write_alerts(writers, step, [(alert.region, alert.method, alert.markdown()) for alert in found])
 
 
