@@ -169,6 +169,10 @@ def render(source: Path) -> dict[Path, str]:
     if source.is_dir():
         return {source.parent / f"{source.name}.md": faithfulness_table(source)}
     data = json.loads(source.read_text())
+    if "shortcuts" in data:
+        from recipes.measure_shortcuts import table
+
+        return {source.with_suffix(".md"): table(data["shortcuts"])}
     if "subset_ranks" in data:
         return {source.with_suffix(".md"): subset_ranks_table(data["subset_ranks"])}
     if "results" not in data:

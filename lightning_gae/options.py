@@ -280,6 +280,15 @@ def _regions(value: Any) -> tuple[Region, ...]:
     return tuple(items)
 
 
+def _margin(value: Any) -> float | None:
+    number = float(value) if isinstance(value, Real) and not isinstance(value, bool) else math.nan
+    if value is None:
+        return None
+    if not 0 <= number < 1:
+        raise ValueError("use share points above chance, a number in [0, 1) (e.g. 0.05), or None: never by chance")
+    return number
+
+
 @dataclass
 class FaithfulnessOptions:
     """How faithful each method is, scored on a fixed subset of the validation set.
@@ -443,16 +452,23 @@ class RegionOptions:
     At every explanation step the callback logs, per method and region, ``region_share_<region>/<method>`` (the
     share of the positive relevance mass on the region, mean over the tracked samples that hold it) and
     ``region_recall_<region>/<method>`` (how many of the region's tokens are among the ``top_k`` most relevant),
-    with ``random`` as the floor, charted per region in Custom Scalars ("GAE regions"). When a method puts at least
-    ``threshold`` of its relevance on a *suspect* region (or the share has risen by ``rise`` since the run's first
-    step), the callback warns once for that method and region, with the step, the share, the samples most affected,
-    the method's faithfulness and a removal check (the drop of the explained class's probability when the region is
-    removed, against random regions of its size: whether the model really uses it); the alert also goes to the
-    Text tab (``gae_alerts``) and to the summary printed when the run ends.
+    with ``random`` as the floor, charted per region in Custom Scalars ("GAE regions"). Chance is the yardstick: when
+    a method puts more of its relevance on a *suspect* region than uniform random relevance would, per sample
+    (region tokens over the tokens a region can hold in it), by more than two standard errors and by more than
+    ``margin`` (:func:`~lightning_gae.metrics.regions.beyond_chance`), or less on an *evidence* region by as much,
+    the callback warns once for that method and region, with the step, the share beside chance's, the samples most
+    affected, the method's faithfulness and a removal check (the drop of the explained class's probability when the
+    region is removed, against random regions of its size: whether the model really uses it); the alert also goes to
+    the Text tab (``gae_alerts``) and to the summary printed when the run ends. ``threshold`` and ``rise`` add
+    absolute rules for suspect regions.
 
     Args:
         regions: the regions (:class:`~lightning_gae.modalities.regions.Region`: an image mask, text token ids or a
             predicate, table features; kind ``"evidence"`` or ``"suspect"``).
+        margin: how far (in share points) a method's mean share must exceed chance's on a suspect region, or fall short
+            of it on an evidence region, beyond two standard errors, to raise the alert; None: never by chance. The
+            default 0.05 catches the shortcut recipes and a one-patch corner shortcut and stays silent on their clean
+            twins and on a region that covers the whole input.
         threshold: the share of a method's relevance on a suspect region that raises the alert; None: never by share.
         rise: the rise of that share since the run's first explanation step that raises it; None: never by rise.
         top_k: how many of the most relevant tokens the recall counts; None: as many as the region has.
@@ -463,19 +479,22 @@ class RegionOptions:
     Raises:
         ValueError: naming the field and what it accepts: regions that are not a list of ``Region`` (one
             ``Region`` alone included), two regions with one name, a threshold or rise that is not a number in
-            (0, 1] or None, a ``top_k`` that is not a positive integer or None, a flag that is not True or False.
+            (0, 1] or None, a margin that is not a number in [0, 1) or None, a ``top_k`` that is not a positive
+            integer or None, a flag that is not True or False.
     """
 
     regions: Sequence[Region] = ()
-    threshold: float | None = 0.5
+    threshold: float | None = None
     rise: float | None = None
     top_k: int | None = None
     stop_on_shortcut: bool = False
     from_data: bool = False
+    margin: float | None = 0.05
 
     def __post_init__(self) -> None:
         settle(self, {
             "regions": Field(_regions, show=False),
+            "margin": Field(_margin),
             "threshold": share(none="never by share"),
             "rise": share(none="never by rise"),
             "top_k": count(none="as many as the region has"),

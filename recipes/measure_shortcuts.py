@@ -1,56 +1,57 @@
-"""Does the shortcut recipe's model learn the shortcut, and does GAE's relevance show it? Train, measure, print.
+"""Does the shortcut recipe's model learn the shortcut, does GAE's relevance show it, and does GAECallback alert?
 
 For each data set (``images``: watermarked digits and the recipe ViT; ``text``: reviews with a spurious word and
 the recipe's encoder), each variant (shortcut, clean) and each seed: the accuracy on the training set (which
-carries the shortcut) and on the shortcut-free validation set, and the mean share of GAE's relevance on the
-suspect region over validation samples that hold it, before training and after. Run from the repo root::
+carries the shortcut) and on the shortcut-free validation set; the mean share of GAE's relevance on the suspect
+region over validation samples that hold it, before training and after, beside the share chance puts there (each
+sample's region tokens over the tokens a region can hold) with the mean excess and its standard error; the drops of
+the predicted class's probability when the region, or a random region of its size, is removed; and what
+``GAECallback`` decides during the same fit, with the recipe config's samples, methods, schedule and the default
+:class:`~lightning_gae.options.RegionOptions` (chance as the yardstick): which methods it alerted for, at which step.
+Run from the repo root (a few minutes on one thread)::
 
-    python -m recipes.measure_shortcuts --data images text --seeds 0 1
+    python -m recipes.measure_shortcuts --data images text --seeds 0 1 --output docs/evidence/results/shortcuts.json
+    python -m benchmarks.tables docs/evidence/results/shortcuts.json
 
-Measured so (2 CPU cores shared with other work, one thread; "drop": the predicted class's probability lost when
-the region, or a random region of its size, is removed; shares and drops over validation samples that hold the
-region):
-
-| data | variant | seed | train acc | val acc (shortcut-free) | GAE share start | GAE share end | random floor | drop, region removed | drop, random region | fit s |
-| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
-| images | shortcut | 0 | 0.999 | 0.667 | 0.059 | 0.132 | 0.062 | 0.274 | 0.089 | 43.4 |
-| images | clean | 0 | 0.997 | 0.958 | 0.059 | 0.019 | 0.062 | 0.005 | 0.108 | 45.3 |
-| images | shortcut | 1 | 0.991 | 0.536 | 0.063 | 0.138 | 0.062 | 0.378 | 0.085 | 42.4 |
-| images | clean | 1 | 0.985 | 0.972 | 0.063 | 0.017 | 0.062 | 0.000 | 0.125 | 45.0 |
-| text | shortcut | 0 | 0.954 | 0.529 | 0.039 | 1.000 | 0.030 | 0.925 | 0.058 | 11.9 |
-| text | clean | 0 | 0.780 | 1.000 | 0.039 | 0.002 | 0.030 | 0.001 | 0.007 | 11.4 |
-| text | shortcut | 1 | 0.942 | 0.500 | 0.092 | 0.996 | 0.032 | 0.812 | 0.056 | 11.4 |
-| text | clean | 1 | 0.819 | 0.996 | 0.092 | 0.001 | 0.032 | 0.002 | 0.008 | 10.1 |
-
-The clean reviews' training accuracy is ~0.8 by construction (``sentiment_noise=0.2``). After 15 epochs instead
-of 30 the image shortcut is stronger (validation accuracy 0.24-0.41 over seeds 0-3) and GAE's share higher for
-three seeds (0.23-0.39) but 0.055, below the floor, for one, where rollout (0.22) and AttnLRP (0.18) had the
-watermark and the removal check saw the model use it (0.46 against 0.07): GAE can miss a shortcut the model uses,
-which is why the check exists.
+The result file's table is ``docs/evidence/results/shortcuts.md`` (:func:`table`), which the callback guide includes.
+The clean reviews' training accuracy is ~0.8 by construction (``sentiment_noise=0.2``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import tempfile
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.loggers import TensorBoardLogger
 from torch import Tensor, nn
 
 import lightning_gae as lg
+from lightning_gae.callbacks import BatchOptions, FaithfulnessOptions, GAECallback, RegionOptions
 from lightning_gae.metrics.functional import region_removal_drop, region_share
+from lightning_gae.metrics.regions import STDERR_MULTIPLE, chance_shares, excess_over_chance
 from lightning_gae.modalities.regions import region_token_mask
 from recipes.shortcuts import SpuriousReviewsDataModule, WatermarkedDigitsDataModule
 from recipes.text_rationales import ReviewClassifier, ReviewTokens
 from recipes.vit import ViTClassifier
 
-__all__ = ["EPOCHS", "accuracy", "build", "gae_share", "measure", "removal"]
+__all__ = ["CALLBACK", "EPOCHS", "accuracy", "build", "gae_share", "measure", "removal", "table"]
 
 EPOCHS: dict[str, int] = {"images": 30, "text": 3}
 """Epochs per data set: the clean variant reaches its usual validation accuracy (digits ~0.97, as the main job,
 reviews ~1.0); about 30 s and 12 s on one CPU thread."""
+
+CALLBACK: dict[str, dict[str, Any]] = {
+    "images": {"num_samples": 10, "every_n_epochs": 6, "methods": ("gae", "rollout", "raw_attention")},
+    "text": {"num_samples": 8, "every_n_epochs": 1, "methods": ("gae", "rollout", "raw_attention", "attn_gradcam")},
+}
+"""GAECallback's arguments as ``configs/shortcut_images.yaml`` and ``configs/shortcut_text.yaml`` set them."""
 
 
 def build(data: str, shortcut: bool, seed: int) -> tuple[pl.LightningModule, pl.LightningDataModule, lg.Modality]:
@@ -87,21 +88,23 @@ def accuracy(model: nn.Module, loader: Any) -> float:
 
 
 def gae_share(model: nn.Module, datamodule: Any, modality: lg.Modality, method: str = "gae") -> dict[str, float]:
-    """The mean share of ``method``'s relevance on the data module's region over the validation samples that hold
-    it (a sample without the region has share 0 by definition) and whose relevance has positive mass; and the
-    random floor, the same for uniform random relevance."""
+    """Over the validation samples that hold the data module's region (a sample without it has no share) and whose
+    relevance has positive mass: ``method``'s mean share on it, the share chance puts there and the mean excess with
+    its standard error, over the tokens a region can hold (the modality's removable tokens), as GAECallback's alert
+    counts them (:func:`~lightning_gae.metrics.regions.excess_over_chance`)."""
     model.eval()
-    shares, floors, vanished = [], [], 0
+    shares, chances = [], []
     for batch in datamodule.val_dataloader():
         inputs, _ = _inputs(batch)
         tokens = lg.explain(model, inputs, method=method).tokens
         mask = region_token_mask(datamodule.region, modality, inputs)
+        valid = modality.removable_tokens(inputs)
         holds = mask.any(dim=1)
-        share = region_share(tokens, mask)[holds]
-        vanished += int(share.isnan().sum())
-        shares.append(share[~share.isnan()])
-        floors.append(region_share(lg.metrics.random_attribution(tokens, seed=len(floors)), mask)[holds])
-    return {"share": float(torch.cat(shares).mean()), "floor": float(torch.cat(floors).mean()), "vanished": vanished}
+        shares.append(region_share(tokens, mask, valid)[holds])
+        chances.append(chance_shares(mask, valid)[holds])
+    found = excess_over_chance(torch.cat(shares), torch.cat(chances))
+    return {"share": found.share, "chance": found.chance, "excess": found.excess, "stderr": found.stderr,
+            "samples": found.samples}
 
 
 def removal(model: nn.Module, datamodule: Any, modality: lg.Modality, num_random: int = 8) -> dict[str, float]:
@@ -119,26 +122,64 @@ def removal(model: nn.Module, datamodule: Any, modality: lg.Modality, num_random
     return {"region": float(torch.cat(region).mean()), "random": float(torch.cat(random).mean())}
 
 
+def _callback(data: str, datamodule: Any, modality: lg.Modality, seed: int) -> GAECallback:
+    """GAECallback as the recipe's config builds it, with the default RegionOptions on the data module's region and no
+    faithfulness metric (the alert does not read them)."""
+    return GAECallback(**CALLBACK[data], modality=modality, regions=RegionOptions(regions=[datamodule.region]),
+                       faithfulness=FaithfulnessOptions(metrics=()), batches=BatchOptions(seed=seed))
+
+
 def measure(data: str, shortcut: bool, seed: int, epochs: int | None = None) -> dict[str, Any]:
-    """Train one variant and return its accuracies and GAE region shares before and after."""
+    """Train one variant with GAECallback watching the region; its accuracies, GAE's region shares before and
+    after, the removal drops, and the callback's alerts."""
     model, datamodule, modality = build(data, shortcut, seed)
     datamodule.setup("fit")
     start = gae_share(model, datamodule, modality)
     model.train()  # Lightning trains the modules in the mode it finds them in
+    callback = _callback(data, datamodule, modality, seed)
     began = time.perf_counter()
-    trainer = pl.Trainer(max_epochs=epochs or EPOCHS[data], accelerator="cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         num_sanity_val_steps=0, limit_val_batches=0)
-    trainer.fit(model, datamodule=datamodule)
+    with tempfile.TemporaryDirectory() as logs:
+        trainer = pl.Trainer(max_epochs=epochs or EPOCHS[data], accelerator="cpu", devices=1,
+                             logger=TensorBoardLogger(logs, name="shortcuts"), callbacks=[callback],
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             num_sanity_val_steps=0)
+        trainer.fit(model, datamodule=datamodule)
     seconds = time.perf_counter() - began
     end = gae_share(model, datamodule, modality)
     drops = removal(model, datamodule, modality)
     return {
         "data": data, "variant": "shortcut" if shortcut else "clean", "seed": seed, "seconds": round(seconds, 1),
         "train_acc": accuracy(model, datamodule.train_dataloader()), "val_acc": accuracy(model, datamodule.val_dataloader()),
-        "share_start": start["share"], "share_end": end["share"], "floor": end["floor"], "vanished_end": end["vanished"],
+        "share_start": start["share"], "share_end": end["share"], "chance": end["chance"], "excess": end["excess"],
+        "excess_stderr": end["stderr"], "samples": end["samples"],
         "drop_region": drops["region"], "drop_random": drops["random"],
+        "alerts": [{"step": a.step, "method": a.method, "share": a.share, "chance": a.floor, "excess": a.excess,
+                    "stderr": a.stderr, "samples": a.count, "rule": a.rule} for a in callback.run.alerts],
     }
+
+
+def _alerts(alerts: Sequence[dict[str, Any]]) -> str:
+    """The alerts of one fit, step by step: each method with its excess over chance ± its standard error."""
+    if not alerts:
+        return "none"
+    steps: dict[tuple[int, int], list[str]] = {}
+    for a in alerts:
+        steps.setdefault((a["step"], a["samples"]), []).append(f"{a['method']} {a['excess']:+.2f} ± {a['stderr']:.2f}")
+    return "; ".join(f"step {step} (n={n}): " + ", ".join(cells) for (step, n), cells in steps.items())
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    """The measurements as a Markdown table (MyST's ``numbers`` style), one row per data set, variant and seed."""
+    lines = ["{.numbers}",
+             "| data | variant | seed | train acc | val acc (shortcut-free) | GAE share start | GAE share end | chance | "
+             "excess ± SE (n) | drop, region removed | drop, random region | GAECallback's alerts: excess ± SE |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        lines.append(f"| {r['data']} | {r['variant']} | {r['seed']} | {r['train_acc']:.3f} | {r['val_acc']:.3f} | "
+                     f"{r['share_start']:.3f} | {r['share_end']:.3f} | {r['chance']:.3f} | "
+                     f"{r['excess']:+.3f} ± {r['excess_stderr']:.3f} ({r['samples']}) | {r['drop_region']:.3f} | "
+                     f"{r['drop_random']:.3f} | {_alerts(r['alerts'])} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -146,18 +187,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", nargs="+", default=["images", "text"], choices=["images", "text"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     parser.add_argument("--epochs", type=int, default=None, help="default: EPOCHS of the data set")
+    parser.add_argument("--output", type=Path, default=None, help="write the measurements as JSON (benchmarks.tables)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    print("| data | variant | seed | train acc | val acc (shortcut-free) | GAE share start | GAE share end | random floor "
-          "| drop, region removed | drop, random region | fit s |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    rows = []
     for data in args.data:
         for seed in args.seeds:
             for shortcut in (True, False):
-                r = measure(data, shortcut, seed, args.epochs)
-                print(f"| {r['data']} | {r['variant']} | {r['seed']} | {r['train_acc']:.3f} | {r['val_acc']:.3f} | "
-                      f"{r['share_start']:.3f} | {r['share_end']:.3f} | {r['floor']:.3f} | {r['drop_region']:.3f} | "
-                      f"{r['drop_random']:.3f} | {r['seconds']} |", flush=True)
+                rows.append(measure(data, shortcut, seed, args.epochs))
+                print(table(rows[-1:]).splitlines()[-1], flush=True)
+    print(table(rows))
+    if args.output is not None:
+        settings = {"margin": RegionOptions().margin, "stderr_multiple": STDERR_MULTIPLE}
+        args.output.write_text(json.dumps({"shortcuts": rows, "rule": settings}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ from lightning_gae.callbacks._explainer import Explainer
 from lightning_gae.callbacks._loggers import (elsewhere_lines, image_loggers, log_pictures, log_scalars, logger_note,
                                               only_dummy_loggers, writers)
 from lightning_gae.callbacks._preflight import check_explanations
-from lightning_gae.callbacks._regions import (RegionAlert, announce, new_alerts, region_masks, region_scalars,
-                                              with_data_regions)
+from lightning_gae.callbacks._regions import (RegionAlert, announce, announce_coverage, coverage_lines, new_alerts,
+                                              region_masks, region_scalars, subset_removal, with_data_regions)
 from lightning_gae.callbacks._report import run_summary
 from lightning_gae.callbacks._schedule import final_explanation, fit_part, subset_due
 from lightning_gae.callbacks._scoring import (Curves, ScoredBatch, faithfulness, finite_scalars, relevance_scalars,
@@ -198,6 +198,8 @@ class Run:
                 except Exception as err:
                     raise ValueError(f"GAECallback(regions=RegionOptions(...)) does not fit the tracked samples with "
                                      f"{state.modality!r}: {type(err).__name__}: {err}") from err
+                if trainer.is_global_zero:
+                    announce_coverage(writers(trainer), trainer.global_step, state.region_masks)
 
     def _model_inputs(self, trainer: Trainer, pl_module: LightningModule) -> Any:
         # The loops cast every batch to the precision ("bf16-true", "16-true"); the kept samples need the same.
@@ -307,9 +309,11 @@ class Run:
         if self.first_regions is None:
             self.first_regions = {t: v for t, v in scalars.items() if t.startswith("region_share_")}
         module = self.state.readout if self.state.readout is not None else pl_module
+        removal = subset_removal(self.state, lambda x: trainer.precision_plugin.convert_input(
+            map_tensors(x, lambda t: t.to(pl_module.device))), self.args.faithfulness.max_batch)
         announce(trainer, writers(trainer), step, self.alerts, self.args.regions.stop_on_shortcut, new_alerts(
             self.args.regions, self.state, scalars, shares, self.first_regions, self.alerts, module, inputs, step,
-            (self.reported or ("", None))[1], self.args.batches.seed))
+            (self.reported or ("", None))[1], self.args.batches.seed, removal))
 
     def _remember(self, scalars: dict[str, float], scored_on: str) -> None:
         """Keep the faithfulness scalars just logged (if the step scored any) for the summary printed when fit ends."""
@@ -427,7 +431,8 @@ class Run:
         if stage != "fit" and (self.last_scored is None or self.last_scored[0] != stage):
             self.reported = self.not_scored = None
         alerts = [alert.text(indent="  ") for alert in self.alerts]
-        after = [*(["alerts (suspect regions that took a method's relevance):", *alerts] if alerts else []),
+        after = [*coverage_lines(self.state.region_masks),
+                 *(["alerts (declared regions whose share of relevance differs from chance):", *alerts] if alerts else []),
                  *self.health.summary_lines()]
         return run_summary(trainer, self.reported, self.not_scored, self.state, self.args.faithfulness.metrics, after,
                            elsewhere_lines(trainer), self.curves)

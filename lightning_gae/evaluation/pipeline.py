@@ -134,6 +134,18 @@ def _score_regions(scores: SampleScores, batch: Batch, regions: Mapping[str, Ten
 
 def region_masks(regions: Sequence[Region], modality: Modality, inputs: Any) -> dict[str, Tensor]:
     """Region name -> bool ``[B, N]`` over the samples' tokens, on the CPU
-    (:func:`~lightning_gae.modalities.regions.region_token_mask`)."""
+    (:func:`~lightning_gae.modalities.regions.region_token_mask`).
+
+    Raises:
+        ValueError: naming the region whose tokens could not be found (a predicate that raised, a mask or features
+            that do not fit the samples).
+    """
     cpu = map_tensors(inputs, lambda t: t.detach().cpu())
-    return {region.name: region_token_mask(region, modality, cpu) for region in regions}
+    masks = {}
+    for region in regions:
+        try:
+            masks[region.name] = region_token_mask(region, modality, cpu).cpu()
+        except Exception as err:
+            raise ValueError(f"Region {region.name!r} could not be found in the samples' tokens "
+                             f"({type(err).__name__}: {err}); fix or remove it") from err
+    return masks

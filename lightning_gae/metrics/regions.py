@@ -1,7 +1,12 @@
 """Relevance on a declared region as ``torchmetrics.Metric`` classes (their maths in
 :mod:`lightning_gae.metrics.functional.regions`), and the region scoring ``compare`` and ``GAECallback`` share: the
-means with their standard errors (:func:`score_regions`), each sample's share (:func:`held_shares`) and whether the
-model uses the region (:func:`removal_check`). Region scores are computed here and nowhere else."""
+means with their standard errors (:func:`score_regions`), each sample's share (:func:`held_shares`) beside the share
+chance puts there (:func:`chance_shares`, :func:`excess_over_chance`, :func:`beyond_chance`) and whether the model
+uses the region (:func:`removal_check`). Region scores are computed here and nowhere else.
+
+Every share is a share of the *positive* part of the relevance (:func:`~lightning_gae.metrics.functional.region_share`):
+signed methods (AttnLRP, attention Grad-CAM, Captum's gradients) put negative relevance on evidence against the
+class, which is no mass on anything, so every share lies in [0, 1] whatever the method."""
 
 from __future__ import annotations
 
@@ -14,7 +19,6 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from lightning_gae.metrics.stderr import SampleScores
-from lightning_gae.metrics.functional.health import not_better_than_random
 from lightning_gae.metrics.functional.regions import (
     _region_recall_compute,
     _region_recall_update,
@@ -25,7 +29,21 @@ from lightning_gae.metrics.functional.regions import (
 )
 from lightning_gae.modalities.tokens import Modality
 
-__all__ = ["RegionRecall", "RegionShare", "RemovalCheck", "held_shares", "removal_check", "score_regions"]
+__all__ = ["MIN_SAMPLES", "REMOVAL_MIN_DROP", "STDERR_MULTIPLE", "ChanceExcess", "RegionRecall", "RegionShare",
+           "RemovalCheck", "beyond_chance", "chance_shares", "excess_over_chance", "held_shares", "removal_check",
+           "score_regions"]
+
+STDERR_MULTIPLE: float = 2.0
+"""How many standard errors a mean difference must exceed to count (about a 95% interval): a region's excess over
+chance (:func:`beyond_chance`) and the removal check's drop over random regions (:class:`RemovalCheck`)."""
+
+MIN_SAMPLES: int = 3
+"""The fewest samples holding a region that a verdict is drawn from (an alert, the removal check): fewer cannot
+estimate a standard error worth the name."""
+
+REMOVAL_MIN_DROP: float = 0.01
+"""The smallest excess drop of the explained class's probability (region removed, over random regions of its size)
+that says the model uses a region: a change below one point of probability is no use of it, however sure."""
 
 
 class _RegionMetric(Metric):
@@ -166,35 +184,142 @@ def held_shares(relevance: Tensor, masks: Mapping[str, Tensor], valid: Tensor | 
     return out
 
 
+def chance_shares(region_mask: Tensor, valid: Tensor | None = None) -> Tensor:
+    r"""The share of each sample's relevance that chance puts on the region: :math:`|R \cap V| / |V|`, with
+    :math:`V` the sample's valid tokens (not padding), so the region's size and the sample's length both count.
+
+    It is the exact expectation of the share of uniform random relevance (the ``random`` method's i.i.d. values:
+    by symmetry each valid token holds :math:`1/|V|` of the mass on average), without the noise of one draw.
+    NaN for a sample that does not hold the region.
+
+    >>> import torch
+    >>> region = torch.tensor([[False, True, False, False], [False, True, True, False], [False] * 4])
+    >>> chance_shares(region, valid=torch.tensor([[True] * 4, [True, True, True, False], [True] * 4]))
+    tensor([0.2500, 0.6667,    nan])
+    """
+    region = region_mask.bool()
+    valid = torch.ones_like(region) if valid is None else valid.to(region.device).bool()
+    on = (region & valid).sum(dim=1).float()
+    chance = on / valid.sum(dim=1).clamp(min=1).float()
+    return chance.masked_fill(on == 0, float("nan"))
+
+
+class ChanceExcess(NamedTuple):
+    """A method's share of relevance on a region beside chance's, over the samples that hold it and have a share
+    (:func:`excess_over_chance`); NaN where fewer than two samples count."""
+
+    share: float
+    """The mean share."""
+    chance: float
+    """The mean share chance puts there (:func:`chance_shares`)."""
+    excess: float
+    """The mean of each sample's share minus its chance share."""
+    stderr: float
+    """The standard error of ``excess`` over the samples."""
+    samples: int
+    """How many samples count."""
+
+
+def excess_over_chance(shares: Tensor, chance: Tensor) -> ChanceExcess:
+    """Each sample's share minus the share chance puts on the region, as a mean with its standard error over the
+    samples where both are defined (the share is NaN where the relevance has no positive mass).
+
+    >>> import torch
+    >>> found = excess_over_chance(torch.tensor([0.30, 0.20, 0.25, float("nan")]), torch.tensor([0.05] * 4))
+    >>> round(found.share, 3), round(found.excess, 3), round(found.stderr, 4), found.samples
+    (0.25, 0.2, 0.0289, 3)
+    """
+    counted = torch.isfinite(shares) & torch.isfinite(chance)
+    share, floor = shares[counted].double(), chance[counted].double()
+    nan = float("nan")
+    if len(share) == 0:
+        return ChanceExcess(nan, nan, nan, nan, 0)
+    difference = share - floor
+    stderr = float(difference.std(unbiased=True) / math.sqrt(len(difference))) if len(difference) > 1 else nan
+    return ChanceExcess(float(share.mean()), float(floor.mean()), float(difference.mean()), stderr, len(difference))
+
+
+def beyond_chance(found: ChanceExcess, suspect: bool, margin: float, multiple: float = STDERR_MULTIPLE,
+                  min_samples: int = MIN_SAMPLES) -> bool:
+    r"""Whether a share differs from chance the way that raises an alert: for a suspect region (a shortcut) more
+    relevance than chance puts there, for an evidence region less, by more than ``multiple`` standard errors *and*
+    by more than ``margin`` (share points), on at least ``min_samples`` samples:
+
+    .. math:: s\,\bar e > \max(\mathrm{multiple} \cdot \mathrm{se}(\bar e),\ \mathrm{margin}),
+        \qquad s = +1 \text{ (suspect)},\ -1 \text{ (evidence)}
+
+    The standard error keeps noise from alerting; the margin keeps a real but negligible lean from alerting.
+
+    >>> beyond_chance(ChanceExcess(0.25, 0.05, 0.20, 0.03, 8), suspect=True, margin=0.05)
+    True
+    >>> beyond_chance(ChanceExcess(0.08, 0.05, 0.03, 0.005, 8), suspect=True, margin=0.05)   # sure, but negligible
+    False
+    >>> beyond_chance(ChanceExcess(1.0, 1.0, 0.0, 0.0, 8), suspect=True, margin=0.05)        # the whole input
+    False
+    """
+    if found.samples < min_samples or not math.isfinite(found.excess) or not math.isfinite(found.stderr):
+        return False
+    signed = found.excess if suspect else -found.excess
+    return signed > multiple * found.stderr and signed > margin
+
+
 class RemovalCheck(NamedTuple):
     """Whether the model uses a region (:func:`removal_check`): the mean drops of the explained class's probability
-    over the samples that hold it, with their standard errors; NaN when fewer than two samples tell."""
+    over the samples that hold it, with their standard errors, and the interval of their difference; NaN where fewer
+    than two samples tell."""
 
     region: float
     region_stderr: float
     random: float
     random_stderr: float
     uses: bool
-    """The region's drop is above random regions' beyond the standard errors."""
+    """The region's drop exceeds random regions' by more than :data:`REMOVAL_MIN_DROP`, with the whole interval
+    above 0, on at least :data:`MIN_SAMPLES` samples."""
     held: int
     """How many samples hold the region."""
+    measured: int = 0
+    """How many samples the drops were measured on (those of ``held`` whose region has a removable token)."""
+    low: float = float("nan")
+    """The interval of the mean excess drop (region minus random regions, per sample): ``excess`` ±
+    :data:`STDERR_MULTIPLE` standard errors; ``low`` and ``high`` its ends."""
+    high: float = float("nan")
+
+    @property
+    def excess(self) -> float:
+        """The mean excess drop: the region's over random regions' of its size."""
+        return (self.low + self.high) / 2
+
+    @property
+    def tells(self) -> bool:
+        """Enough samples to tell, and an interval that does not cover 0."""
+        return self.measured >= MIN_SAMPLES and math.isfinite(self.low) and (self.low > 0 or self.high < 0)
+
+    @classmethod
+    def from_drops(cls, region: Tensor, random: Tensor, held: int) -> RemovalCheck:
+        """The check from the per-sample drops of the samples that hold the region: ``region [n]`` and the mean of
+        the random regions' ``random [n]`` (:func:`~lightning_gae.metrics.functional.region_removal_drop`)."""
+        region, random = region.detach().double().cpu(), random.detach().double().cpu()
+        finite = torch.isfinite(region) & torch.isfinite(random)
+        region, random = region[finite], random[finite]
+        nan = float("nan")
+        if len(region) < 2:
+            return cls(nan, nan, nan, nan, False, held, len(region))
+        region_se, random_se, excess_se = (float(t.std(unbiased=True) / math.sqrt(len(t)))
+                                           for t in (region, random, region - random))
+        excess = float((region - random).mean())
+        low, high = excess - STDERR_MULTIPLE * excess_se, excess + STDERR_MULTIPLE * excess_se
+        uses = len(region) >= MIN_SAMPLES and low > 0 and excess > REMOVAL_MIN_DROP
+        return cls(float(region.mean()), region_se, float(random.mean()), random_se, uses, held, len(region), low, high)
 
 
 def removal_check(model: Callable[..., Any], inputs: Any, mask: Tensor, modality: Modality, seed: int) -> RemovalCheck:
     """Remove the region from the samples that hold it, and random regions of its size
     (:func:`~lightning_gae.metrics.functional.region_removal_drop`, drawn with ``seed``), and compare the drops of the
-    explained class's probability (:func:`~lightning_gae.metrics.functional.health.not_better_than_random`)."""
+    explained class's probability sample by sample (:meth:`RemovalCheck.from_drops`)."""
     held = mask.any(dim=1)
     nan = float("nan")
     if not bool(held.any()):
         return RemovalCheck(nan, nan, nan, nan, False, 0)
     found = region_removal_drop(model, inputs, mask, modality, target=None, generator=torch.Generator().manual_seed(seed))
-    region = found.region.detach().float().cpu()[held]
-    random = found.random.detach().float().cpu()[held].mean(dim=1)
-    region, random = region[torch.isfinite(region)], random[torch.isfinite(random)]
-    if len(region) < 2 or len(random) < 2:
-        return RemovalCheck(nan, nan, nan, nan, False, int(held.sum()))
-    region_se, random_se = (float(t.std(unbiased=True) / math.sqrt(len(t))) for t in (region, random))
-    uses = not not_better_than_random(float(region.mean()), region_se, float(random.mean()), random_se,
-                                      higher_is_better=True)
-    return RemovalCheck(float(region.mean()), region_se, float(random.mean()), random_se, uses, int(held.sum()))
+    held = held.to(found.region.device)
+    return RemovalCheck.from_drops(found.region[held], found.random[held].mean(dim=1), int(held.sum()))

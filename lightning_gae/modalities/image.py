@@ -302,7 +302,7 @@ class ImageTokens(Modality):
     def token_units(self, tokens: Tensor, inputs: Any) -> Tensor:
         """A patch token is its patch (``removal="patch"``) or all its pixels (``"pixel"``), nearest, never
         blended: :meth:`to_input` upsamples bilinearly, which spills a patch onto its neighbours."""
-        height, width = inputs.shape[-2:]
+        height, width = _images(inputs).shape[-2:]
         p = self.patch_size
         rows, cols = height // p, width // p
         grid = tokens[..., self.prefix_tokens :].reshape(*tokens.shape[:2], rows, cols)
@@ -315,11 +315,9 @@ class ImageTokens(Modality):
     def region_tokens(self, region: Region, inputs: Any) -> Tensor:
         """A pixel ``mask`` ``[H, W]`` or ``[B, H, W]``: a patch token is in the region when at least
         :data:`~lightning_gae.modalities.regions.PATCH_SHARE` of its pixels are."""
-        images = inputs
         if region.mask is None:
             raise region.mismatch(self, "mask= (pixels [H, W] or [B, H, W])")
-        if not isinstance(images, Tensor) or images.dim() != 4:
-            raise ValueError(f"ImageTokens regions need images [B, C, H, W]; got {getattr(images, 'shape', type(images).__name__)}")
+        images = _images(inputs)  # a tensor, or Hugging Face's pixel_values among keyword inputs
         batch, height, width = images.shape[0], *images.shape[-2:]
         mask = region.mask
         if tuple(mask.shape[-2:]) != (height, width) or (mask.dim() == 3 and mask.shape[0] != batch):

@@ -56,7 +56,7 @@ class Region:
     Raises:
         ValueError: naming the argument: an empty name, an unknown kind, none or several of
             ``mask``/``token_ids``/``predicate``/``features``, a mask that is not 2-d or 3-d, empty ids or
-            features, a predicate that is not callable.
+            features, a negative token id or feature index, a predicate that is not callable.
 
     Example:
         A spurious word of a character vocabulary and a feature of a table, as tokens (an image mask:
@@ -99,6 +99,9 @@ class Region:
             ids = [self.token_ids] if isinstance(self.token_ids, int) else list(self.token_ids)
             if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
                 raise ValueError(f"Region {self.name!r}: token_ids must be a non-empty list of ints; got {self.token_ids!r}")
+            if any(i < 0 for i in ids):
+                raise ValueError(f"Region {self.name!r}: token_ids {ids} holds a negative id, which no token has; give "
+                                 "the vocabulary's ids (0 and up)")
             self.token_ids = tuple(ids)
         if self.predicate is not None and not callable(self.predicate):
             raise ValueError(f"Region {self.name!r}: predicate must be callable, input_ids [B, T] -> bool [B, T]; "
@@ -108,6 +111,9 @@ class Region:
             if not features or not all(isinstance(f, (int, str)) and not isinstance(f, bool) for f in features):
                 raise ValueError(f"Region {self.name!r}: features must be a non-empty list of feature indices or names; "
                                  f"got {self.features!r}")
+            if any(isinstance(f, int) and f < 0 for f in features):
+                raise ValueError(f"Region {self.name!r}: features {features} holds a negative index; give feature "
+                                 "indices from 0 (or names)")
             self.features = tuple(features)
 
     def mismatch(self, modality: Modality, wanted: str) -> ValueError:

@@ -10,7 +10,7 @@ from torchmetrics import MetricCollection
 
 from lightning_gae import ImageTokens, TabularTokens, TextTokens
 from lightning_gae.metrics import RegionRecall, RegionShare
-from lightning_gae.metrics.regions import removal_check
+from lightning_gae.metrics.regions import RemovalCheck, beyond_chance, chance_shares, excess_over_chance, removal_check
 from lightning_gae.metrics.stderr import per_sample_states, value_and_stderr
 from lightning_gae.metrics.functional import region_recall, region_removal_drop, region_share
 
@@ -299,3 +299,80 @@ def test_the_removal_check_tells_the_used_feature_from_the_unused_one():
     assert math.isnan(removal_check(model, x, one, modality, seed=0).region)
     assert removal_check(model, x, one, modality, seed=0).held == 1
     assert removal_check(model, x, torch.zeros_like(used), modality, seed=0).held == 0
+
+
+# --- chance as the yardstick --------------------------------------------------------------------------
+
+
+def test_chance_is_the_expected_share_of_uniform_random_relevance_per_sample():
+    # Region size and padding both count: 1 of 4 tokens, 2 of 3 real tokens, none held.
+    region = torch.tensor([[False, True, False, False], [False, True, True, False], [False] * 4])
+    valid = torch.tensor([[True] * 4, [True, True, True, False], [True] * 4])
+    same(chance_shares(region, valid).tolist(), [0.25, 2 / 3, NAN])
+    # The random method's share averages to it over many draws (by symmetry, exactly in expectation).
+    draws = torch.rand(20000, 4, generator=torch.Generator().manual_seed(0))
+    mean = region_share(draws, region[1:2].expand(20000, 4), valid[1:2].expand(20000, 4)).mean().item()
+    assert mean == pytest.approx(2 / 3, abs=0.005)
+
+
+def test_an_alert_needs_the_excess_over_chance_beyond_its_standard_error_and_the_margin():
+    chance = torch.full((8,), 1 / 64)
+    corner = excess_over_chance(torch.tensor([0.25, 0.27, 0.23, 0.24, 0.26, 0.25, 0.22, 0.28]), chance)
+    assert corner.samples == 8 and corner.excess == pytest.approx(0.25 - 1 / 64, abs=1e-6) and corner.stderr > 0
+    assert beyond_chance(corner, suspect=True, margin=0.05)
+    assert not beyond_chance(corner, suspect=False, margin=0.05)               # an evidence region: too much is fine
+    assert not beyond_chance(corner, suspect=True, margin=0.3)                 # beyond the errors, not the margin
+    # A region that covers every token a region can hold: share and chance are both 1.
+    everything = excess_over_chance(torch.ones(8), torch.ones(8))
+    assert everything.excess == 0.0 and not beyond_chance(everything, suspect=True, margin=0.0)
+    # Noise: a mean excess within two standard errors does not alert, however small the margin.
+    noisy = excess_over_chance(torch.tensor([0.6, 0.0, 0.5, 0.0, 0.02]), torch.full((5,), 0.1))
+    assert noisy.excess > 0 and not beyond_chance(noisy, suspect=True, margin=0.0)
+    # Too little relevance on an evidence region, and too few samples to tell.
+    scarce = excess_over_chance(torch.tensor([0.01, 0.02, 0.0, 0.01]), torch.full((4,), 0.4))
+    assert beyond_chance(scarce, suspect=False, margin=0.05)
+    assert not beyond_chance(excess_over_chance(torch.tensor([0.9, 0.95]), torch.full((2,), 0.1)), True, 0.05)
+
+
+def test_the_removal_check_on_two_samples_and_on_a_negligible_change_tells_nothing():
+    modality = TabularTokens(["a", "b", "c", "d"], prefix_tokens=1, means=[0.0] * 4)
+    model = lambda x: torch.stack([torch.zeros(len(x)), 3 * x[:, 2]], dim=1)   # noqa: E731  only "c" counts
+    x = torch.rand(2, 4, generator=torch.Generator().manual_seed(0)) + 0.5
+    used = torch.zeros(2, 5, dtype=torch.bool)
+    used[:, 1 + 2] = True
+    check = removal_check(model, x, used, modality, seed=0)
+    # The one cue the model has, on two samples: a large drop, but not a verdict either way.
+    assert check.measured == 2 and check.region > 0.1 and not check.uses and not check.tells
+    # A 0.08% change, however sure, is no use of the region.
+    tiny = RemovalCheck.from_drops(torch.full((64,), 0.0008) + torch.linspace(0, 1e-5, 64), torch.zeros(64), 64)
+    assert tiny.tells and tiny.low > 0 and not tiny.uses
+    wide = RemovalCheck.from_drops(torch.tensor([0.9, -0.5, 0.8, -0.6, 0.1]), torch.zeros(5), 5)
+    assert wide.low < 0 < wide.high and not wide.tells and not wide.uses
+
+
+def test_every_registered_method_has_region_shares_in_zero_one():
+    # Signed methods (AttnLRP, Grad-CAM, Captum's gradients) count their positive part only: a share, whatever the sign.
+    from lightning_gae.attribution import attribute
+    from lightning_gae.methods.registry import method_names
+    from lightning_gae.modalities.regions import token_relevance
+    from tests.helpers.hf_modules import tiny_vit
+
+    torch.manual_seed(0)
+    model = tiny_vit().eval()        # a Hugging Face ViT: 16 patches of 4 x 4 pixels after the CLS token
+    x = torch.randn(6, 3, 16, 16)
+    modality = ImageTokens(patch_size=4, prefix_tokens=1)
+    region = torch.zeros(6, 17, dtype=torch.bool)
+    region[:, 1:5] = True
+    region[3:, 5:12] = True
+    signed = []
+    for method in method_names():
+        tokens = token_relevance(modality, attribute(method, model, x), x, 17)
+        assert tokens is not None, method
+        signed += [method] if bool((tokens < 0).any()) else []
+        shares = region_share(tokens, region)
+        finite = shares[torch.isfinite(shares)]
+        assert len(finite) > 0 and bool(((finite >= 0) & (finite <= 1)).all()), (method, shares)
+        metric = RegionShare()
+        metric.update(tokens, region)
+        assert 0.0 <= metric.compute().item() <= 1.0, method
+    assert {"attnlrp", "saliency"} & set(signed)   # the signed methods were among them

@@ -17,6 +17,9 @@ from lightning_gae.modalities.regions import PATCH_SHARE, Region, region_token_m
     (dict(name="w", kind="suspect", token_ids=[1.5]), "token_ids must be a non-empty list of ints"),
     (dict(name="w", kind="suspect", predicate=3), "predicate must be callable"),
     (dict(name="w", kind="suspect", features=[]), "features must be a non-empty list"),
+    (dict(name="w", kind="suspect", token_ids=[5, -1]), r"Region 'w': token_ids \[5, -1\] holds a negative id"),
+    (dict(name="w", kind="suspect", token_ids=-3), r"token_ids \[-3\] holds a negative id"),
+    (dict(name="w", kind="suspect", features=["age", -1]), r"Region 'w': features \['age', -1\] holds a negative index"),
 ])
 def test_a_region_names_the_argument_it_refuses(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -93,3 +96,13 @@ def test_tabular_regions_by_index_or_name_after_the_prefix():
         region_token_mask(Region("w", "suspect", features=["weight"]), modality, x)
     with pytest.raises(ValueError, match="feature index 3 is out of range"):
         region_token_mask(Region("w", "suspect", features=[3]), modality, x)
+
+
+def test_an_image_region_of_a_hugging_face_batch_reads_its_pixel_values():
+    mask = torch.zeros(8, 8, dtype=torch.bool)
+    mask[:2, :2] = True
+    images = torch.zeros(2, 3, 8, 8)
+    region = Region("corner", "suspect", mask=mask)
+    modality = ImageTokens(patch_size=2)
+    assert torch.equal(region_token_mask(region, modality, {"pixel_values": images}),
+                       region_token_mask(region, modality, images))

@@ -790,7 +790,7 @@ function regionSection(info) {
       return el("li", {"data-region": a.region, "data-method": a.method}, el("b", {text: head.replace(/\*\*/g, "")}),
                 el("ul", {}, ...details.map((line) => el("li", {text: line.replace(/^- /, "")}))));
     });
-    sections.push(el("div", {class: "gae-section gae-flagged", text: "Alerts: suspect regions that took a method's relevance"}),
+    sections.push(el("div", {class: "gae-section gae-flagged", text: "Alerts: declared regions whose share differs from chance, or that are not scored"}),
                   el("ul", {class: "gae-flags", id: "gae-alerts"}, ...items));
   }
   return sections;
