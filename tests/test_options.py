@@ -225,6 +225,10 @@ WRONG = [
     (RegionOptions, "stop_on_shortcut", "no", r"use True or False"),
     (RegionOptions, "stop_on_shortcut", 1, r"use True or False"),
     (RegionOptions, "from_data", "yes", r"use True or False"),
+    (RegionOptions, "margin", 1, r"use share points above chance, a number in \[0, 1\) \(e\.g\. 0\.05\), or None"),
+    (RegionOptions, "margin", -0.1, r"a number in \[0, 1\)"),
+    (RegionOptions, "margin", "0.05", r"a number in \[0, 1\)"),
+    (RegionOptions, "margin", True, r"a number in \[0, 1\)"),
 ]
 
 
@@ -291,6 +295,8 @@ RIGHT = [
     (RegionOptions, {"top_k": None}, "top_k", None),
     (RegionOptions, {"stop_on_shortcut": True}, "stop_on_shortcut", True),
     (RegionOptions, {"from_data": True}, "from_data", True),
+    (RegionOptions, {"margin": 0}, "margin", 0.0),
+    (RegionOptions, {"margin": None}, "margin", None),
 ]
 
 
@@ -303,7 +309,8 @@ def test_every_accepted_form_is_still_accepted_and_kept_in_one_form(group, argum
 def test_the_groups_defaults_are_accepted_and_unchanged():
     assert [repr(g()) for g in (DisplayOptions, RegionOptions)] == [
         "DisplayOptions(evolution_length=5, top_fraction=0.1, heatmap_scale='per_map')",
-        "RegionOptions(regions=(), threshold=0.5, rise=None, top_k=None, stop_on_shortcut=False, from_data=False)"]
+        "RegionOptions(regions=(), threshold=None, rise=None, top_k=None, stop_on_shortcut=False, from_data=False, "
+        "margin=0.05)"]
     assert EngineOptions(streams=Streams(self_attention={"tokens": ["blocks.*"]})).streams is not None
 
 
