@@ -583,7 +583,7 @@ def test_an_option_the_callback_refuses_inside_fit_config_is_one_line(tmp_path, 
     # Was 83 lines: two tracebacks, then "Does not validate against any of the Union subtypes".
     monkeypatch.chdir(tmp_path)
     line = _refused(capsys, "fit", "--config", CONFIG, "--trainer.callbacks.init_args.methods=[nope]")
-    assert "GAECallback(methods=['nope']): choose from ['gae', 'rollout'" in line
+    assert "GAECallback(methods=['nope']): ['nope'] are not methods; choose from ['gae', 'rollout'" in line
     assert not (tmp_path / "runs").exists()
 
 
@@ -613,7 +613,7 @@ def test_the_installed_command_prints_one_line_for_a_refused_option(tmp_path, ru
                        "--trainer.callbacks.init_args.methods=[nope]"], cwd=tmp_path, timeout=300)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     (line,) = [line for line in done.stderr.splitlines() if "error" in line.lower()]
-    assert "GAECallback(methods=['nope']): choose from" in line and "--traceback" in line
+    assert "GAECallback(methods=['nope']): ['nope'] are not methods; choose from" in line and "--traceback" in line
 
 
 @pytest.mark.parametrize("subcommand", ["validate", "test"])

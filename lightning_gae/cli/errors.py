@@ -28,7 +28,8 @@ def origin(err: BaseException) -> BaseException:
     found: BaseException | None = err
     while found is not None and found not in chain:
         chain.append(found)
-        found = found.__cause__ or found.__context__
+        # `raise ... from None` hides the context: the message raised in its place is the one to show.
+        found = found.__cause__ or (None if found.__suppress_context__ else found.__context__)
     package = str(Path(__file__).resolve().parent)
     for candidate in reversed(chain):
         if raised_here(candidate, package):

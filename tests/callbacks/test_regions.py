@@ -31,7 +31,7 @@ from recipes.vit import ViTClassifier
         (lambda: RegionOptions(threshold=1.5), r"RegionOptions\(threshold=1.5\): use a share in \(0, 1\]"),
         (lambda: RegionOptions(rise=0), r"RegionOptions\(rise=0\): use a share in \(0, 1\]"),
         (lambda: RegionOptions(top_k=0), r"RegionOptions\(top_k=0\): use a positive integer"),
-        (lambda: RegionOptions(margin=1.0), r"RegionOptions\(margin=1.0\): use share points in \[0, 1\)"),
+        (lambda: RegionOptions(margin=1.0), r"RegionOptions\(margin=1.0\): use share points above chance, a number in \[0, 1\)"),
         (lambda: RegionOptions(margin=-0.1), r"RegionOptions\(margin=-0.1\): use share points"),
         (lambda: GAECallback(regions=[Region("a", "suspect", token_ids=[1])]), r"GAECallback\(regions=.*give a RegionOptions"),
     ],

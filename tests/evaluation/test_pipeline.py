@@ -34,7 +34,7 @@ def test_a_region_is_scored_on_the_samples_that_hold_it():
     masks = {"word": torch.tensor([[False, True, False, False], [False, False, False, True],
                                    [False, False, False, False]])}  # the third sample has no such token
     scores = score_batches([Batch(torch.ones(3, 4, dtype=torch.long), {"gae": relevance}, regions=masks)], (), None,
-                           TextTokens(["[PAD]", "a"]))
+                           TextTokens(vocab=["[PAD]", "a"]))
     share = scores.columns()["gae"]["region_share_word"]
     # Plain loop: 3/4 and 2/4, the third left out; the standard error of the mean of two.
     assert (share.value, share.count) == (pytest.approx((0.75 + 0.5) / 2), 2)
@@ -45,7 +45,7 @@ def test_a_region_is_scored_on_the_samples_that_hold_it():
 
 
 def test_without_attributions_or_metrics_nothing_is_scored():
-    scores = score_batches([Batch(torch.ones(2, 3), {})], ("positive_perturbation_auc",), None, TextTokens(["a"]))
+    scores = score_batches([Batch(torch.ones(2, 3), {})], ("positive_perturbation_auc",), None, TextTokens(vocab=["a"]))
     assert not scores
 
 
