@@ -77,9 +77,9 @@ class SignalPatches(Modality):
         replacement = torch.zeros_like(signal) if fill is None else self._signal(fill)
         return torch.where(drop.to(signal.device).repeat_interleave(self.patch, dim=1), replacement, signal)
 
-    def render(self, x: Tensor, relevance: Tensor | None, title: str) -> np.ndarray:
+    def render(self, x: Tensor, relevance: Tensor | None, title: str, *, signed: bool | None = None) -> np.ndarray:
         """The signal as a dark line over its relevance's colours, one column per sample (a patch's score, or a
-        Captum map's per sample)."""
+        Captum map's per sample), on the colormap of the method's sign (``signed``; None: the map's own)."""
         values = x.detach().float().cpu()
         rows = 24
         span = (values.max() - values.min()).clamp(min=1e-6)
@@ -91,7 +91,9 @@ class SignalPatches(Modality):
         heat = relevance.detach().float().cpu().reshape(-1)
         if heat.numel() != values.numel():
             heat = heat.repeat_interleave(values.numel() // heat.numel())
-        panel = display.heatmap_panel(image, heat[None].numpy(), size=128, vrange=display.value_range(heat))
+        vmin, vmax = display.value_range(heat, signed)
+        panel = display.heatmap_panel(image, heat[None].numpy(), size=128, vrange=(vmin, vmax),
+                                      cmap=display.colormap_for(vmin < 0))
         return display.titled_image(panel, title)
 
     def region_tokens(self, region: Region, inputs: Any) -> Tensor:
