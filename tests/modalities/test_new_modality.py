@@ -20,6 +20,7 @@ from lightning_gae import Modality, display
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from lightning_gae.compare import attribute, compare
 from lightning_gae.metrics.functional import rationale_agreement
+from lightning_gae.modalities import MethodMap
 from lightning_gae.modalities.regions import Region
 from lightning_gae.options import RegionOptions
 from tests.helpers.models import TinyBlock
@@ -195,6 +196,19 @@ def test_its_picture_changes_with_the_relevance():
     one[:8], other[-8:] = 1.0, 1.0
     first, second = modality.render(signal[1], one, "x"), modality.render(signal[1], other, "x")
     assert first.dtype == np.uint8 and first.shape == second.shape and not np.array_equal(first, second)
+
+
+def test_the_callbacks_pictures_draw_its_maps_by_the_methods_sign():
+    # The default panels hand render the sign of each map's scale: (-m, m) is a signed method's, whatever its values.
+    modality = SignalPatches(PATCH)
+    signal = _signals(2, 0).tensors[0][1]
+    values = np.linspace(0.1, 1.0, LENGTH)
+    _, cells = modality.panels(signal, [MethodMap("signed", values, (-1.0, 1.0), False),
+                                        MethodMap("positive", values, (0.0, 1.0), False)], None, 128, 0.7)
+    heat = torch.from_numpy(values)
+    assert np.array_equal(cells[0], modality.render(signal, heat, "", signed=True))
+    assert np.array_equal(cells[1], modality.render(signal, heat, "", signed=False))
+    assert not np.array_equal(cells[0], cells[1])
 
 
 def test_the_ground_truth_it_declares_is_scored_with_the_existing_metric():
