@@ -100,7 +100,7 @@ from lightning_gae.metrics import PERTURBATION_METRICS
 from lightning_gae.metrics.stderr import SampleScores
 from lightning_gae.metrics.functional.perturbation import Protocol, check_protocol
 from lightning_gae.modalities.regions import Region
-from lightning_gae.modalities.tokens import Modality
+from lightning_gae.modalities.tokens import Modality, render_map
 from lightning_gae.options import EngineOptions, FaithfulnessOptions, RegionOptions
 from lightning_gae.engine.token_sets import Streams
 from lightning_gae.language.decoder_rows import is_sequence_output, last_positions, sequence_rows
@@ -521,6 +521,10 @@ def comparison_grid(
 ) -> np.ndarray:
     """A samples x (input | each method) picture of the attributions, drawn by the modality.
 
+    Each method is drawn by its registered ``signed`` fact in every sample (:func:`~lightning_gae.modalities.render_map`):
+    a signed method on a diverging colormap, white at 0, over ``(-m, m)``; a non-negative one on a sequential colormap
+    over ``(0, max)`` (:func:`lightning_gae.display.colormap_for`).
+
     Args:
         model: the classifier.
         inputs: the few samples to draw (a tensor or a mapping, see :func:`attribute`).
@@ -565,7 +569,11 @@ def comparison_grid(
         attributions = attribute(method, model, inputs, classes, embedding_layer=embedding_layer, seed=seed, **options)
         # In the units the modality draws: pixels for images; one value per token or feature otherwise.
         columns.append(modality.input_map(attributions, display, inputs))
-    cells = [[modality.render(display[i], None, ""), *(modality.render(display[i], maps[i], "") for maps in columns)]
+    # Each method drawn by its registered sign in every sample: a signed method keeps its diverging colormap, white
+    # at 0, on a sample whose map happens to have no negative value.
+    signs = [get_method(method).signed for method in methods]
+    cells = [[modality.render(display[i], None, ""),
+              *(render_map(modality, display[i], maps[i], signed) for maps, signed in zip(columns, signs))]
              for i in range(display.shape[0])]
     rows = [f"#{i}: class {int(c)}" for i, c in enumerate(classes)]
     return grid(cells, rows, ["input", *methods])

@@ -91,7 +91,7 @@ class RecallTokens(TextTokens):
     """The recall words as :class:`~lightning_gae.modalities.TextTokens`: the vocabulary's strings, the specials
     (padding, ``<bos>``, ``<eos>``, ``;``) grey, padding id 0."""
 
-    def __init__(self, cmap: str = "Reds") -> None:
+    def __init__(self, cmap: str | None = None) -> None:
         super().__init__(vocab=VOCAB, special_ids=range(len(SPECIALS)), pad_id=PAD_ID, cmap=cmap)
 
 

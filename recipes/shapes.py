@@ -58,7 +58,7 @@ class CaptionTokens(TextTokens):
     """:class:`~lightning_gae.TextTokens` of the captions' :data:`VOCAB`; ``<pad> <bos> <mask> <eos>`` are special,
     a removed word becomes ``<mask>``."""
 
-    def __init__(self, cmap: str = "Reds") -> None:
+    def __init__(self, cmap: str | None = None) -> None:
         super().__init__(vocab=VOCAB, special_ids=(PAD_ID, BOS_ID, MASK_ID, EOS_ID), pad_id=PAD_ID, mask_id=MASK_ID,
                          cmap=cmap)
 

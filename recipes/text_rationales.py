@@ -149,7 +149,7 @@ class ReviewTokens(TextTokens):
     """:class:`~lightning_gae.TextTokens` of the recipe's :data:`VOCAB`: removed words become ``[MASK]``
     (or leave the attention mask, ``removal="attention"``); ``[CLS]``/``[SEP]`` are never removed."""
 
-    def __init__(self, removal: str = "replace", cmap: str = "Reds") -> None:
+    def __init__(self, removal: str = "replace", cmap: str | None = None) -> None:
         super().__init__(vocab=VOCAB, special_ids=(PAD_ID, CLS_ID, SEP_ID, MASK_ID), pad_id=PAD_ID, mask_id=MASK_ID,
                          removal=removal, cmap=cmap)
 

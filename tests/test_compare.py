@@ -403,6 +403,51 @@ def test_comparison_grid_draws_samples_by_methods(vit, images):
     assert picture.shape[0] >= 2 * 128 and picture.shape[1] >= 3 * 128
 
 
+def _probe_maps(like: torch.Tensor, seed: int) -> torch.Tensor:
+    """Token maps ``[2, N]`` of known sign: sample 0 all positive, sample 1 mixed (mostly positive, a little below 0)."""
+    ramp = torch.linspace(0.0, 1.0, like.shape[1])
+    return torch.stack([0.1 + ramp, ramp - 0.25])
+
+
+def _probe_positive(like: torch.Tensor, seed: int) -> torch.Tensor:
+    """A non-negative method's maps with a rounding error below 0 in sample 1."""
+    return _probe_maps(like, seed).clamp(min=-1e-3)
+
+
+@pytest.fixture
+def probe_methods():
+    from lightning_gae.methods import Method, register_method, unregister_method
+
+    made = [register_method(Method(name="signed_probe", kind="baseline", rule=_probe_maps, explained_as="raw_attention",
+                                   signed=True)),
+            register_method(Method(name="positive_probe", kind="baseline", rule=_probe_positive,
+                                   explained_as="raw_attention"))]
+    yield made
+    for method in made:
+        unregister_method(method.name)
+
+
+def test_comparison_grid_draws_each_method_on_one_colormap_from_zero_in_every_sample(vit, images, probe_methods):
+    from lightning_gae import display
+    from tests.helpers.pictures import find
+
+    modality = ImageTokens(patch_size=2)
+    picture = comparison_grid(vit, images[:2], methods=[m.name for m in probe_methods], modality=modality)
+    tokens = _probe_maps(torch.zeros(2, 17), 0)
+    for method, signed in ((probe_methods[0], True), (probe_methods[1], False)):
+        pixels = modality.input_map(method.rule(tokens, 0), images[:2], images[:2])
+        for i in range(2):
+            heat = pixels[i]
+            # The method's colormap over the range anchored at 0 by its sign: (-m, m) for the signed one in the
+            # all-positive sample too, (0, max) for the non-negative one in the sample with a rounding error below 0.
+            vrange = display.value_range(heat, signed)
+            assert (vrange[0] == -vrange[1]) if signed else vrange[0] == 0.0
+            panel = display.heatmap_panel(modality.display_image(images[i]), heat, size=128, vrange=vrange,
+                                          cmap=display.colormap_for(signed), alpha=modality.alpha)
+            assert len(find(picture, panel)) == 1, (method.name, i)
+    assert (display.colormap_lut(display.colormap_for(True))[128] > 240).all()  # 0, the centre of (-m, m), is white
+
+
 def test_markdown_bolds_ties_and_follows_direction():
     result = Comparison(
         methods={"a": {"deletion_auc": 0.2, "insertion_auc": 0.5, "seconds_per_sample": 0.001},

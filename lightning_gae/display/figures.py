@@ -21,6 +21,7 @@ from matplotlib.patches import Rectangle
 from torch import Tensor
 
 from lightning_gae.display._common import PAD_PX, WHITE, ArrayLike, as_numpy, as_uint8
+from lightning_gae.display.panels import colormap_for, value_range
 
 __all__ = ["feature_bars", "figure_to_array", "grid", "normalize", "overlay", "side_by_side", "titled_image", "token_strip"]
 
@@ -134,14 +135,17 @@ def normalize(relevance: _A) -> _A:
     return (values - low) / span if span > 0 else np.zeros_like(values)
 
 
-def overlay(image: ArrayLike, relevance: ArrayLike, cmap: str = "jet", alpha: float = 0.5) -> np.ndarray:
+def overlay(image: ArrayLike, relevance: ArrayLike, cmap: str | None = None, alpha: float = 0.5,
+            signed: bool | None = None) -> np.ndarray:
     """Blend a colour-mapped relevance map over an image.
 
     Args:
         image: ``[H, W, 3]`` floats in [0, 1].
-        relevance: ``[H, W]``; min-max normalised here, so only its shape within the image matters.
-        cmap: a ``matplotlib.colormaps`` name.
+        relevance: ``[H, W]``; its colours span :func:`~lightning_gae.display.value_range` (anchored at 0).
+        cmap: a ``matplotlib.colormaps`` name; None: :func:`~lightning_gae.display.colormap_for` the range's sign.
         alpha: weight of the heatmap (0 = the image alone, 1 = the heatmap alone).
+        signed: the method's ``signed`` fact (:func:`~lightning_gae.display.value_range`); None: signed when a value
+            is below 0.
 
     Returns:
         float ``[H, W, 3]`` in [0, 1].
@@ -150,8 +154,9 @@ def overlay(image: ArrayLike, relevance: ArrayLike, cmap: str = "jet", alpha: fl
     heat = as_numpy(relevance)
     if picture.ndim != 3 or picture.shape[-1] != 3 or heat.shape != picture.shape[:2]:
         raise ValueError(f"overlay needs an image [H, W, 3] and relevance [H, W]; got {picture.shape} and {heat.shape}")
-    colours = matplotlib.colormaps[cmap](normalize(heat))[..., :3]
-    return (1.0 - alpha) * picture + alpha * colours
+    vmin, vmax = value_range(heat, signed)
+    colours = matplotlib.colormaps[cmap or colormap_for(vmin < 0)](np.clip((heat - vmin) / (vmax - vmin), 0.0, 1.0))
+    return (1.0 - alpha) * picture + alpha * colours[..., :3]
 
 
 def titled_image(image: ArrayLike, title: str = "", min_size: int = 128) -> np.ndarray:
@@ -182,20 +187,23 @@ def token_strip(
     tokens: Sequence[str],
     relevance: ArrayLike,
     title: str = "",
-    cmap: str = "Reds",
+    cmap: str | None = None,
     muted: Sequence[bool] | None = None,
     max_width: int = 720,
+    vrange: tuple[float, float] | None = None,
 ) -> np.ndarray:
     """Tokens as text on backgrounds coloured by relevance, wrapped over several lines.
 
     Args:
         tokens: ``T`` strings, drawn in order.
-        relevance: ``[T]``; min-max normalised over the tokens that are not muted.
+        relevance: ``[T]``.
         title: drawn above the strip.
-        cmap: a ``matplotlib.colormaps`` name; a light low end keeps the text readable.
+        cmap: a ``matplotlib.colormaps`` name; None: :func:`~lightning_gae.display.colormap_for` the range's sign.
         muted: ``T`` flags; muted tokens (e.g. ``[CLS]``/``[SEP]``) are drawn grey and left out of the
             colour scale, so one special token cannot wash out the rest.
         max_width: width in pixels at which lines wrap.
+        vrange: ``(vmin, vmax)`` of the colours; None: :func:`~lightning_gae.display.value_range` of the tokens
+            that are not muted (anchored at 0).
 
     Returns:
         uint8 ``[h, w, 3]``.
@@ -206,9 +214,9 @@ def token_strip(
         raise ValueError(
             f"token_strip got {len(tokens)} tokens, {values.shape[0]} relevance values and {flags.shape[0]} muted flags"
         )
-    scaled = np.zeros_like(values)
-    scaled[~flags] = normalize(values[~flags])
-    colours = matplotlib.colormaps[cmap](scaled)[:, :3]
+    vmin, vmax = vrange or value_range(values[~flags])
+    scaled = np.clip((values - vmin) / (vmax - vmin), 0.0, 1.0)
+    colours = matplotlib.colormaps[cmap or colormap_for(vmin < 0)](scaled)[:, :3]
 
     font = FontProperties(size=_FONT_SIZE + 1)
     widths = [_text_width(t, font) + 2 * 3 for t in tokens]
@@ -249,7 +257,9 @@ def feature_bars(
     relevance: ArrayLike,
     title: str = "",
     values: ArrayLike | None = None,
-    color: str = "tab:red",
+    color: str | None = None,
+    vrange: tuple[float, float] | None = None,
+    cmap: str | None = None,
 ) -> np.ndarray:
     """A horizontal bar per feature, first feature on top, length = relevance (not rescaled).
 
@@ -258,7 +268,10 @@ def feature_bars(
         relevance: ``[F]``.
         title: drawn above the chart.
         values: optional ``[F]`` input values, shown as ``name = value`` in the labels.
-        color: the bars' colour.
+        color: one colour for every bar; None: each bar the colour of its relevance on ``cmap`` over ``vrange``.
+        vrange: ``(vmin, vmax)``, the relevance axis and the colours' range; None:
+            :func:`~lightning_gae.display.value_range` of ``relevance`` (anchored at 0, symmetric when signed).
+        cmap: a ``matplotlib.colormaps`` name; None: :func:`~lightning_gae.display.colormap_for` the range's sign.
 
     Returns:
         uint8 ``[h, w, 3]``.
@@ -274,7 +287,12 @@ def feature_bars(
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     positions = np.arange(len(labels))
-    ax.barh(positions, lengths, color=color, height=0.7)
+    vmin, vmax = vrange or value_range(lengths)
+    colours = color or matplotlib.colormaps[cmap or colormap_for(vmin < 0)](
+        np.clip((lengths - vmin) / (vmax - vmin), 0.0, 1.0))
+    # A thin dark edge keeps the light end of a colormap visible on the white page.
+    ax.barh(positions, lengths, color=colours, height=0.7, edgecolor=(0.3, 0.3, 0.3), linewidth=0.5)
+    ax.set_xlim(vmin, vmax)
     ax.set_yticks(positions, labels, fontsize=_FONT_SIZE)
     ax.invert_yaxis()
     ax.axvline(0.0, color="black", linewidth=0.8)

@@ -7,7 +7,7 @@ from lightning_gae.modalities.image import ImageTokens
 from lightning_gae.modalities.inputs import infer_modality, token_set_input, token_set_inputs
 from lightning_gae.modalities.tabular import TabularTokens
 from lightning_gae.modalities.text import TextTokens
-from lightning_gae.modalities.tokens import MethodMap, Modality
+from lightning_gae.modalities.tokens import MethodMap, Modality, render_map
 
-__all__ = ["ImageTokens", "MethodMap", "Modality", "TabularTokens", "TextTokens", "infer_modality", "token_set_input",
-           "token_set_inputs"]
+__all__ = ["ImageTokens", "MethodMap", "Modality", "TabularTokens", "TextTokens", "infer_modality", "render_map",
+           "token_set_input", "token_set_inputs"]

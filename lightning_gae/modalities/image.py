@@ -38,8 +38,9 @@ class ImageTokens(Modality):
         prefix_tokens: tokens before the patches (1 for a CLS token, 0 for none, 2 for DeiT).
         mean: per-channel mean used to normalise the inputs, undone for display.
         std: per-channel standard deviation used to normalise the inputs, undone for display.
-        cmap: matplotlib colormap of the heatmap; None: ``inferno`` for non-negative maps, ``RdBu_r``
-            centred on 0 for signed ones (Captum's gradient maps).
+        cmap: matplotlib colormap of :meth:`render`'s heatmaps (``comparison_grid``); None: the package's convention,
+            :func:`~lightning_gae.display.colormap_for` the method's ``signed`` fact (``inferno`` for non-negative
+            methods, ``RdBu_r`` white at 0 for signed ones such as Captum's gradient maps).
         alpha: weight of the heatmap over the (grey) image.
         removal: what the faithfulness metrics remove: ``"pixel"``, single pixels (set to black in [0, 1]
             space, then normalised with ``mean``/``std``), or ``"patch"``, whole patches.
@@ -218,11 +219,13 @@ class ImageTokens(Modality):
             image = image + torch.tensor(self.mean).view(-1, 1, 1)
         return image.clamp(0.0, 1.0).expand(3, -1, -1).permute(1, 2, 0).contiguous()
 
-    def render(self, x: Tensor, relevance: Tensor | None, title: str) -> np.ndarray:
+    def render(self, x: Tensor, relevance: Tensor | None, title: str, *, signed: bool | None = None) -> np.ndarray:
         """The image ``[C, H, W]`` in grey under its relevance ``[H, W]`` above a colorbar (None: the image alone), titled.
 
-        The colours span ``(0, max)`` for a non-negative map and ``(-m, m)`` around 0 for a signed one
-        (:func:`lightning_gae.display.value_range`): a flat map stays flat instead of being stretched.
+        The colours span ``(0, max)`` for a non-negative method and ``(-m, m)`` around 0 for a signed one
+        (:func:`lightning_gae.display.value_range`, ``signed`` as :meth:`Modality.render`), on
+        :func:`~lightning_gae.display.colormap_for` it unless ``cmap`` was given: a flat map stays flat instead of
+        being stretched, and a signed method keeps its diverging colormap on a map without a negative value.
 
         Returns:
             uint8 ``[h, w, 3]``, images enlarged to at least 128 px.
@@ -232,9 +235,10 @@ class ImageTokens(Modality):
         if relevance is None:
             return display.titled_image(display.enlarge(image, size), title)
         heat = relevance.detach().float().cpu()
-        vmin, vmax = display.value_range(heat)
-        panel = display.heatmap_panel(image, heat, size=size, vrange=(vmin, vmax), cmap=self.cmap, alpha=self.alpha)
-        bar = display.colorbar(vmin, vmax, panel.shape[1], cmap=self.cmap)
+        vmin, vmax = display.value_range(heat, signed)
+        cmap = self.cmap or display.colormap_for(vmin < 0)
+        panel = display.heatmap_panel(image, heat, size=size, vrange=(vmin, vmax), cmap=cmap, alpha=self.alpha)
+        bar = display.colorbar(vmin, vmax, panel.shape[1], cmap=cmap)
         return display.titled_image(display.stack([panel, bar], axis=0, gap=2), title)
 
     def matches_input(self, x: Tensor, num_tokens: int) -> bool:

@@ -185,8 +185,11 @@ class TabularTokens(Modality):
         fields = {"modality": "tabular", "prefix_tokens": self.prefix_tokens, "feature_names": self.feature_names}
         return fields, x.double().numpy()
 
-    def render(self, x: Tensor | None, relevance: Tensor | None, title: str) -> np.ndarray:
+    def render(self, x: Tensor | None, relevance: Tensor | None, title: str, *, signed: bool | None = None) -> np.ndarray:
         """Bars of relevance ``[F]`` per feature (None: no bars), labelled ``name = value`` from ``x [F]`` (or None).
+
+        The axis spans :func:`~lightning_gae.display.value_range` (``signed`` as :meth:`Modality.render`), and each
+        bar takes its value's colour on :func:`~lightning_gae.display.colormap_for` it.
 
         Returns:
             uint8 ``[h, w, 3]``.
@@ -198,4 +201,6 @@ class TabularTokens(Modality):
                 raise ValueError(f"TabularTokens({len(self.feature_names)} feature_names) draws one value per feature; "
                                  f"got {list(x.shape)}")
         lengths = torch.zeros(len(self.feature_names)) if relevance is None else relevance.detach().float().cpu()
-        return display.feature_bars(self.feature_names, lengths, title, values=values)
+        vmin, vmax = display.value_range(lengths, signed)
+        return display.feature_bars(self.feature_names, lengths, title, values=values, vrange=(vmin, vmax),
+                                    cmap=display.colormap_for(vmin < 0))

@@ -27,7 +27,8 @@ class TextTokens(Modality):
         special_ids: ids drawn grey and left out of the colour scale (``[CLS]``, ``[SEP]``, which
             otherwise often take most of the relevance); None means the tokenizer's special ids.
         pad_id: padding id, omitted from the drawing and zeroed when no ``attention_mask`` is given; None: the tokenizer's.
-        cmap: matplotlib colormap of the token backgrounds.
+        cmap: matplotlib colormap of :meth:`render`'s token backgrounds (``comparison_grid``); None: the package's
+            convention, :func:`~lightning_gae.display.colormap_for` the method's ``signed`` fact.
         mask_id: the id a removed token becomes; None means the tokenizer's mask token, else ``pad_id``.
         removal: how the faithfulness metrics remove a token: ``"replace"`` its id by ``mask_id``, or drop it from the
             ``"attention"`` mask (the inputs must then be a mapping with one). Special and padded tokens are never removed.
@@ -50,11 +51,12 @@ class TextTokens(Modality):
         vocab: Sequence[str] | None = None,
         special_ids: Sequence[int] | None = None,
         pad_id: int | None = None,
-        cmap: str = "Reds",
+        cmap: str | None = None,
         mask_id: int | None = None,
         removal: Literal["replace", "attention"] = "replace",
     ) -> None:
-        check_cmap(cmap)
+        if cmap is not None:
+            check_cmap(cmap)
         if removal not in ("replace", "attention"):
             raise ValueError(f"removal={removal!r}; use 'replace' (by mask_id) or 'attention' (zero the attention mask)")
         if isinstance(tokenizer, str):
@@ -246,8 +248,11 @@ class TextTokens(Modality):
             return [self.vocab[i] for i in values]
         return [str(i) for i in values]
 
-    def render(self, ids: Tensor, relevance: Tensor | None, title: str) -> np.ndarray:
+    def render(self, ids: Tensor, relevance: Tensor | None, title: str, *, signed: bool | None = None) -> np.ndarray:
         """A strip of the tokens ``[T]`` coloured by relevance ``[T]`` (None: uncoloured), padding omitted.
+
+        The colours span :func:`~lightning_gae.display.value_range` of the tokens that are not special (``signed`` as
+        :meth:`Modality.render`), on :func:`~lightning_gae.display.colormap_for` it unless ``cmap`` was given.
 
         Returns:
             uint8 ``[h, w, 3]``; lines wrap at 720 px.
@@ -260,7 +265,10 @@ class TextTokens(Modality):
             keep = ids != self.pad_id
             ids, values = ids[keep], values[keep]
         muted = [i in self.special_ids for i in ids.tolist()]
-        return display.token_strip(self.token_strings(ids), values, title, cmap=self.cmap, muted=muted)
+        vmin, vmax = display.value_range(values[~torch.tensor(muted, dtype=torch.bool)], signed)
+        # Without relevance, a colormap whose low end is white: the text alone, not the scale's colour of 0.
+        cmap = "Greys" if relevance is None else self.cmap or display.colormap_for(vmin < 0)
+        return display.token_strip(self.token_strings(ids), values, title, cmap=cmap, muted=muted, vrange=(vmin, vmax))
 
 
 def _other_modality(found: Any) -> str:

@@ -26,6 +26,7 @@ with typed ``__init__`` arguments, so LightningCLI builds them from YAML::
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from torch import Tensor
 
 from lightning_gae import display
 
-__all__ = ["MethodMap", "Modality", "check_cmap", "check_tokens", "spread"]
+__all__ = ["MethodMap", "Modality", "check_cmap", "check_tokens", "render_map", "spread"]
 
 InterpolateMode = Literal["nearest", "bilinear"]
 
@@ -83,6 +84,12 @@ class MethodMap:
     vrange: tuple[float, float]
     saturated: bool
 
+    @property
+    def signed(self) -> bool:
+        """Whether the map is drawn signed: its scale reaches below 0, as the scale of a method whose ``signed`` fact
+        is True always does (:func:`lightning_gae.display.value_range`)."""
+        return self.vrange[0] < 0
+
 
 class Modality(ABC):
     """How a model's tokens relate to its input: mapping relevance back, removing, regions and drawing.
@@ -105,8 +112,14 @@ class Modality(ABC):
         """Token relevance ``[B, N]`` mapped onto the input space of ``inputs`` (one batch), float32."""
 
     @abstractmethod
-    def render(self, x: Tensor, relevance: Tensor | None, title: str) -> np.ndarray:
-        """One sample ``x`` with its input-space relevance (or alone, for None) as uint8 ``[h, w, 3]``."""
+    def render(self, x: Tensor, relevance: Tensor | None, title: str, *, signed: bool | None = None) -> np.ndarray:
+        """One sample ``x`` with its input-space relevance (or alone, for None) as uint8 ``[h, w, 3]``.
+
+        ``signed``: the drawn method's ``signed`` fact, so that it is drawn alike in every sample: True, on
+        :func:`~lightning_gae.display.colormap_for`'s diverging colormap with the range ``(-m, m)`` (white at 0), even
+        for a map without a negative value; False, on the sequential one with ``(0, max)``; None, decided by the map
+        (signed when a value is below 0). :func:`render_map` passes it.
+        """
 
     @abstractmethod
     def unit_scores(self, attributions: Tensor, inputs: Any) -> Tensor:
@@ -245,7 +258,8 @@ class Modality(ABC):
 
         ``flags``: the sample's row of :meth:`drawn_units`. The default draws :meth:`render` of each map.
         """
-        return self.render(x, None, ""), [self.render(x, torch.from_numpy(np.asarray(m.values)), "") for m in maps]
+        return self.render(x, None, ""), [render_map(self, x, torch.from_numpy(np.asarray(m.values)), m.signed)
+                                          for m in maps]
 
     def picture(self, x: Tensor, maps: Sequence[MethodMap], flags: tuple[np.ndarray, np.ndarray] | None, header: str,
                 panel_px: int, alpha: float) -> np.ndarray:
@@ -278,3 +292,16 @@ class Modality(ABC):
         """
         fields = {"modality": "text", "valid": [True] * count, "muted": [i < self.prefix_tokens for i in range(count)]}
         return fields, np.array([t.encode("utf-8") for t in self.token_labels(x, count)], dtype=object)
+
+
+def render_map(modality: Modality, x: Tensor, relevance: Tensor, signed: bool | None, title: str = "") -> np.ndarray:
+    """``modality.render(x, relevance, title, signed=signed)``: one method's map of one sample, drawn by the method's
+    ``signed`` fact.
+
+    A modality whose ``render`` was written without the ``signed`` keyword is called without it and draws the map as
+    it decides from the data, as it always did.
+    """
+    parameters = inspect.signature(modality.render).parameters.values()
+    if any(p.name == "signed" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return modality.render(x, relevance, title, signed=signed)
+    return modality.render(x, relevance, title)

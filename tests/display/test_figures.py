@@ -42,13 +42,26 @@ def test_normalize_spans_zero_to_one_keeping_order():
 
 def test_overlay_blends_image_and_colormap_with_alpha():
     image = np.full((4, 4, 3), 0.2)
-    relevance = np.arange(16.0).reshape(4, 4)
+    relevance = np.arange(1.0, 17.0).reshape(4, 4)
     np.testing.assert_allclose(display.overlay(image, relevance, alpha=0.0), image)
-    heat = matplotlib.colormaps["jet"](relevance / 15.0)[..., :3]
+    # From 0, not min-max: the smallest value (1) is not the colormap's first colour.
+    heat = matplotlib.colormaps[display.SEQUENTIAL_CMAP](relevance / 16.0)[..., :3]
     np.testing.assert_allclose(display.overlay(image, relevance, alpha=1.0), heat)
     np.testing.assert_allclose(display.overlay(image, relevance, alpha=0.25), 0.75 * image + 0.25 * heat)
     with pytest.raises(ValueError, match=r"relevance \[H, W\]"):
         display.overlay(image, np.zeros((3, 4)))
+
+
+def test_overlay_draws_a_signed_method_white_at_zero_whatever_the_sample():
+    image = np.zeros((1, 3, 3))
+    positive = display.overlay(image, np.array([[0.0, 0.5, 1.0]]), alpha=1.0, signed=True)
+    mixed = display.overlay(image, np.array([[0.0, 0.5, -1.0]]), alpha=1.0, signed=True)
+    diverging = matplotlib.colormaps[display.DIVERGING_CMAP]
+    np.testing.assert_allclose(positive[0], diverging(np.array([0.5, 0.75, 1.0]))[:, :3])
+    np.testing.assert_allclose(mixed[0], diverging(np.array([0.5, 0.75, 0.0]))[:, :3])
+    assert (positive[0, 0] > 0.95).all()  # 0 is white in both
+    sequential = display.overlay(image, np.array([[0.0, 0.5, 1.0]]), alpha=1.0, signed=False)
+    np.testing.assert_allclose(sequential[0], matplotlib.colormaps[display.SEQUENTIAL_CMAP]([0.0, 0.5, 1.0])[:, :3])
 
 
 def test_titled_image_enlarges_tiny_images_with_crisp_pixels():
@@ -79,25 +92,50 @@ def test_token_strip_colours_by_relevance_and_wraps_long_text():
         display.token_strip(tokens, np.zeros(5))
 
 
+def _pixels_of(picture, cmap, at):
+    colour = np.round(np.array(matplotlib.colormaps[cmap](at)[:3]) * 255).astype(int)
+    return int((np.abs(picture.astype(int) - colour).max(-1) <= 1).sum())
+
+
+def test_token_strip_colours_from_zero_on_the_colormap_of_the_range():
+    # Min-max would give the least relevant token the colormap's first colour; from 0 it is half way.
+    strip = display.token_strip(["half", "full"], np.array([0.5, 1.0]))
+    assert _pixels_of(strip, display.SEQUENTIAL_CMAP, 0.5) > 50 and _pixels_of(strip, display.SEQUENTIAL_CMAP, 0.0) == 0
+    signed = display.token_strip(["half", "full"], np.array([0.5, 1.0]), vrange=(-1.0, 1.0))
+    assert _pixels_of(signed, display.DIVERGING_CMAP, 0.75) > 50 and _pixels_of(signed, display.DIVERGING_CMAP, 1.0) > 50
+
+
+def test_feature_bars_take_their_values_colour_on_the_colormap_of_the_range():
+    signed = display.feature_bars(["a", "b", "c"], [1.0, -0.5, 0.0], "t")
+    assert _pixels_of(signed, display.DIVERGING_CMAP, 1.0) > 100 and _pixels_of(signed, display.DIVERGING_CMAP, 0.25) > 50
+    positive = display.feature_bars(["a", "b", "c"], [1.0, 0.5, 0.0], "t")
+    assert _pixels_of(positive, display.SEQUENTIAL_CMAP, 0.5) > 50
+    assert _pixels_of(positive, display.DIVERGING_CMAP, 1.0) == 0
+    # A signed method's range, given, keeps its diverging colours on a map without a negative value.
+    kept = display.feature_bars(["a", "b", "c"], [1.0, 0.5, 0.0], "t", vrange=(-1.0, 1.0))
+    assert _pixels_of(kept, display.DIVERGING_CMAP, 0.75) > 50
+
+
 def test_muted_tokens_are_grey_and_outside_the_colour_scale():
     tokens = ["[CLS]", "good", "bad", "[SEP]"]
     relevance = np.array([0.0, 0.2, 0.1, 50.0])
     muted = display.token_strip(tokens, relevance, muted=[True, False, False, True])
     plain = display.token_strip(tokens, relevance)
-    # "good" is the most relevant non-muted token, so it gets the darkest red of the colormap.
-    darkest = np.round(np.array(matplotlib.colormaps["Reds"](1.0)[:3]) * 255).astype(int)
+    # "good" is the most relevant non-muted token, so it gets the last colour of the colormap.
+    darkest = np.round(np.array(matplotlib.colormaps[display.SEQUENTIAL_CMAP](1.0)[:3]) * 255).astype(int)
     has_darkest = lambda img: (np.abs(img.astype(int) - darkest).max(-1) <= 1).sum()  # noqa: E731
     assert has_darkest(muted) > 50 and has_darkest(plain) > 50
     grey = lambda img: (np.abs(img.astype(int) - 224).max(-1) <= 1).sum()  # noqa: E731
-    assert grey(muted) > 100 and grey(plain) == 0
+    # (the plain strip's few are the anti-aliased edges of white letters on dark boxes)
+    assert grey(muted) > 100 and grey(plain) < grey(muted) / 20
 
 
 def test_feature_bars_length_follows_relevance():
     red = np.round(np.array(matplotlib.colors.to_rgb("tab:red")) * 255).astype(int)
     count = lambda img: (np.abs(img.astype(int) - red).max(-1) <= 1).sum()  # noqa: E731
-    one = display.feature_bars(["a", "b", "c"], [1.0, 0.0, 0.0], "t")
-    two = display.feature_bars(["a", "b", "c"], [1.0, 1.0, 0.0], "t")
-    half = display.feature_bars(["a", "b", "c"], [1.0, 0.5, 0.0], "t")
+    one = display.feature_bars(["a", "b", "c"], [1.0, 0.0, 0.0], "t", color="tab:red")
+    two = display.feature_bars(["a", "b", "c"], [1.0, 1.0, 0.0], "t", color="tab:red")
+    half = display.feature_bars(["a", "b", "c"], [1.0, 0.5, 0.0], "t", color="tab:red")
     assert _is_rgb_picture(one) and one.shape == two.shape
     assert 1.8 < count(two) / count(one) < 2.2
     assert 1.3 < count(half) / count(one) < 1.7

@@ -20,6 +20,7 @@ from lightning_gae import Modality, display
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
 from lightning_gae.compare import attribute, compare
 from lightning_gae.metrics.functional import rationale_agreement
+from lightning_gae.modalities import MethodMap
 from lightning_gae.modalities.regions import Region
 from lightning_gae.options import RegionOptions
 from tests.helpers.models import TinyBlock
@@ -77,9 +78,9 @@ class SignalPatches(Modality):
         replacement = torch.zeros_like(signal) if fill is None else self._signal(fill)
         return torch.where(drop.to(signal.device).repeat_interleave(self.patch, dim=1), replacement, signal)
 
-    def render(self, x: Tensor, relevance: Tensor | None, title: str) -> np.ndarray:
+    def render(self, x: Tensor, relevance: Tensor | None, title: str, *, signed: bool | None = None) -> np.ndarray:
         """The signal as a dark line over its relevance's colours, one column per sample (a patch's score, or a
-        Captum map's per sample)."""
+        Captum map's per sample), on the colormap of the method's sign (``signed``; None: the map's own)."""
         values = x.detach().float().cpu()
         rows = 24
         span = (values.max() - values.min()).clamp(min=1e-6)
@@ -91,7 +92,9 @@ class SignalPatches(Modality):
         heat = relevance.detach().float().cpu().reshape(-1)
         if heat.numel() != values.numel():
             heat = heat.repeat_interleave(values.numel() // heat.numel())
-        panel = display.heatmap_panel(image, heat[None].numpy(), size=128, vrange=display.value_range(heat))
+        vmin, vmax = display.value_range(heat, signed)
+        panel = display.heatmap_panel(image, heat[None].numpy(), size=128, vrange=(vmin, vmax),
+                                      cmap=display.colormap_for(vmin < 0))
         return display.titled_image(panel, title)
 
     def region_tokens(self, region: Region, inputs: Any) -> Tensor:
@@ -193,6 +196,19 @@ def test_its_picture_changes_with_the_relevance():
     one[:8], other[-8:] = 1.0, 1.0
     first, second = modality.render(signal[1], one, "x"), modality.render(signal[1], other, "x")
     assert first.dtype == np.uint8 and first.shape == second.shape and not np.array_equal(first, second)
+
+
+def test_the_callbacks_pictures_draw_its_maps_by_the_methods_sign():
+    # The default panels hand render the sign of each map's scale: (-m, m) is a signed method's, whatever its values.
+    modality = SignalPatches(PATCH)
+    signal = _signals(2, 0).tensors[0][1]
+    values = np.linspace(0.1, 1.0, LENGTH)
+    _, cells = modality.panels(signal, [MethodMap("signed", values, (-1.0, 1.0), False),
+                                        MethodMap("positive", values, (0.0, 1.0), False)], None, 128, 0.7)
+    heat = torch.from_numpy(values)
+    assert np.array_equal(cells[0], modality.render(signal, heat, "", signed=True))
+    assert np.array_equal(cells[1], modality.render(signal, heat, "", signed=False))
+    assert not np.array_equal(cells[0], cells[1])
 
 
 def test_the_ground_truth_it_declares_is_scored_with_the_existing_metric():

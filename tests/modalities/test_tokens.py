@@ -1,10 +1,12 @@
 """lightning_gae.modalities.tokens: the Modality interface every modality shares, built from a config, and
 keyword and tuple inputs mapped and removed alike by every modality."""
 
+import numpy as np
 import pytest
 import torch
 
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae import display
+from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens, render_map
 
 
 # --- all of them --------------------------------------------------------------------------------
@@ -71,3 +73,45 @@ def test_keyword_and_tuple_inputs_are_mapped_and_removed_like_their_tensor(modal
     assert all(_same(removed_mapping[k], mapping[k]) for k in mapping if k not in (key, "attention_mask"))
     blurred = modality.blurred(inputs)
     assert type(blurred) is type(inputs)
+
+
+# --- drawing a method by its sign ---------------------------------------------------------------
+
+
+def _has(picture, colour):
+    return bool((np.abs(picture.astype(int) - np.asarray(colour, dtype=int)).max(-1) <= 1).sum() > 5)
+
+
+_SAMPLES = {
+    "image": (lambda: ImageTokens(2), torch.rand(1, 8, 8, generator=torch.Generator().manual_seed(0)),
+              torch.linspace(0.1, 1.0, 64).reshape(8, 8)),
+    "text": (lambda: TextTokens(vocab=[f"w{i}" for i in range(10)]), torch.arange(1, 9), torch.linspace(0.1, 1.0, 8)),
+    "tabular": (lambda: TabularTokens(["a", "b", "c"]), torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.1, 0.5, 1.0])),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_SAMPLES))
+def test_every_modality_draws_a_method_by_its_sign_not_by_the_sample(kind):
+    make, x, positive = _SAMPLES[kind]
+    modality = make()
+    top = {cmap: display.colormap_lut(cmap)[255] for cmap in (display.DIVERGING_CMAP, display.SEQUENTIAL_CMAP)}
+    # A signed method's map without a negative value stays on the diverging colormap, its maximum the top colour.
+    signed = modality.render(x, positive, "", signed=True)
+    assert _has(signed, top[display.DIVERGING_CMAP]) and not _has(signed, top[display.SEQUENTIAL_CMAP])
+    # A non-negative method's map with a rounding error below 0 stays on the sequential one.
+    rounding = positive.clone().reshape(-1)
+    rounding[0] = -1e-4
+    sequential = modality.render(x, rounding.reshape(positive.shape), "", signed=False)
+    assert _has(sequential, top[display.SEQUENTIAL_CMAP]) and not _has(sequential, top[display.DIVERGING_CMAP])
+    # Unknown (None): by the map, as render_map draws for a render written without the keyword.
+    assert np.array_equal(modality.render(x, positive, ""), modality.render(x, positive, "", signed=False))
+
+
+def test_render_map_passes_the_sign_to_a_render_that_takes_it_and_leaves_an_older_render_alone():
+    class OlderImages(ImageTokens):
+        def render(self, x, relevance, title):  # written before render took signed
+            return super().render(x, relevance, title)
+
+    make, x, positive = _SAMPLES["image"]
+    assert np.array_equal(render_map(make(), x, positive, True), make().render(x, positive, "", signed=True))
+    assert np.array_equal(render_map(OlderImages(2), x, positive, True), make().render(x, positive, ""))

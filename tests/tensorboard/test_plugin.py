@@ -506,6 +506,30 @@ def test_a_map_that_is_zero_everywhere_says_why_instead_of_a_black_panel(tmp_pat
             assert page.script_errors() == []
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium binary on PATH (Debian: apt-get install chromium)")
+def test_chromium_says_what_to_do_on_a_logdir_without_a_run(tmp_path):
+    logdir = tmp_path / "no_run_yet"
+    logdir.mkdir()
+    with tensorboard_server(logdir) as base, Chromium(find_chromium(), width=1200, height=900) as browser:
+        page = browser.open(f"{base}/#gae")
+        page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard[data-rendered-step]')")
+        assert page.evaluate(f"{DASHBOARD}.querySelector('#gae-dashboard').dataset.renderedStep") == "none"
+        # What a user reads: innerText is the rendered text (empty for a hidden element), on a box of some size.
+        shown = page.evaluate(f"""(() => {{
+            const box = {DASHBOARD}.querySelector('#gae-no-run');
+            const r = box.getBoundingClientRect();
+            return [box.innerText, r.width, r.height];
+        }})()""")
+        text, width, height = shown
+        assert text == ("No run with GAE data in this logdir yet: train with lightning_gae.callbacks.GAECallback and a "
+                        "TensorBoardLogger writing under this logdir. A run that is still training appears here at its "
+                        "first explanation step or score (the tab checks every 15 s).")
+        assert width > 200 and height > 10
+        assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap, svg.gae-curve').length") == 0
+        assert page.script_errors() == []
+
+
 # --- declared regions: their shares beside the faithfulness curves, the alerts marked --------------------------------
 
 
