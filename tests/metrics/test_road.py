@@ -17,7 +17,7 @@ from lightning_gae.metrics import (
     ROADLeRF,
     perturbation_metric,
 )
-from lightning_gae.metrics.functional import road_auc
+from lightning_gae.metrics.functional import noisy_linear_imputation, road_auc
 from lightning_gae.modalities import ImageTokens, TabularTokens
 from lightning_gae.options import FaithfulnessOptions
 from recipes.vit import ViTClassifier
@@ -129,3 +129,19 @@ def test_compare_scores_road_with_standard_errors_equal_to_the_metric():
     reference = ROAD(model, ImageTokens(2))
     reference.update(images, tokens)
     assert result.methods["gae"]["road"] == pytest.approx(reference.compute().item(), abs=1e-5)
+
+
+def test_images_impute_whole_patches_in_zero_one_space():
+    modality = ImageTokens(patch_size=2, prefix_tokens=0, mean=MEAN, std=STD, removal="patch")
+    images = torch.randn(2, 2, 6, 5, generator=torch.Generator().manual_seed(5))
+    drop = torch.zeros(2, 6, dtype=torch.bool)  # 3 x 2 patches; the last column of pixels belongs to none
+    drop[0, [0, 3]] = True
+    drop[1, 5] = True
+    out = modality.impute(images, drop, lambda x, m: noisy_linear_imputation(x, m, noise=0.0))
+    mean, std = torch.tensor(MEAN).view(2, 1, 1), torch.tensor(STD).view(2, 1, 1)
+    pixels = drop.reshape(2, 1, 3, 2).repeat_interleave(2, 2).repeat_interleave(2, 3)[:, 0]
+    pixels = torch.nn.functional.pad(pixels, (0, 1))
+    for image, mask, got in zip(images, pixels, out):
+        expected = (linear_imputation_oracle(image.double() * std + mean, mask) - mean) / std
+        torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
+        assert torch.equal(got[:, ~mask], image[:, ~mask])
