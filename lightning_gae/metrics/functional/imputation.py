@@ -22,8 +22,8 @@ NEIGHBOUR_WEIGHTS: tuple[tuple[float, float, float], ...] = (
 )
 """The weight of each neighbour of a pixel (the centre is the pixel itself): ROAD's and Quantus' weights."""
 
-_TOLERANCE = 1e-10
-"""CG stops once every residual is below this share of the system's right-hand side (float64)."""
+_TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-6}
+"""CG stops once every residual is below this share of the system's right-hand side (float32 on MPS only)."""
 
 
 def _stencil(x: Tensor) -> Tensor:
@@ -61,7 +61,7 @@ def _solve(known: Tensor, removed: Tensor) -> Tensor:
     z = scale * r
     p = z
     rz = dot(r, z)
-    limit = _TOLERANCE * rhs.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=1.0)
+    limit = _TOLERANCE[known.dtype] * rhs.abs().amax(dim=(-2, -1), keepdim=True).clamp(min=1.0)
     steps = 20 * (known.shape[-1] + known.shape[-2]) + 100
     for step in range(steps):
         if step % 10 == 0 and bool((r.abs().amax(dim=(-2, -1), keepdim=True) <= limit).all()):
