@@ -5,9 +5,13 @@ import math
 
 import pytest
 import torch
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
 from lightning_gae import explain
+from lightning_gae.callbacks import GAECallback
 from lightning_gae.compare import compare
 from lightning_gae.metrics import (
     PERTURBATION_METRICS,
@@ -20,6 +24,7 @@ from lightning_gae.metrics import (
 from lightning_gae.metrics.functional import noisy_linear_imputation, road_auc
 from lightning_gae.modalities import ImageTokens, TabularTokens
 from lightning_gae.options import FaithfulnessOptions
+from recipes.digits import DigitsDataModule
 from recipes.vit import ViTClassifier
 from tests.helpers.metric_oracle import linear_imputation_oracle
 
@@ -145,3 +150,25 @@ def test_images_impute_whole_patches_in_zero_one_space():
         expected = (linear_imputation_oracle(image.double() * std + mean, mask) - mean) / std
         torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5)
         assert torch.equal(got[:, ~mask], image[:, ~mask])
+
+
+@pytest.mark.slow
+def test_the_callback_logs_road_with_its_standard_error_as_compare_scores_it(tmp_path):
+    seed_everything(0)
+    model, data = ViTClassifier(dim=16, depth=1, heads=2), DigitsDataModule(batch_size=32)
+    options = FaithfulnessOptions(metrics=("road", "road_lerf"), samples=0)
+    callback = GAECallback(num_samples=8, methods=("gae", "rollout"), faithfulness=options)
+    trainer = Trainer(logger=TensorBoardLogger(tmp_path), callbacks=[callback], accelerator="cpu", devices=1,
+                      enable_progress_bar=False, enable_model_summary=False)
+    trainer.validate(model, datamodule=data)
+    x, y = data.val_set.tensors
+    index = torch.tensor(callback.sample_indices)
+    result = compare(model.eval(), x[index], target=y[index], methods=("gae", "rollout", "random"),
+                     modality=ImageTokens(2), protocol="predicted", faithfulness=options)
+    events = EventAccumulator(trainer.logger.log_dir)
+    events.Reload()
+    for method in ("gae", "rollout", "random"):
+        for name in ("road", "road_lerf"):
+            logged = events.Scalars(f"{name}/{method}")[-1].value
+            assert logged == pytest.approx(result.methods[method][name], abs=1e-4), (name, method)
+            assert events.Scalars(f"{name}/{method}/stderr")[-1].value >= 0
