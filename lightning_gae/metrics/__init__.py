@@ -29,6 +29,8 @@ from lightning_gae.metrics.perturbation import (
     NegativePerturbationAUC,
     PerturbationAUC,
     PositivePerturbationAUC,
+    ROAD,
+    ROADLeRF,
     Sufficiency,
 )
 
@@ -41,6 +43,8 @@ PERTURBATION_METRICS: dict[str, Callable[..., Any]] = {
     "sufficiency": Sufficiency,
     "aopc": AOPC,
     "abpc": ABPC,
+    "road": ROAD,
+    "road_lerf": ROADLeRF,
 }
 """The perturbation metrics by the names the callback, ``compare`` and the CLI use (all take
 ``update(inputs, attributions, target)``; the classes declare ``higher_is_better``)."""
@@ -114,6 +118,8 @@ __all__ = [
     "ExplanationStability",
     "InsertionAUC",
     "PerturbationAUC",
+    "ROAD",
+    "ROADLeRF",
     "RationaleAgreement",
     "RationaleRecall",
     "RegionRecall",

@@ -33,6 +33,7 @@ from lightning_gae.metrics.functional.perturbation import (
     check_fractions,
     check_protocol,
 )
+from lightning_gae.metrics.functional.road import ROAD_NOISE, check_road, road_curves
 from lightning_gae.modalities.tokens import Modality
 
 __all__ = [
@@ -44,6 +45,8 @@ __all__ = [
     "NegativePerturbationAUC",
     "PerturbationAUC",
     "PositivePerturbationAUC",
+    "ROAD",
+    "ROADLeRF",
     "Sufficiency",
 ]
 
@@ -250,6 +253,59 @@ class NegativePerturbationAUC(PerturbationAUC):
 
 
 _BY_ORDER: dict[str, type[PerturbationAUC]] = {"positive": PositivePerturbationAUC, "negative": NegativePerturbationAUC}
+
+
+class ROAD(_CurveMetric):
+    r"""ROAD (Rong et al., ICML 2022), most relevant first (MoRF): the perturbation test with removed pixels imputed.
+
+    The curve and area of :class:`PositivePerturbationAUC` (fractions 0, 10, ..., 90%, accuracy, ×100; lower is
+    better), with the units removed by the modality's :meth:`~lightning_gae.Modality.impute`: an image's pixels (or
+    patches) by :func:`~lightning_gae.metrics.functional.noisy_linear_imputation` of the kept ones in [0, 1] space
+    plus noise, so that the shape of what was removed does not tell the class; tokens and features the modality's
+    way, where ROAD equals the perturbation test. :class:`ROADLeRF` removes the least relevant first.
+
+    Args:
+        noise: the standard deviation of the noise on imputed pixels in [0, 1] space (ROAD's 0.01).
+        seed: seeds the noise at every update: a batch scores the same every time, every method meeting the same noise.
+        fractions: increasing, within [0, 1) (an image keeps a pixel to impute from).
+        others: as in :class:`PerturbationAUC`.
+    """
+
+    order: ClassVar[Order] = "positive"
+    higher_is_better = False
+    plot_upper_bound = 100.0
+    _scale = 100.0
+
+    def __init__(
+        self,
+        forward_fn: Callable[..., Any],
+        modality: Modality,
+        fractions: Sequence[float] = PERTURBATION_FRACTIONS,
+        score: Score = "accuracy",
+        noise: float = ROAD_NOISE,
+        seed: int = 0,
+        max_batch: int = 256,
+        protocol: Protocol = "target",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(forward_fn, modality, max_batch, protocol, **kwargs)
+        check_road(fractions, noise)
+        if score not in ("accuracy", "probability"):
+            raise ValueError(f"score={score!r}; use 'accuracy' or 'probability'")
+        self.score, self.noise, self.seed = score, float(noise), int(seed)
+        self._curve_states(f"road_{self.order}_{score}_{protocol}", fractions)
+
+    def _curves(self, inputs: Any, attributions: Tensor, target: Target) -> Tensor:
+        return road_curves(self.forward_fn, self.modality, inputs, attributions, target, self.order, self.fractions,
+                           self.score, self.noise, self.seed, self.max_batch, self.protocol)
+
+
+class ROADLeRF(ROAD):
+    """:class:`ROAD`, least relevant units imputed first (LeRF): a faithful explanation keeps the accuracy; higher is
+    better."""
+
+    order = "negative"
+    higher_is_better = True
 
 
 class DeletionAUC(_CurveMetric):

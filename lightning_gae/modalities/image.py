@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -176,10 +176,9 @@ class ImageTokens(Modality):
             value = value / torch.tensor(self.std)
         return value.to(like).view(1, channels, 1, 1)
 
-    def remove(self, inputs: Any, drop: Tensor, fill: Any = None) -> Any:
-        """Images with the dropped pixels (or patches) black, or taken from ``fill``, in the structure of ``inputs``."""
-        images = _images(inputs)
-        batch, channels, height, width = images.shape
+    def _pixel_mask(self, drop: Tensor, images: Tensor) -> Tensor:
+        """bool ``[B, 1, H, W]``: the pixels of the units where ``drop [B, U]`` is True."""
+        batch, _, height, width = images.shape
         if self.removal == "patch":
             rows, cols = height // self.patch_size, width // self.patch_size
             cells = drop.reshape(batch, 1, rows, cols)
@@ -187,8 +186,24 @@ class ImageTokens(Modality):
             mask = F.pad(mask, (0, width - mask.shape[-1], 0, height - mask.shape[-2]))
         else:
             mask = drop.reshape(batch, 1, height, width)
-        replacement = self._black(channels, images) if fill is None else _images(fill)
-        return replace_input(inputs, images, torch.where(mask.to(images.device), replacement, images))
+        return mask.to(images.device)
+
+    def remove(self, inputs: Any, drop: Tensor, fill: Any = None) -> Any:
+        """Images with the dropped pixels (or patches) black, or taken from ``fill``, in the structure of ``inputs``."""
+        images = _images(inputs)
+        replacement = self._black(images.shape[1], images) if fill is None else _images(fill)
+        return replace_input(inputs, images, torch.where(self._pixel_mask(drop, images), replacement, images))
+
+    def impute(self, inputs: Any, drop: Tensor, imputation: Callable[[Tensor, Tensor], Tensor]) -> Any:
+        """Images with the dropped pixels (or patches) imputed from the kept ones by ``imputation`` in [0, 1] space
+        (``mean``/``std`` undone first and applied again after, as ROAD imputes before normalising)."""
+        images = _images(inputs)
+        channels = images.shape[1]
+        mean = torch.tensor(self.mean or (0.0,) * channels).to(images).view(1, channels, 1, 1)
+        std = torch.tensor(self.std or (1.0,) * channels).to(images).view(1, channels, 1, 1)
+        mask = self._pixel_mask(drop, images)
+        filled = imputation(images * std + mean, mask[:, 0])
+        return replace_input(inputs, images, torch.where(mask, (filled - mean) / std, images))
 
     def blurred(self, inputs: Any) -> Any:
         """A Gaussian blur of each channel (reflect padding), the start of an insertion curve (RISE)."""

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -151,6 +151,15 @@ class Modality(ABC):
     def blurred(self, inputs: Any) -> Any:
         """The start of an insertion curve: every removable unit removed (images: a blurred copy)."""
         return self.remove(inputs, self.removable(inputs))
+
+    def impute(self, inputs: Any, drop: Tensor, imputation: Callable[[Tensor, Tensor], Tensor]) -> Any:
+        """A copy of ``inputs`` with the units where ``drop [B, U]`` is True inferred from the units kept (ROAD's removal).
+
+        ``imputation(values [B, C, H, W], mask [B, H, W]) -> values`` fills the pixels where ``mask`` is True (e.g.
+        :func:`~lightning_gae.metrics.functional.noisy_linear_imputation`). The default is :meth:`remove`: tokens and
+        features have no neighbourhood to infer a removed one from.
+        """
+        return self.remove(inputs, drop)
 
     @property
     def can_remove(self) -> bool:

@@ -39,6 +39,8 @@ from lightning_gae.metrics import (
     RelevanceSegmentation,
     RegionRecall,
     RegionShare,
+    ROAD,
+    ROADLeRF,
     Sufficiency,
     functional,
 )
@@ -135,6 +137,18 @@ def abpc() -> Case:
                                 - oracle.curve_oracle(model, means, x, a, t, order="positive", **options)),
         batches=batches,
     )
+
+
+def road() -> Case:
+    # On a table ROAD removes features as the perturbation test does: the same oracle (images: tests/metrics/test_road.py).
+    return _curve_case(ROAD, lambda *a, **o: functional.road_auc(*a, order="positive", **o), seed=14, with_labels=True,
+                       fractions=PERTURBATION_FRACTIONS, scale=100.0, score="probability", protocol="predicted")
+
+
+def road_lerf() -> Case:
+    return _curve_case(ROADLeRF, lambda *a, **o: functional.road_auc(*a, order="negative", **o), seed=15,
+                       with_labels=False, fractions=PERTURBATION_FRACTIONS, scale=100.0, score="accuracy",
+                       protocol="target")
 
 
 def deletion_auc() -> Case:
@@ -258,6 +272,8 @@ CASES: dict[str, Callable[[], Case]] = {
     "PositivePerturbationAUC": positive_perturbation_auc,
     "NegativePerturbationAUC": negative_perturbation_auc,
     "ABPC": abpc,
+    "ROAD": road,
+    "ROADLeRF": road_lerf,
     "DeletionAUC": deletion_auc,
     "InsertionAUC": insertion_auc,
     "Comprehensiveness": comprehensiveness,

@@ -254,3 +254,35 @@ def region_recall_oracle(scores, mask, valid=None, k=None):
         best = sorted(tokens, key=lambda n: float(scores[b, n]), reverse=True)[:top]
         recalls.append(sum(n in region for n in best) / min(top, len(region)))
     return torch.tensor(sum(recalls) / len(recalls))
+
+
+# --- noisy linear imputation (ROAD) ----------------------------------------------------------------
+
+
+def linear_imputation_oracle(image, mask):
+    """One image ``[C, H, W]``, float64: the removed pixels' system written densely from the formula (each removed
+    pixel the 1/6 (direct) and 1/12 (diagonal) weighted mean of its in-image neighbours) and solved directly."""
+    channels, height, width = image.shape
+    image = image.double()
+    removed = [(i, j) for i in range(height) for j in range(width) if mask[i, j]]
+    index = {pixel: n for n, pixel in enumerate(removed)}
+    a = torch.zeros(len(removed), len(removed), dtype=torch.float64)
+    b = torch.zeros(len(removed), channels, dtype=torch.float64)
+    for n, (i, j) in enumerate(removed):
+        for di in (-1, 0, 1):
+            for dj in (-1, 0, 1):
+                y, x = i + di, j + dj
+                if (di, dj) == (0, 0) or not (0 <= y < height and 0 <= x < width):
+                    continue
+                weight = 1 / 12 if di and dj else 1 / 6
+                a[n, n] += weight
+                if (y, x) in index:
+                    a[n, index[(y, x)]] -= weight
+                else:
+                    b[n] += weight * image[:, y, x]
+    out = image.clone()
+    if removed:
+        solved = torch.linalg.solve(a, b)
+        for n, (i, j) in enumerate(removed):
+            out[:, i, j] = solved[n]
+    return out

@@ -20,6 +20,7 @@ from lightning_gae.metrics import (
     ExplanationStability,
     NegativePerturbationAUC,
     PERTURBATION_METRICS,
+    ROAD,
     PerturbationAUC,
     PositivePerturbationAUC,
     RelevanceSegmentation,
@@ -113,7 +114,7 @@ def test_per_sample_states_are_each_samples_own_update_and_the_auc_is_linear(nam
     # each sample's curve (trapezoid in float64) averages to the area of the mean curve.
     if hasattr(metric, "curve"):
         curves = states[metric._sum_name].double()
-        scale = 100.0 if isinstance(metric, PerturbationAUC) else 1.0
+        scale = 100.0 if isinstance(metric, (PerturbationAUC, ROAD)) else 1.0
         own = torch.trapezoid(curves, torch.tensor(metric.fractions, dtype=torch.float64), dim=1) * scale
     else:
         own = states[metric._total_name].double()

@@ -24,6 +24,8 @@ from lightning_gae.metrics.functional.health import (
     relevance_concentration,
     tied_groups,
 )
+from lightning_gae.metrics.functional.imputation import noisy_linear_imputation
+from lightning_gae.metrics.functional.road import road_auc, road_curve
 from lightning_gae.metrics.functional.regions import RegionRemoval, region_recall, region_removal_drop, region_share
 from lightning_gae.metrics.functional.segmentation import rationale_agreement, rationale_recall, relevance_segmentation
 from lightning_gae.metrics.functional.stability import explanation_stability
@@ -44,6 +46,7 @@ __all__ = [
     "explanation_stability",
     "identity_dominated",
     "insertion_auc",
+    "noisy_linear_imputation",
     "not_better_than_random",
     "perturbation_auc",
     "perturbation_curve",
@@ -55,6 +58,8 @@ __all__ = [
     "region_share",
     "relevance_concentration",
     "relevance_segmentation",
+    "road_auc",
+    "road_curve",
     "sufficiency",
     "tied_groups",
 ]

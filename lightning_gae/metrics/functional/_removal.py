@@ -130,6 +130,7 @@ def perturbed_scores(
     fill: Any = None,
     max_batch: int = 256,
     protocol: Protocol = "target",
+    removal: Callable[[Any, Tensor], Any] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The model's score of every sample with every mask's units removed.
 
@@ -145,6 +146,8 @@ def perturbed_scores(
         fill: inputs whose units replace removed ones (default: the modality's removal value).
         max_batch: at most this many perturbed inputs per forward pass.
         protocol: ``"target"`` or ``"predicted"`` (:data:`PROTOCOLS`).
+        removal: how a chunk of inputs loses the units a mask ``[b, U]`` holds, ``removal(inputs, drop) -> inputs``
+            (ROAD's imputation); None: the modality's :meth:`~lightning_gae.Modality.remove` with ``fill``.
 
     Returns:
         ``scores [S, B]`` float32 and ``clean [B]``, the scored class's unperturbed probability.
@@ -152,7 +155,7 @@ def perturbed_scores(
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1; got {max_batch}")
     steps, batch = masks.shape[:2]
-    if fill is None:
+    if fill is None and removal is None:
         fill = modality.remove(inputs, modality.removable(inputs))
     # A plain function has no modes to switch; a module runs in eval mode and gets its own flags back.
     modes = eval_mode(forward_fn) if isinstance(forward_fn, nn.Module) else nullcontext()
@@ -171,7 +174,9 @@ def perturbed_scores(
         # Step-major pairs, so one chunk mixes steps and samples and the count of forwards is ceil(S*B / max_batch).
         for pairs in torch.nonzero(removes).flatten().split(max_batch):
             step, sample = pairs // batch, pairs % batch
-            chunk = modality.remove(select_rows(inputs, sample, batch), masks[step, sample], select_rows(fill, sample, batch))
+            rows = select_rows(inputs, sample, batch)
+            chunk = (modality.remove(rows, masks[step, sample], select_rows(fill, sample, batch)) if removal is None
+                     else removal(rows, masks[step, sample]))
             index = sample.to(logits.device)
             out[pairs.to(out.device)] = score_logits(forward_logits(forward_fn, chunk), explained[index], reference[index], score)
     # Cloned outside inference mode: callers may update the scores in place or keep them in metric states.
