@@ -443,9 +443,9 @@ def test_the_dashboard_tensors_name_the_plugin(run, read_plugin_events):
     ours = [t for t in acc.Tags()["tensors"] if t.startswith("gae_dashboard/")]
     assert ours and all(acc.SummaryMetadata(t).plugin_data.plugin_name == "gae" for t in ours)
     described = [json.loads(acc.SummaryMetadata(t).plugin_data.content) for t in ours]
-    # A flag too where a method was not shown better than random on the 3 samples scored.
+    # A flag too where a method was not shown better than random on the 3 samples scored, and why the methods tie.
     assert {"input", "prediction", "relevance", "curve", "score"} <= {d["kind"] for d in described} <= {
-        "input", "prediction", "relevance", "curve", "score", "flag"}
+        "input", "prediction", "relevance", "curve", "score", "flag", "tie"}
 
 
 def test_token_relevance_that_does_not_fit_the_patch_grid_is_an_error():
