@@ -9,7 +9,9 @@ region in that sample (:func:`lightning_gae.metrics.regions.chance_shares`), and
 is beyond its standard errors and the ``margin`` (:func:`lightning_gae.metrics.regions.beyond_chance`): more than
 chance on a suspect region, less on an evidence one. The alert names the step, the method, the share beside chance's,
 the samples most affected, the method's faithfulness and what removing the region does to the prediction (does the
-model use it, or does the method only point at it), measured on the faithfulness subset where there is one.
+model use it, or does the method only point at it), measured on the faithfulness subset where there is one. An alert
+whose check did not find the region used is checked again at every later step, and followed up once when a check
+does (:func:`escalation`): an alert can come before the model has learnt the cue.
 A region that holds no token of a tracked sample is not scored there, and the run says so (:func:`coverage`).
 """
 
