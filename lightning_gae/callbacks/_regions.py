@@ -42,9 +42,9 @@ from lightning_gae.options import RegionOptions
 from lightning_gae.tensorboard.summary import faithfulness_rows, write_alerts
 
 __all__ = ["NOT_SCORED", "Due", "RegionAlert", "Removal", "Verdict", "alert_tokens", "announce", "announce_coverage",
-           "coverage", "coverage_lines", "due_alerts", "escalation", "faithfulness_beside", "new_alerts", "region_chance", "region_masks",
-           "region_scalars", "removal_chunks", "removal_text", "removal_verdict", "share_tag", "subset_removal",
-           "with_data_regions"]
+           "coverage", "coverage_lines", "due_alerts", "escalation", "faithfulness_beside", "new_alerts",
+           "region_chance", "region_masks", "region_scalars", "removal_chunks", "removal_text", "removal_verdict",
+           "share_tag", "subset_removal", "with_data_regions"]
 
 NOT_SCORED = "not_scored"
 """The method name of a region's entry in the alerts when no tracked sample holds it (the GAE tab lists it)."""
