@@ -458,9 +458,10 @@ class RegionOptions:
     ``margin`` (:func:`~lightning_gae.metrics.regions.beyond_chance`), or less on an *evidence* region by as much,
     the callback warns once for that method and region, with the step, the share beside chance's, the samples most
     affected, the method's faithfulness and a removal check (the drop of the explained class's probability when the
-    region is removed, against random regions of its size: whether the model really uses it); the alert also goes to
-    the Text tab (``gae_alerts``) and to the summary printed when the run ends. ``threshold`` and ``rise`` add
-    absolute rules for suspect regions.
+    region is removed, against random regions of its size: whether the model really uses it), and once more, as a
+    follow-up, at the first later step whose removal check finds the region used where the alert's did not; the
+    alert also goes to the Text tab (``gae_alerts``) and to the summary printed when the run ends. ``threshold`` and
+    ``rise`` add absolute rules for suspect regions.
 
     Args:
         regions: the regions (:class:`~lightning_gae.modalities.regions.Region`: an image mask, text token ids or a

@@ -9,16 +9,18 @@ region in that sample (:func:`lightning_gae.metrics.regions.chance_shares`), and
 is beyond its standard errors and the ``margin`` (:func:`lightning_gae.metrics.regions.beyond_chance`): more than
 chance on a suspect region, less on an evidence one. The alert names the step, the method, the share beside chance's,
 the samples most affected, the method's faithfulness and what removing the region does to the prediction (does the
-model use it, or does the method only point at it), measured on the faithfulness subset where there is one.
+model use it, or does the method only point at it), measured on the faithfulness subset where there is one. An alert
+whose check did not find the region used is checked again at every later step, and followed up once when a check
+does (:func:`escalation`): an alert can come before the model has learnt the cue.
 A region that holds no token of a tracked sample is not scored there, and the run says so (:func:`coverage`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from lightning.pytorch import Trainer
@@ -39,10 +41,10 @@ from lightning_gae.callbacks.samples import Samples
 from lightning_gae.options import RegionOptions
 from lightning_gae.tensorboard.summary import faithfulness_rows, write_alerts
 
-__all__ = ["NOT_SCORED", "Due", "RegionAlert", "Removal", "alert_tokens", "announce", "announce_coverage", "coverage",
-           "coverage_lines", "due_alerts", "faithfulness_beside", "new_alerts", "region_chance", "region_masks",
-           "region_scalars", "removal_chunks", "removal_text", "removal_verdict", "share_tag", "subset_removal",
-           "with_data_regions"]
+__all__ = ["NOT_SCORED", "Due", "RegionAlert", "Removal", "Verdict", "alert_tokens", "announce", "announce_coverage",
+           "coverage", "coverage_lines", "due_alerts", "escalation", "faithfulness_beside", "new_alerts",
+           "region_chance", "region_masks", "region_scalars", "removal_chunks", "removal_text", "removal_verdict",
+           "share_tag", "subset_removal", "with_data_regions"]
 
 NOT_SCORED = "not_scored"
 """The method name of a region's entry in the alerts when no tracked sample holds it (the GAE tab lists it)."""
@@ -78,11 +80,20 @@ def region_scalars(relevance: Mapping[str, Tensor], masks: Mapping[str, Tensor],
     return scalars, shares
 
 
+class Verdict(NamedTuple):
+    """What the removal check of a region said (:func:`removal_verdict`)."""
+
+    text: str
+    """The alert's line: what was measured, on how many samples, and the verdict."""
+    uses: bool
+    """The model uses the region (:attr:`lightning_gae.metrics.regions.RemovalCheck.uses`)."""
+
+
 def removal_verdict(model: nn.Module, chunks: Iterable[tuple[Any, Tensor]], modality: Modality, seed: int,
-                    what: str) -> str:
-    """Whether the model uses the region, as an alert's line: the drops of the explained class's probability when it
-    is removed and when random regions of its size are, over ``chunks`` (``(inputs, region mask)`` batches of the
-    ``what`` samples), with the sample count, the interval of the difference and the verdict
+                    what: str) -> Verdict:
+    """Whether the model uses the region: the drops of the explained class's probability when it is removed and when
+    random regions of its size are, over ``chunks`` (``(inputs, region mask)`` batches of the ``what`` samples), with
+    the sample count, the interval of the difference and the verdict
     (:class:`lightning_gae.metrics.regions.RemovalCheck`)."""
     generator = torch.Generator().manual_seed(seed)
     region, random, held, total = [], [], 0, 0
@@ -97,9 +108,9 @@ def removal_verdict(model: nn.Module, chunks: Iterable[tuple[Any, Tensor]], moda
         random.append(found.random[holds].mean(dim=1).cpu())
         held += int(holds.sum())
     if not held:
-        return f"removal check: none of the {total} {what} samples holds the region"
+        return Verdict(f"removal check: none of the {total} {what} samples holds the region", False)
     check = RemovalCheck.from_drops(torch.cat(region), torch.cat(random), held)
-    return "removal check: " + removal_text(check, f"{total} {what}")
+    return Verdict("removal check: " + removal_text(check, f"{total} {what}"), check.uses)
 
 
 def removal_text(check: RemovalCheck, what: str) -> str:
@@ -166,17 +177,30 @@ class RegionAlert:
     stderr: float = float("nan")
     count: int = 0
     rule: str = "chance"
-    """What raised it: ``"chance"``, ``"threshold"`` or ``"rise"``."""
+    """What raised it: ``"chance"``, ``"threshold"``, ``"rise"``, or ``"follow-up"`` (:func:`escalation`)."""
+    uses: bool | None = None
+    """What its removal check said: True, the model uses the region; False, it does not rely on it or the samples were
+    too few to tell (a later step may then raise a follow-up, :func:`escalation`); None, not known (an alert kept by a
+    checkpoint of a version that did not keep it)."""
+    follows: int | None = None
+    """For a follow-up, the step of the first alert of its region and method, whose removal check did not find the
+    model using the region; this one's does."""
 
     def text(self, indent: str = "") -> str:
         """A headline with the step, the method, the region, the share and chance's, then one indented line per detail."""
         floor = "" if self.floor is None or not math.isfinite(self.floor) else f", where chance puts {self.floor:.1%}"
         head = f"step {self.step}: {self.share:.0%} of {self.method}'s relevance sits on the {self.kind} region {self.region!r}{floor}"
+        if self.follows is not None:
+            head = (f"step {self.step}: the model now uses the {self.kind} region {self.region!r} ({self.method}'s "
+                    f"alert of step {self.follows} came before it did); {self.share:.0%} of {self.method}'s relevance "
+                    f"sits on it{floor}")
         lean = "more" if self.kind == "suspect" else "less"
         error = f" ± {self.stderr:.1%} (standard error)" if math.isfinite(self.stderr) else " (no standard error)"
         measured = f"share minus chance: {self.excess:+.1%}{error} over {self.count} samples"
         against = (f"{measured} ({lean} than chance by over {STDERR_MULTIPLE:g} standard errors and the margin)"
                    if self.rule == "chance" else f"raised by the {self.rule} rule; {measured}")
+        if self.follows is not None:
+            against = f"{measured} now; the alert of step {self.follows} found it {lean} than chance"
         details = [against, f"samples most affected: {self.samples}", self.faithfulness, self.removal]
         return "\n".join([indent + head, *(f"{indent}    {line}" for line in details)])
 
@@ -204,7 +228,7 @@ def faithfulness_beside(method: str, scores: Mapping[str, float] | None) -> str:
 @dataclass
 class Due:
     """An alert due (:func:`due_alerts`): the region, the method, its share against chance, the samples most
-    affected and the rule that raised it."""
+    affected and the rule that raised it (a follow-up is raised only if the removal check now finds the region used)."""
 
     region: Region
     method: str
@@ -228,18 +252,21 @@ def _rule(regions: RegionOptions, region: Region, found: ChanceExcess, share: fl
 
 def due_alerts(regions: RegionOptions, scalars: Mapping[str, float], shares: Mapping[str, Mapping[str, Tensor]],
                chance: Mapping[str, Tensor], first: Mapping[str, float], raised: set[tuple[str, str]],
-               shown: list[Any]) -> list[Due]:
+               shown: list[Any], waiting: Set[tuple[str, str]] = frozenset()) -> list[Due]:
     """Every region and method not raised before whose share differs from chance as
     :func:`~lightning_gae.metrics.regions.beyond_chance` says (``margin``), or, for a suspect region, crossed
-    ``threshold`` or rose by ``rise`` since ``first``. ``chance``: region -> each tracked sample's chance share."""
+    ``threshold`` or rose by ``rise`` since ``first``; and every one ``waiting`` for a follow-up (raised before, its
+    removal check did not find the model using the region: :func:`escalation`), whatever its share now, by the rule
+    ``"follow-up"``. ``chance``: region -> each tracked sample's chance share."""
     due = []
     for region in regions.regions:
         for method, per_sample in shares.get(region.name, {}).items():
-            if method == RANDOM.name or (region.name, method) in raised:
+            pair = (region.name, method)
+            if method == RANDOM.name or (pair in raised and pair not in waiting):
                 continue
             found = excess_over_chance(per_sample, chance[region.name])
             tag = share_tag(region.name, method)
-            rule = _rule(regions, region, found, scalars.get(tag), first.get(tag))
+            rule = "follow-up" if pair in waiting else _rule(regions, region, found, scalars.get(tag), first.get(tag))
             if rule is None:
                 continue
             # The samples most affected: the highest shares on a suspect region, the lowest on an evidence one.
@@ -270,6 +297,24 @@ def region_chance(masks: Mapping[str, Tensor], modality: Modality, inputs: Any) 
     return {name: chance_shares(mask.cpu(), alert_tokens(modality, cpu, mask.shape[1])) for name, mask in masks.items()}
 
 
+def escalation(raised: Iterable[RegionAlert], region: str, method: str, uses: bool) -> tuple[bool, int | None]:
+    """Whether a region and method whose share differs from chance at this step raise an alert, given the alerts
+    ``raised`` before and whether this step's removal check finds the model using the region (``uses``), and the step
+    of the earlier alert it follows (None: a first alert).
+
+    A first alert is always raised. After it, one follow-up only, and only when the earlier alerts' removal checks
+    all said the model did not use the region (an alert can come before the model has learnt the cue) and this
+    step's check says it does: what the first alert could not yet say. Alerts whose check is not known (kept by an
+    older checkpoint) are not followed up.
+    """
+    before = [a for a in raised if a.region == region and a.method == method]
+    if not before:
+        return True, None
+    if uses and all(a.uses is False for a in before):
+        return True, before[0].step
+    return False, None
+
+
 def new_alerts(regions: RegionOptions, run: RunState, scalars: Mapping[str, float],
                shares: Mapping[str, Mapping[str, Tensor]], first: Mapping[str, float], raised: list[RegionAlert],
                module: nn.Module, inputs: Any, step: int, last_scores: Mapping[str, float] | None,
@@ -279,20 +324,26 @@ def new_alerts(regions: RegionOptions, run: RunState, scalars: Mapping[str, floa
     faithfulness subset), else on the tracked samples."""
     scores = scalars if faithfulness_rows(scalars) is not None else last_scores
     done = {(a.region, a.method) for a in raised}
+    # Alerts whose removal check did not find the model using the region: checked again at every step, until it does.
+    waiting = {pair for pair in done if escalation(raised, *pair, uses=True)[0]}
     found = []
-    removals: dict[str, str] = {}  # the check removes the region from the samples: the same for every method
+    removals: dict[str, Verdict] = {}  # the check removes the region from the samples: the same for every method
     assert run.modality is not None  # settled when the run started
     chance = region_chance(run.region_masks, run.modality, inputs)
-    for due in due_alerts(regions, scalars, shares, chance, first, done, run.shown):
+    for due in due_alerts(regions, scalars, shares, chance, first, done, run.shown, waiting):
         name = due.region.name
         if name not in removals:
             chunks, what = (([(inputs, run.region_masks[name])], "tracked") if removal is None
                             else removal(due.region))
             removals[name] = removal_verdict(module, chunks, run.modality, seed, what)
+        raise_it, follows = escalation(raised, name, due.method, removals[name].uses)
+        if not raise_it:
+            continue
         share = due.found.share if math.isfinite(due.found.share) else scalars.get(share_tag(name, due.method), math.nan)
         found.append(RegionAlert(step, name, due.method, share, due.found.chance, due.samples,
-                                 faithfulness_beside(due.method, scores), removals[name], due.region.kind,
-                                 due.found.excess, due.found.stderr, due.found.samples, due.rule))
+                                 faithfulness_beside(due.method, scores), removals[name].text, due.region.kind,
+                                 due.found.excess, due.found.stderr, due.found.samples, due.rule, removals[name].uses,
+                                 follows))
     return found
 
 

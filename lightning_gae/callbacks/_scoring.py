@@ -9,7 +9,7 @@ are gathered before the values are computed (``share``, :func:`lightning_gae.cal
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -17,6 +17,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import Metric
+from torchmetrics.aggregation import SumMetric
 
 from lightning_gae._structures import map_tensors, take
 from lightning_gae.callbacks._explainer import Explainer
@@ -29,7 +30,8 @@ from lightning_gae.methods.random import RANDOM
 from lightning_gae.metrics.functional import explanation_stability, relevance_concentration
 from lightning_gae.modalities.tokens import Modality
 from lightning_gae.tensorboard.summary import scalar_tag
-from lightning_gae.tensorboard.ranks import FAITHFULNESS_SAMPLES
+from lightning_gae.tensorboard.ranks import (FAITHFULNESS_ACCURACY, FAITHFULNESS_CLASSES, FAITHFULNESS_PREDICTED_CLASSES,
+                                             FAITHFULNESS_SAMPLES)
 from lightning_gae.metrics.ground_truth import SET_TRUTH, TruthScore
 
 __all__ = ["Curves", "ScoredBatch", "cached_metric", "faithfulness", "finite_scalars", "relevance_scalars",
@@ -73,8 +75,9 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
                  extra_truth: Sequence[TruthScore] = (),
                  share: Callable[[SampleScores], SampleScores] | None = None,
                  groups: Tensor | None = None) -> tuple[dict[str, float], Curves]:
-    """Each metric and method over every batch, with its standard error (``<tag>/stderr``) and the number of samples
-    scored (``faithfulness_samples``), and the metrics' curves.
+    """Each metric and method over every batch, with its standard error (``<tag>/stderr``), the number of samples
+    scored (``faithfulness_samples``) and what the model predicted on them (``faithfulness_accuracy`` with class labels,
+    ``faithfulness_classes``, ``faithfulness_predicted_classes``: :class:`_Predictions`), and the metrics' curves.
 
     The scores are :func:`lightning_gae.evaluation.score_batches`' (``explains_prediction``: the attributions explain
     each sample's prediction, ``target="pred"``; ``extra_truth``: e.g. the recall of a causal LM's answer rows), with
@@ -82,11 +85,13 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
     ``batches`` into those of every sample scored (on several ranks: every rank's part). ``groups`` labels every
     sample scored (after ``share``), the samples of one group left out together by the standard errors.
     """
-    scores = score_batches(batches, metrics, module, modality, max_batch=max_batch,
+    predictions = _Predictions()
+    scores = score_batches(predictions.watch(batches), metrics, module, modality, max_batch=max_batch,
                            explains_prediction=explains_prediction, extra_truth=extra_truth,
                            metric=lambda key, build: cached_metric(cache, key, module, build))
     if share is not None:
         scores = share(scores)
+        predictions.scores = share(predictions.scores)
     scores.groups = groups
     out: dict[str, float] = {}
     counts = set()
@@ -100,7 +105,51 @@ def faithfulness(batches: Iterable[ScoredBatch], metrics: Sequence[str], explain
     if counts:
         # Every metric and method of a step is scored on the same samples.
         out[FAITHFULNESS_SAMPLES] = float(max(counts))
+        out.update(predictions.scalars(explains_prediction))
     return out, scores.curves()
+
+
+class _Predictions:
+    """What the model predicted on the scored samples, kept as the batches go by (:meth:`watch`), from the logits the
+    explanations read (no forward pass of its own): each sample's predicted class and class label as the states of a
+    ``SumMetric`` of that sample alone, in a :class:`SampleScores` so that on several ranks they are gathered with
+    the scores' own samples."""
+
+    KEYS = {"prediction": ("prediction", "model"), "label": ("label", "model")}
+
+    def __init__(self) -> None:
+        self.scores = SampleScores()
+        self.classes = 0
+
+    def _keep(self, what: str, values: Tensor) -> None:
+        self.scores.add_updates(*self.KEYS[what], SumMetric(sync_on_compute=False).to(values.device), [values.float()])
+
+    def watch(self, batches: Iterable[ScoredBatch]) -> Iterator[ScoredBatch]:
+        """``batches`` as they come."""
+        for batch in batches:
+            logits, labels = batch.logits, batch.labels
+            if logits is not None and logits.dim() == 2 and logits.shape[0] > 0:
+                self.classes = int(logits.shape[1])
+                self._keep("prediction", logits.argmax(dim=1))
+                if labels is not None and labels.dim() == 1 and not labels.is_floating_point():
+                    self._keep("label", labels.to(logits.device))
+            yield batch
+
+    def scalars(self, explains_prediction: bool) -> dict[str, float]:
+        """``faithfulness_classes`` (how many classes the model chooses from), ``faithfulness_predicted_classes`` (how
+        many of them it predicted on the scored samples) and, where the samples have class labels and the methods
+        explain the prediction, ``faithfulness_accuracy``: what tells a model at chance
+        (:func:`~lightning_gae.tensorboard.ranks.at_chance`)."""
+        rows = self.scores.rows()
+        if self.KEYS["prediction"] not in rows:
+            return {}
+        predicted = rows[self.KEYS["prediction"]]["sum_value"].reshape(-1)
+        out = {FAITHFULNESS_CLASSES: float(self.classes),
+               FAITHFULNESS_PREDICTED_CLASSES: float(len(predicted.unique()))}
+        if self.KEYS["label"] in rows and explains_prediction:
+            labels = rows[self.KEYS["label"]]["sum_value"].reshape(-1)
+            out[FAITHFULNESS_ACCURACY] = float((predicted == labels).double().mean())
+        return out
 
 
 def set_truth_scalars(explanations: Mapping[str, Any], rows: Mapping[str, Mapping[str, Tensor]] | None,
@@ -158,7 +207,7 @@ def scored_batches(trainer: Trainer, pl_module: LightningModule, subset: Samples
             # Seeded by position, so that a sample's random ranking is the same at every step and on any ranks.
             scored[RANDOM.name] = random_rows(first.tokens, rows[start:stop], seed, max_batch, total)
         truth = None if part.truth is None else part.truth[start:stop]
-        yield Batch(inputs, scored, first.target, labels, truth)
+        yield Batch(inputs, scored, first.target, labels, truth, logits=first.logits)
 
 
 def finite_scalars(scalars: dict[str, float], step: int, warned: set[str]) -> dict[str, float]:

@@ -269,7 +269,8 @@ class Run:
         if run.scored is None or views is not None:
             # Models with several token sets score no perturbation metric; their ground truth is per set.
             # FaithfulnessOptions(samples=0): the displayed samples are scored, at every step (they are few).
-            batches: Iterable[ScoredBatch] = [ScoredBatch(inputs, scored, first.target, run.labels, run.truth)]
+            batches: Iterable[ScoredBatch] = [ScoredBatch(inputs, scored, first.target, run.labels, run.truth,
+                                                          logits=first.logits)]
             assert self.sample_indices is not None  # chosen when the run started
             scored_on = f"the {len(self.sample_indices)} tracked validation samples at step {step}"
         elif subset is not None:

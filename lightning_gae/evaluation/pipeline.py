@@ -47,6 +47,9 @@ class Batch(NamedTuple):
     """The samples' ground truth (batch in dim 0), or None."""
     regions: Mapping[str, Tensor] | None = None
     """Region name -> bool ``[B, N]`` over the tokens (:func:`region_masks`), or None."""
+    logits: Tensor | None = None
+    """The model's logits on ``inputs`` ``[B, C]`` as the explanations read them, or None: what the model predicted
+    (not scored here; the callback tells from them whether the model is at chance)."""
 
 
 def _new_metric(key: str, build: Callable[[], Metric]) -> Metric:

@@ -27,7 +27,9 @@ plugin reads the meaning from the metadata, never from the tag's spelling. Kinds
 * ``region``: per step, declared region (``region``), ``stat`` (``"share"`` or ``"recall"``) and method (``random``: the
   floor), ``float64 [1]``: the scalar the loggers got (``region_<stat>_<region>/<method>``);
 * ``alert``: per step where it was raised, ``region`` and ``method``, a string ``[1]``: the alert as markdown (a
-  suspect region took the method's relevance: the share, the samples, the method's faithfulness, the removal check).
+  suspect region took the method's relevance: the share, the samples, the method's faithfulness, the removal check);
+* ``tie``: per step where the methods' faithfulness was scored and every method ties on some metric, a string ``[1]``:
+  why (:func:`lightning_gae.tensorboard.ranks.tie_note`, the note the Text tab's table and the run's summary print).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ TAG_PREFIX = "gae_dashboard"
 VERSION = 1
 
 KINDS = ("input", "prediction", "relevance", "curve", "score", "set_input", "set_relevance", "row_labels", "flag",
-         "region", "alert")
+         "region", "alert", "tie")
 
 
 FIELDS: dict[str, dict[str, type]] = {
@@ -59,6 +61,7 @@ FIELDS: dict[str, dict[str, type]] = {
     "flag": {"method": str, "cause": str},
     "region": {"region": str, "stat": str, "method": str},
     "alert": {"region": str, "method": str},
+    "tie": {},
 }
 """Per kind, the fields a description must have and their types (what the GAE tab reads)."""
 

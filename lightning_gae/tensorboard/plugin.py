@@ -12,8 +12,10 @@ Routes (``run`` and ``step`` are query parameters):
   samples (input, modality layout, label; every token set's input for a model with several), each
   method's largest relevance magnitude over all steps, and the summary: per faithfulness metric, the
   methods ranked (value ± standard error; methods the errors do not tell apart share a rank) at every step
-  where the metric was scored, the explanations flagged as not faithful (``flags``), the declared regions' share and
-  recall per method over the steps, ``random`` the floor (``regions``), and the alerts of suspect regions (``alerts``);
+  where the metric was scored, at each step where every method ties on some metric why (``ties``: the note the run's
+  summary prints, :func:`~lightning_gae.tensorboard.ranks.tie_note`), the explanations flagged as not faithful
+  (``flags``), the declared regions' share and recall per method over the steps, ``random`` the floor
+  (``regions``), and the alerts of suspect regions (``alerts``);
   ``signed`` per method (drawn on a diverging colormap, white at 0, or a sequential one), and ``problems``;
 * ``/step?run=&step=``: at that step, every sample's prediction and raw relevance per method (and per
   token set, a decoder's target x source rows), why a map is all zero where it is, and every metric's
@@ -253,7 +255,7 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
     @_route
     def _serve_run(self, request: wrappers.Request) -> wrappers.Response:
         run, described, problems = self._run_descriptions(request)
-        kinds = ("input", "set_input", "relevance", "prediction", "curve", "score", "flag", "region", "alert")
+        kinds = ("input", "set_input", "relevance", "prediction", "curve", "score", "flag", "region", "alert", "tie")
         of = {kind: self._of_kind(described, kind) for kind in kinds}
         data = self._read(request, run, [tag for kind in kinds for tag in of[kind]])
         steps = sorted({d.step for tag in of["prediction"] for d in data.get(tag, [])})
@@ -303,6 +305,7 @@ class GAEDashboardPlugin(base_plugin.TBPlugin):
                    "samples": samples, "ranges": ranges,
                    "signed": {m: get_method(m).signed if m in method_names() else negative.get(m, False) for m in methods},
                    "summary": self._summary(of["score"], data, methods, problems),
+                   "ties": self._text_entries(of["tie"], data, (), problems),
                    "flags": self._text_entries(of["flag"], data, ("method", "cause"), problems),
                    "regions": self._regions(of["region"], data, methods, problems),
                    "alerts": self._text_entries(of["alert"], data, ("region", "method"), problems),

@@ -231,6 +231,15 @@ def _score_values(scalars: Mapping[str, float] | None) -> list[Summary.Value]:
     return values
 
 
+def _tie_values(scalars: Mapping[str, float] | None, curves: Curves | None) -> list[Summary.Value]:
+    """The dashboard's ``tie`` tensor of a step: why every method ties where they all do (:func:`tie_note`)."""
+    note = None if faithfulness_rows(scalars or {}) is None else tie_note(scalars or {}, curves)
+    if note is None:
+        return []
+    return [_tensor_summary(f"{metadata.TAG_PREFIX}/tie", np.array([note.encode("utf-8")], dtype=object),
+                            metadata.encode("tie"))]
+
+
 def _image_value(tag: str, picture: np.ndarray) -> Summary.Value:
     """An Images-tab summary of uint8 ``[h, w, 3]``, PNG-encoded once for every writer.
 
@@ -400,7 +409,7 @@ class TensorBoardViews(StepViews):
         GAE tab, the Text tab's ``gae_faithfulness`` table and the Custom Scalars layout of its metrics; the
         loggers write the scalars themselves."""
         values = (self._curve_values(curves) + self._table_values(scalars, curves) + _score_values(scalars)
-                  + _region_values(scalars))
+                  + _region_values(scalars) + _tie_values(scalars, curves))
         for writer in writers:
             layout = self._layout(writer, scalars)
             if layout:
@@ -442,7 +451,7 @@ class TensorBoardViews(StepViews):
         ``inputs_values`` (the tracked samples' inputs) go to each writer once, the first time it is written to.
         """
         values = (values + self._curve_values(curves) + self._table_values(scalars, curves) + _score_values(scalars)
-                  + _region_values(scalars))
+                  + _region_values(scalars) + _tie_values(scalars, curves))
         for writer in writers:
             key = _writer_key(writer)
             layout = self._layout(writer, scalars)

@@ -206,6 +206,13 @@ def test_ddp_on_two_cpu_processes_logs_once_from_rank_zero(tmp_path, run_script,
         scoring = metric(model, ImageTokens(patch_size=2), protocol="predicted")
         scoring.update(part.inputs, tokens, part.labels)
         assert scores[f"{name}/gae"][-1][1] == pytest.approx(scoring.compute().item(), abs=1e-4)
+    # What the model predicted on the part (what tells a model at chance), gathered from both ranks as the scores are.
+    with torch.no_grad():
+        predicted = model(part.inputs).argmax(dim=1)
+    accuracy = (predicted == part.labels).float().mean().item()
+    assert acc.Scalars("faithfulness_accuracy")[-1].value == pytest.approx(accuracy, abs=1e-6)
+    assert acc.Scalars("faithfulness_predicted_classes")[-1].value == len(predicted.unique())
+    assert acc.Scalars("faithfulness_classes")[-1].value == 10
 
 
 MODEL_PARALLEL_SCRIPT = """

@@ -204,6 +204,48 @@ def test_a_corner_shortcut_of_a_hugging_face_vit_alerts_by_default_and_the_whole
     assert shares and all(value == pytest.approx(1.0) for _, value in shares)
 
 
+@pytest.mark.slow
+def test_an_alert_raised_before_the_model_uses_the_corner_is_followed_up_once_when_it_does(tmp_path, make_trainer,
+                                                                                          read_events):
+    # GAE's relevance goes to the corner before the model decides by it: the first alert's removal check finds no use,
+    # and a later one does; that later finding is raised once, as a follow-up of the first alert.
+    seed_everything(0)
+    pixels = torch.zeros(32, 32, dtype=torch.bool)
+    pixels[:4, :4] = True
+    callback = GAECallback(num_samples=8, methods=("gae", "rollout"),
+                           faithfulness=FaithfulnessOptions(metrics=("positive_perturbation_auc",), samples=32),
+                           regions=RegionOptions(regions=[Region("corner", "suspect", mask=pixels)]))
+    trainer = make_trainer(tmp_path, [callback], max_epochs=6, limit_train_batches=None, limit_val_batches=None)
+    trainer.fit(CornerViT(), DataLoader(corner_images(512, True, 0), batch_size=32, shuffle=True),
+                DataLoader(corner_images(64, False, 1), batch_size=32))
+    gae = [a for a in callback.run.alerts if a.method == "gae"]
+    assert len(gae) == 2, [a.text() for a in gae]
+    first, later = gae
+    assert first.uses is False and first.follows is None and "the model uses it" not in first.removal
+    assert re.search(r"the model does not rely on it|too few samples to tell", first.removal), first.removal
+    assert later.step > first.step and later.uses is True and later.follows == first.step
+    assert later.rule == "follow-up" and later.removal.endswith(": the model uses it")
+    assert later.text().startswith(f"step {later.step}: the model now uses the suspect region 'corner' (gae's alert "
+                                   f"of step {first.step} came before it did); ")
+    # A method first alerted once the model uses the region gets no follow-up: its alert said so already.
+    assert all(a.follows is None for a in callback.run.alerts if a.method != "gae")
+    # Written to the Text tab and the GAE tab at its own step.
+    events = read_events(trainer.logger.log_dir)
+    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("gae_alerts/text_summary")}
+    assert "the model now uses the suspect region 'corner'" in texts[later.step]
+    # Kept by the checkpoint's state as the other alerts are; an alert of an older checkpoint (without the removal
+    # check's finding) loads, and is not known to wait for a follow-up.
+    state = callback.state_dict()
+    assert [(a["uses"], a["follows"]) for a in state["alerts"] if a["method"] == "gae"] == [(False, None),
+                                                                                           (True, first.step)]
+    resumed = GAECallback(num_samples=8, regions=RegionOptions(regions=[Region("corner", "suspect", mask=pixels)]))
+    resumed.load_state_dict(state)
+    assert [(a.uses, a.follows) for a in resumed.run.alerts] == [(a.uses, a.follows) for a in callback.run.alerts]
+    older = dict(state, alerts=[{k: v for k, v in a.items() if k not in ("uses", "follows")} for a in state["alerts"]])
+    resumed.load_state_dict(older)
+    assert [a.uses for a in resumed.run.alerts] == [None] * len(state["alerts"])
+
+
 # --- what cannot be told, and what cannot be scored --------------------------------------------------------------
 
 

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from lightning_gae import TextTokens
 from lightning_gae.callbacks import FaithfulnessOptions, GAECallback
-from lightning_gae.tensorboard.ranks import rank_labels, tie_note
+from lightning_gae.tensorboard.ranks import at_chance, rank_labels, tie_note
 from recipes.digits import DigitsDataModule
 from tests.helpers.hf_modules import Batches, TextByName, ids_and_mask, tiny_bert
 from tests.helpers.models import small_vit
@@ -171,7 +171,7 @@ def test_a_model_that_predicts_one_class_says_why_every_method_ties(tmp_path, ma
     assert {cell.rsplit(" ", 1)[1] for _, *cells in rows for cell in cells} == {"#1="}
     (ties,) = [line for line in out.splitlines() if line.startswith("ties: ")]
     assert "every method, random included, scores the same on negative_perturbation_auc (" in ties
-    assert "over 24 samples)" in ties and "predicts one class" in ties
+    assert "over 24 samples)" in ties and "the model predicts one class for all 24 of these samples" in ties
     # The Text tab's table says the same.
     events = read_events(trainer.logger.log_dir)
     tables = [e.tensor_proto.string_val[0].decode() for e in events.Tensors("gae_faithfulness")]
@@ -195,3 +195,46 @@ def test_ties_that_the_errors_make_name_the_samples_and_what_to_do():
     assert tie_note(same, curves).startswith("no method is told apart")
     flat = {"positive_perturbation_auc": {m: ([0.0, 0.5], torch.tensor([0.45, 0.45])) for m in ("gae", "random")}}
     assert tie_note(same, flat).startswith("every method, random included, scores the same")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batches,epochs,at_chance", [(40, 3, True), (45, 8, False)])
+def test_the_tie_note_says_when_the_model_is_at_chance_with_its_accuracy(tmp_path, make_trainer, read_events, capsys,
+                                                                        batches, epochs, at_chance):
+    # The digits ViT barely trained (its predictions vary, its accuracy is a chance's 0.1 of 10 classes) and trained
+    # (well above it): the methods tie on 32 samples either way, and only the first is said to be at chance.
+    seed_everything(0)
+    callback = GAECallback(num_samples=2, methods=("gae", "rollout"),
+                           faithfulness=FaithfulnessOptions(samples=32, interim_samples=0))
+    trainer = make_trainer(tmp_path, [callback], limit_train_batches=batches, max_epochs=epochs, limit_val_batches=None)
+    trainer.fit(small_vit(lr=1e-2 if not at_chance else 3e-3), DigitsDataModule(batch_size=32))
+    out = capsys.readouterr().out
+    logged = {tag: values[-1] for tag, values in read_events(trainer.logger.log_dir).scalar_values().items()}
+    accuracy = logged["faithfulness_accuracy"]
+    assert logged["faithfulness_classes"] == 10 and logged["faithfulness_predicted_classes"] > 1
+    (ties,) = [line for line in out.splitlines() if line.startswith("ties: ")]
+    assert ties.startswith("ties: no method is told apart from another")
+    if at_chance:
+        assert accuracy < 0.1 + 2 * (0.1 * 0.9 / 32) ** 0.5
+        assert (f"the model is at chance: the model's accuracy on these 32 samples is {accuracy:.2f} (chance with 10 "
+                "classes: 0.10; not above it by 2 standard errors of 0.053)") in ties
+    else:
+        assert accuracy > 0.3
+        assert "at chance" not in ties.replace("is not at chance", "")
+        assert "the standard errors over 32 samples are wider than the differences" in ties
+        assert f"(the model is not at chance: its accuracy is {accuracy:.2f})" in ties
+
+
+def test_at_chance_needs_the_evidence_and_names_it():
+    base = {"faithfulness_samples": 32.0, "faithfulness_classes": 2.0, "faithfulness_predicted_classes": 2.0}
+    assert at_chance({**base, "faithfulness_accuracy": 0.5}).startswith(
+        "the model's accuracy on these 32 samples is 0.50 (chance with 2 classes: 0.50")
+    # 0.5 + 2 x 0.088 = 0.677: above it is no longer chance.
+    assert at_chance({**base, "faithfulness_accuracy": 0.65}) is not None
+    assert at_chance({**base, "faithfulness_accuracy": 0.70}) is None
+    # One class predicted throughout: at chance whatever the labels say, and without labels.
+    assert at_chance({**base, "faithfulness_predicted_classes": 1.0}) == (
+        "the model predicts one class for all 32 of these samples")
+    # Nothing known: nothing said.
+    assert at_chance({"faithfulness_samples": 32.0}) is None
+    assert at_chance({**base}) is None

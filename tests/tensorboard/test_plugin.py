@@ -153,6 +153,26 @@ def test_the_summary_ranks_the_methods_on_the_scalars_the_callback_logged(run, s
         assert entry["ranking"] == sorted(last, key=last.get, reverse=entry["higher_is_better"])
 
 
+def _table_ties(acc):
+    """Step -> the tie note of the Text tab's faithfulness table at that step (what the run's summary prints)."""
+    out = {}
+    for event in acc.Tensors("gae_faithfulness"):
+        table = event.tensor_proto.string_val[0].decode()
+        notes = [line.removeprefix("ties: ") for line in table.splitlines() if line.startswith("ties: ")]
+        if notes:
+            out[event.step] = notes[0]
+    return out
+
+
+def test_the_summary_says_why_the_methods_tie_as_the_text_tab_does(run, served, read_events):
+    # Three tracked samples scored: nothing tells the methods apart, and the note says why, at every step scored.
+    info = get_json(f"{served}/data/plugin/gae/run?run={run['logdir'].name}")
+    ties = _table_ties(read_events(run["logdir"]))
+    assert set(ties) == {3, 7}
+    assert info["ties"] == [{"step": step, "text": note} for step, note in sorted(ties.items())]
+    assert all("the model" in note and "3 " in note for note in ties.values())
+
+
 def _heatmap_colours(page, table):
     """Per heatmap canvas of the tab, how many of its pixels have a colour that is not in ``table``."""
     return page.evaluate(f"""(() => {{
@@ -208,6 +228,13 @@ def test_chromium_shows_the_summary_first_and_one_colour_scale_read_off_the_bar(
             assert value == pytest.approx(best["values"][-1], rel=5e-3) and error == pytest.approx(best["stderr"][-1], rel=5e-3)
             assert [r[3:] for r in rows] == [[f"#{k}{tied(m, j)}" for j, k in enumerate(entry["methods"][m]["ranks"])]
                                              for m in entry["ranking"]]
+
+        # Why the methods tie at the last step, under the tables it explains.
+        tie = page.evaluate(f"{DASHBOARD}.querySelector('#gae-ties').textContent")
+        assert tie == f"Ties at step 7: {info['ties'][-1]['text']}" and info["ties"][-1]["step"] == 7
+        assert page.evaluate(f"""(() => {{ const d = {DASHBOARD};
+            return Boolean(d.querySelector('#gae-summary').compareDocumentPosition(d.querySelector('#gae-ties'))
+                           & Node.DOCUMENT_POSITION_FOLLOWING); }})()""")
 
         # By default each map spans its own largest magnitude, as the Images tab's pictures do (heatmap_scale="per_map").
         first = str(info["samples"][0]["sample"])
@@ -416,9 +443,9 @@ def test_the_dashboard_tensors_name_the_plugin(run, read_plugin_events):
     ours = [t for t in acc.Tags()["tensors"] if t.startswith("gae_dashboard/")]
     assert ours and all(acc.SummaryMetadata(t).plugin_data.plugin_name == "gae" for t in ours)
     described = [json.loads(acc.SummaryMetadata(t).plugin_data.content) for t in ours]
-    # A flag too where a method was not shown better than random on the 3 samples scored.
+    # A flag too where a method was not shown better than random on the 3 samples scored, and why the methods tie.
     assert {"input", "prediction", "relevance", "curve", "score"} <= {d["kind"] for d in described} <= {
-        "input", "prediction", "relevance", "curve", "score", "flag"}
+        "input", "prediction", "relevance", "curve", "score", "flag", "tie"}
 
 
 def test_token_relevance_that_does_not_fit_the_patch_grid_is_an_error():

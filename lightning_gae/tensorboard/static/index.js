@@ -588,9 +588,12 @@ function summarySection(info) {
   const steps = [...new Set(summary.flatMap((e) => e.steps))].sort((a, b) => a - b);
   const when = steps.length > 1 ? `scored at ${steps.length} steps (${steps.join(", ")})`
     : `scored once, at step ${steps[0]} (GAECallback's metric_every_n_explanations sets when it is scored)`;
+  // Why every method ties at the last step scored (GAECallback's tie note), under the tables it explains.
+  const tie = (info.ties || []).find((t) => t.step === steps[steps.length - 1]);
   const sections = [...flagSection(info),
                     el("div", {class: "gae-section", text: `Summary: the methods ranked on each metric, ${when}`}),
-                    el("div", {class: "gae-summary", id: "gae-summary"}, ...summary.map(rankingTable))];
+                    el("div", {class: "gae-summary", id: "gae-summary"}, ...summary.map(rankingTable)),
+                    ...(tie ? [el("div", {class: "gae-hint", id: "gae-ties", text: `Ties at step ${tie.step}: ${tie.text}`})] : [])];
   if (steps.length > 1) {
     sections.push(el("div", {class: "gae-section", text: "Each metric over training (every step it was scored, ± its " +
                                                             "standard error where there is one; hover a point for the samples it was scored on)"}),
