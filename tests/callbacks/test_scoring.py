@@ -1,6 +1,7 @@
 """GAECallback scores its explanations: the faithfulness subset (its schedule, batches, standard errors, eval mode),
 the papers' protocols, ground truth in the batch (masks, rationales) and Captum baselines beside GAE."""
 
+import re
 import math
 import warnings
 
@@ -74,9 +75,11 @@ def test_the_faithfulness_subset_is_scored_on_its_schedule_and_on_the_final_weig
     tables = acc.Tensors("gae_faithfulness")
     assert [e.step for e in tables] == [pictures[i] for i in scored]
     lines = tensor_util.make_ndarray(tables[-1].tensor_proto).item().decode().splitlines()
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    # The table escapes names for markdown (negative\\_perturbation\\_auc): read each cell as the user sees it.
+    header = [re.sub(r"\\(.)", r"\1", c.strip()) for c in lines[0].strip("|").split("|")]
     assert header == ["method", "negative_perturbation_auc", "positive_perturbation_auc"]
-    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:]
+    rows = {cells[0]: cells[1:] for cells in ([re.sub(r"\\(.)", r"\1", c.strip()) for c in line.strip("|").split("|")]
+                                              for line in lines[2:]
                                               if line.startswith("|"))}
     count = lines.index("value ± standard error over 16 validation samples")
     # Then, where every method ties on a metric, why (on 16 samples of a model trained 8 steps, they may).
