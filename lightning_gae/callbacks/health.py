@@ -197,10 +197,12 @@ def health_flags(step: int, scalars: Mapping[str, float], dominated: Mapping[str
     for method in methods:
         # Worse than random beyond the errors always says something. Not better than random does only where the scores
         # tell another method from random: with few samples every method is within the errors of random, which says
-        # that the samples are too few, not that the methods are unfaithful.
+        # that the samples are too few, not that the methods are unfaithful. Nor does it where the method that beats
+        # random is not itself told apart from this one: then the errors cannot say which of the two to read.
         below = [metric for metric, by_method in scores.items() if _below_floor(metric, method, by_method)
                  and (_worse(metric, by_method[method], by_method[FLOOR])
-                      or any(_beats_floor(metric, other, by_method) for other in by_method if other != method))]
+                      or any(_beats_floor(metric, other, by_method) and _worse(metric, by_method[method], by_method[other])
+                             for other in by_method if other not in (method, FLOOR)))]
         if below:
             worse = [m for m in below if _worse(m, scores[m][method], scores[m][FLOOR])]
             finding = (f"it is worse than random relevance beyond the standard error on {', '.join(worse)}" if worse else

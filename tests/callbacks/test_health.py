@@ -111,6 +111,10 @@ def test_a_flag_follows_the_metrics_direction_and_names_the_most_faithful_method
     (flag,) = health_flags(7, close, {})
     assert flag.method == "gae" and "not better than random relevance beyond the standard error" in flag.finding
     assert "where another method is" in flag.finding
+    # The main job's step 413 on 32 samples: gae better than random but within its errors, rollout beyond them, and gae
+    # not told apart from rollout either: the errors cannot say which of the two to read, so nothing is flagged.
+    main_job = _scalars(POSITIVE, {"gae": 34.38, "rollout": 25.47, "random": 42.5}, {"gae": 5.1, "rollout": 3.8, "random": 4.3})
+    assert health_flags(7, main_job, {}) == []
     # Every method within the errors of random (too few samples to tell): no flag; no standard error: nothing to tell by.
     few = _scalars(POSITIVE, {"gae": 70.0, "rollout": 69.0, "random": 73.0}, {"gae": 6.0, "rollout": 6.0, "random": 6.0})
     assert health_flags(7, few, {}) == []
