@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 import statistics
 
@@ -70,7 +71,7 @@ def test_each_answer_token_is_a_row_logged_and_scored_for_recall(tmp_path):
                                            atol=1e-5 * float(expected.relevance[b].abs().max()), rtol=0)
                 if method == "gae":
                     # The Text tab's table of the row: the answer token is its label.
-                    table = events.tensor(f"gae_tokens/{name}").item().decode().replace("\\", "")   # markdown escapes
+                    table = html.unescape(events.tensor(f"gae_tokens/{name}").item().decode().replace("\\", ""))  # as shown
                     answer = int(expected.answers[b, j])
                     assert f"label {answer} ({VOCAB[answer]})" in table
                 rows.append(expected.relevance[b, j].tolist())
