@@ -15,7 +15,7 @@ from, the hash of the GAE tab's code (:func:`dashboard_hash`) included, which ``
 the code's. ``python -m recipes.tensorboard_screenshots runs/vit_digits`` does the same over a run already made.
 
 Every other picture there is the GAE tab over another recipe's fit (:data:`RECIPES`: several token sets, a
-retrieval model, a causal LM, a declared shortcut region cut to its chart), made the same way by
+retrieval model, a causal LM, the shortcut text recipe's region cut to its chart), made the same way by
 ``--recipes NAME [NAME ...]`` (or ``all``): each config fitted, seeded and on one thread, into a temporary folder
 (half a minute each, the causal LM ten minutes). ``LOGDIR --recipes NAME`` shoots a run of that recipe already made.
 Every picture is recorded in the manifest with the dashboard's hash it was made with, so the test names the command
@@ -55,12 +55,14 @@ MAIN_JOB = "configs/vit_digits.yaml"
 
 @dataclass(frozen=True)
 class Recipe:
-    """Another recipe's picture: the GAE tab over a fresh fit of ``config``, saved as ``picture``; ``part``, a CSS
-    selector in the tab, cuts the picture to that element (None: the whole tab)."""
+    """Another recipe's picture: the GAE tab over a fresh fit of ``config`` (with ``overrides``, command-line
+    arguments of ``lightning-gae fit``), saved as ``picture``; ``part``, a CSS selector in the tab, cuts the picture to
+    that element (None: the whole tab)."""
 
     config: str
     picture: str
     part: str | None = None
+    overrides: tuple[str, ...] = ()
 
     def command(self, name: str) -> str:
         return f"{SCRIPT} --recipes {name}"
@@ -71,7 +73,9 @@ class Recipe:
 RECIPES = {
     "seq2seq": Recipe("configs/seq2seq.yaml", "tensorboard_gae_seq2seq.png"),
     "dual_encoder": Recipe("configs/dual_encoder.yaml", "tensorboard_gae_dual_encoder.png"),
-    "regions": Recipe("configs/shortcut_images.yaml", "tensorboard_gae_regions.png", part="#gae-regions > [data-region]"),
+    # The callback guide's shortcut story: explained every 6 steps, so the chart shows relevance moving onto the word.
+    "regions": Recipe("configs/shortcut_text.yaml", "tensorboard_gae_regions.png", part="#gae-regions > [data-region]",
+                      overrides=("--trainer.callbacks.every_n_epochs=null", "--trainer.callbacks.every_n_train_steps=6")),
     "recall": Recipe("configs/causal_lm_recall.yaml", "tensorboard_gae_recall.png"),
 }
 EVERYTHING = f"{COMMAND} --recipes all"
@@ -459,14 +463,14 @@ def text_tab(page: Page, output: Path) -> list[Path]:
     return [path]
 
 
-def fit(config: str, folder: Path) -> tuple[Path, str]:
-    """Fit ``config`` (seeded by its ``seed_everything``, on one thread) with its logs under ``folder``: its logdir
-    (``folder/<its logger's name>``) and what it printed."""
+def fit(config: str, folder: Path, overrides: tuple[str, ...] = ()) -> tuple[Path, str]:
+    """Fit ``config`` (seeded by its ``seed_everything``, on one thread; ``overrides``: more arguments) with its logs
+    under ``folder``: its logdir (``folder/<its logger's name>``) and what it printed."""
     import yaml
 
     name = yaml.safe_load((ROOT / config).read_text())["trainer"]["logger"]["init_args"]["name"]
     fitted = subprocess.run([sys.executable, "-m", "lightning_gae.cli", "fit", "--config", config,
-                             f"--trainer.logger.init_args.save_dir={folder}"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                             *overrides, f"--trainer.logger.init_args.save_dir={folder}"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
     print(fitted.stdout)
     fitted.check_returncode()
@@ -557,9 +561,9 @@ def recipe_job(name: str, logdir: Path | None, output: Path, folder: Path) -> tu
     recipe = RECIPES[name]
     run = str(logdir) if logdir else "a fresh fit"
     if logdir is None:
-        logdir, _ = fit(recipe.config, folder / name)
+        logdir, _ = fit(recipe.config, folder / name, recipe.overrides)
     made = shoot(logdir, output, recipe.picture, recipe.part)
-    return made, made_from(recipe.command(name), recipe.config, run, made)
+    return made, made_from(recipe.command(name), " ".join([recipe.config, *recipe.overrides]), run, made)
 
 
 def main(argv: list[str] | None = None) -> None:
