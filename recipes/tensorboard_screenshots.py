@@ -345,13 +345,16 @@ def gae_tab(page: Page, output: Path, name: str = "tensorboard_gae_tab.png", par
     # Hover a patch of the first GAE map (a matrix cell, a token), so the picture shows the read-out.
     target = ("canvas.gae-heatmap[data-method=gae], table.gae-matrix[data-method=gae] td.gae-cell, "
               ".gae-tokens[data-method=gae] .gae-token:not(.muted), canvas.gae-heatmap")
-    left, top, width, height = page.evaluate(f"""(() => {{
+    hovered = page.evaluate(f"""(() => {{
         const frame = document.querySelector('iframe').getBoundingClientRect();
         const hits = {DASHBOARD}.querySelectorAll('{target}');
+        if (!hits.length) return null;  // a run with scores and no pictures: nothing to hover
         const r = hits[Math.min(hits.length - 1, hits[0].tagName === 'TD' ? 37 : 0)].getBoundingClientRect();
         return [frame.left + r.left, frame.top + r.top, r.width, r.height];
     }})()""")
-    page.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": left + width * 0.6, "y": top + height * 0.4})
+    if hovered:
+        left, top, width, height = hovered
+        page.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": left + width * 0.6, "y": top + height * 0.4})
     _settle(page, 0.5)
     first = output / name
     page.screenshot(first)
