@@ -14,11 +14,14 @@ tab) and ``vit_digits_tensorboard.png`` (:mod:`recipes.readme_figure`), then ``m
 from, the hash of the GAE tab's code (:func:`dashboard_hash`) included, which ``tests/test_docs.py`` compares with
 the code's. ``python -m recipes.tensorboard_screenshots runs/vit_digits`` does the same over a run already made.
 
-``--gae-only NAME.png`` saves the GAE tab alone under that name, for the recipes with several token sets
-(``runs/seq2seq recipes/figures --gae-only tensorboard_gae_seq2seq.png``); those pictures need their recipes' fits
-(minutes each) and are listed in the manifest as made separately (:data:`MADE_SEPARATELY`). The test of the
-dashboard (``tests/tensorboard/test_plugin.py``) drives the browser through the same :class:`Chromium` and
-:func:`tensorboard_server`.
+Every other picture there is the GAE tab over another recipe's fit (:data:`RECIPES`: several token sets, a
+retrieval model, a causal LM, the shortcut text recipe's region cut to its chart), made the same way by
+``--recipes NAME [NAME ...]`` (or ``all``): each config fitted, seeded and on one thread, into a temporary folder
+(half a minute each, the causal LM ten minutes). ``LOGDIR --recipes NAME`` shoots a run of that recipe already made.
+Every picture is recorded in the manifest with the dashboard's hash it was made with, so the test names the command
+of each one the dashboard changed since; ``python -m recipes.tensorboard_screenshots --fit --recipes all`` remakes
+them all. The test of the dashboard (``tests/tensorboard/test_plugin.py``) drives the browser through the same
+:class:`Chromium` and :func:`tensorboard_server`.
 """
 
 from __future__ import annotations
@@ -38,22 +41,44 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 FIGURES = ROOT / "recipes" / "figures"
 MANIFEST = FIGURES / "manifest.json"
-COMMAND = "python -m recipes.tensorboard_screenshots --fit"
+SCRIPT = "python -m recipes.tensorboard_screenshots"
+COMMAND = f"{SCRIPT} --fit"
 MAIN_JOB = "configs/vit_digits.yaml"
-# The pictures of other recipes' runs, each a fit of minutes: made by hand with --gae-only (the regions picture
-# cropped to its chart), and not compared with the dashboard's code.
-MADE_SEPARATELY = {
-    "tensorboard_gae_seq2seq.png": "configs/seq2seq.yaml, --gae-only tensorboard_gae_seq2seq.png",
-    "tensorboard_gae_dual_encoder.png": "configs/dual_encoder.yaml, --gae-only tensorboard_gae_dual_encoder.png",
-    "tensorboard_gae_recall.png": "configs/causal_lm_recall.yaml, --gae-only tensorboard_gae_recall.png",
-    "tensorboard_gae_regions.png": "configs/shortcut_images.yaml, --gae-only, cropped to the regions' chart",
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Another recipe's picture: the GAE tab over a fresh fit of ``config`` (with ``overrides``, command-line
+    arguments of ``lightning-gae fit``), saved as ``picture``; ``part``, a CSS selector in the tab, cuts the picture to
+    that element (None: the whole tab)."""
+
+    config: str
+    picture: str
+    part: str | None = None
+    overrides: tuple[str, ...] = ()
+
+    def command(self, name: str) -> str:
+        return f"{SCRIPT} --recipes {name}"
+
+
+# The recipes with several token sets, a retrieval model, a causal LM and a declared shortcut region: each picture is
+# the GAE tab over its recipe's fit (half a minute to ten minutes on one thread), made by ``--recipes NAME``.
+RECIPES = {
+    "seq2seq": Recipe("configs/seq2seq.yaml", "tensorboard_gae_seq2seq.png"),
+    "dual_encoder": Recipe("configs/dual_encoder.yaml", "tensorboard_gae_dual_encoder.png"),
+    # The callback guide's shortcut story: explained every 6 steps, so the chart shows relevance moving onto the word.
+    "regions": Recipe("configs/shortcut_text.yaml", "tensorboard_gae_regions.png", part="#gae-regions > [data-region]",
+                      overrides=("--trainer.callbacks.every_n_epochs=null", "--trainer.callbacks.every_n_train_steps=6")),
+    "recall": Recipe("configs/causal_lm_recall.yaml", "tensorboard_gae_recall.png"),
 }
+EVERYTHING = f"{COMMAND} --recipes all"
 
 
 def dashboard_files(root: Path = ROOT) -> list[Path]:
@@ -313,18 +338,23 @@ def _settle(page: Page, seconds: float = 2.0) -> None:
     page.evaluate("new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)))")
 
 
-def gae_tab(page: Page, output: Path, name: str = "tensorboard_gae_tab.png") -> list[Path]:
+def gae_tab(page: Page, output: Path, name: str = "tensorboard_gae_tab.png", part: str | None = None) -> list[Path]:
     page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard[data-rendered-step]')", timeout=180)
+    if part:
+        return [_part(page, output / name, part)]
     # Hover a patch of the first GAE map (a matrix cell, a token), so the picture shows the read-out.
     target = ("canvas.gae-heatmap[data-method=gae], table.gae-matrix[data-method=gae] td.gae-cell, "
               ".gae-tokens[data-method=gae] .gae-token:not(.muted), canvas.gae-heatmap")
-    left, top, width, height = page.evaluate(f"""(() => {{
+    hovered = page.evaluate(f"""(() => {{
         const frame = document.querySelector('iframe').getBoundingClientRect();
         const hits = {DASHBOARD}.querySelectorAll('{target}');
+        if (!hits.length) return null;  // a run with scores and no pictures: nothing to hover
         const r = hits[Math.min(hits.length - 1, hits[0].tagName === 'TD' ? 37 : 0)].getBoundingClientRect();
         return [frame.left + r.left, frame.top + r.top, r.width, r.height];
     }})()""")
-    page.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": left + width * 0.6, "y": top + height * 0.4})
+    if hovered:
+        left, top, width, height = hovered
+        page.send("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": left + width * 0.6, "y": top + height * 0.4})
     _settle(page, 0.5)
     first = output / name
     page.screenshot(first)
@@ -348,6 +378,22 @@ def gae_tab(page: Page, output: Path, name: str = "tensorboard_gae_tab.png") -> 
     second = output / "tensorboard_gae_curves.png"
     page.screenshot(second, clip={"x": x, "y": y, "width": w, "height": h})
     return [*made, second]
+
+
+def _part(page: Page, path: Path, selector: str) -> Path:
+    """Save the first element of the GAE tab that ``selector`` matches, scrolled into view, with a margin of 6 px (8
+    reaches the text above the element)."""
+    if not page.evaluate(f"Boolean({DASHBOARD}.querySelector({json.dumps(selector)}))"):
+        raise SystemExit(f"the GAE tab has no {selector!r} to cut {path.name} to: did the fit log it?")
+    page.evaluate(f"{DASHBOARD}.querySelector({json.dumps(selector)}).scrollIntoView({{block: 'center'}})")
+    _settle(page, 0.5)
+    x, y, w, h = page.evaluate(f"""(() => {{
+        const frame = document.querySelector('iframe').getBoundingClientRect();
+        const r = {DASHBOARD}.querySelector({json.dumps(selector)}).getBoundingClientRect();
+        return [frame.left + r.left - 6, frame.top + r.top - 6, r.width + 12, r.height + 12];
+    }})()""")
+    page.screenshot(path, clip={"x": x, "y": y, "width": w, "height": h})
+    return path
 
 
 def _crop(page: Page, full: Path) -> list[Path]:
@@ -421,14 +467,25 @@ def text_tab(page: Page, output: Path) -> list[Path]:
     return [path]
 
 
+def fit(config: str, folder: Path, overrides: tuple[str, ...] = ()) -> tuple[Path, str]:
+    """Fit ``config`` (seeded by its ``seed_everything``, on one thread; ``overrides``: more arguments) with its logs
+    under ``folder``: its logdir (``folder/<its logger's name>``) and what it printed."""
+    import yaml
+
+    name = yaml.safe_load((ROOT / config).read_text())["trainer"]["logger"]["init_args"]["name"]
+    fitted = subprocess.run([sys.executable, "-m", "lightning_gae.cli", "fit", "--config", config,
+                             *overrides, f"--trainer.logger.init_args.save_dir={folder}"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
+    print(fitted.stdout)
+    fitted.check_returncode()
+    return folder / name, fitted.stdout
+
+
 def fit_main_job(folder: Path) -> tuple[Path, list[str]]:
     """Fit the main job with its logs under ``folder``: its logdir (``folder/vit_digits``) and the faithfulness table
     of the summary it printed (the header and a row per method), which the callback guide quotes."""
-    fit = subprocess.run([sys.executable, "-m", "lightning_gae.cli", "fit", "--config", MAIN_JOB,
-                          f"--trainer.logger.init_args.save_dir={folder}"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    print(fit.stdout)
-    fit.check_returncode()
-    return folder / "vit_digits", faithfulness_table(fit.stdout)
+    logdir, printed = fit(MAIN_JOB, folder)
+    return logdir, faithfulness_table(printed)
 
 
 def faithfulness_table(summary: str) -> list[str]:
@@ -443,30 +500,36 @@ def faithfulness_table(summary: str) -> list[str]:
     return table
 
 
-def write_manifest(run: str, output: Path, made: list[Path], summary: list[str] | None) -> Path:
-    """``manifest.json``: the command, the run and the dashboard code the pictures were made from, each one's hash,
-    and (after ``--fit``) the faithfulness table the fit printed."""
+def made_from(command: str, config: str, run: str, made: list[Path]) -> dict[str, Any]:
+    """A manifest's entry for pictures made by one command: the command, the config and run, the commit, the
+    dashboard's code (its hash) and each picture's hash."""
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    manifest = {
-        "command": COMMAND,
-        "made_from": {"config": MAIN_JOB, "run": run, "commit": commit or None,
-                      "dashboard_files": [p.relative_to(ROOT).as_posix() for p in dashboard_files()],
-                      "dashboard_sha256": dashboard_hash()},
-        "figures": {p.name: file_hash(p) for p in sorted(made)},
-        "summary": summary,
-        "made_separately": MADE_SEPARATELY,
-    }
+    return {"command": command, "config": config, "run": run, "commit": commit or None,
+            "dashboard_files": [p.relative_to(ROOT).as_posix() for p in dashboard_files()],
+            "dashboard_sha256": dashboard_hash(), "figures": {p.name: file_hash(p) for p in sorted(made)}}
+
+
+def write_manifest(output: Path, jobs: dict[str, dict[str, Any]], summary: list[str] | None = None) -> Path:
+    """``manifest.json``: for the main job (``main``) and each recipe remade, what :func:`made_from` says, kept for the
+    jobs not remade this time; and the faithfulness table the main job's fit printed (after ``--fit``)."""
     path = output / MANIFEST.name
+    manifest: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    manifest.setdefault("jobs", {}).update(jobs)
+    manifest["jobs"] = {name: manifest["jobs"][name] for name in ["main", *RECIPES] if name in manifest["jobs"]}
+    if "main" in jobs:
+        manifest["summary"] = summary
+    manifest = {"command": EVERYTHING, "jobs": manifest["jobs"], "summary": manifest.get("summary")}
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     return path
 
 
-def shoot(logdir: Path, output: Path, gae_only: str | None = None) -> list[Path]:
-    """Open each tab of a TensorBoard over ``logdir`` in its own browser and save its pictures to ``output``."""
+def shoot(logdir: Path, output: Path, gae_only: str | None = None, part: str | None = None) -> list[Path]:
+    """Open each tab of a TensorBoard over ``logdir`` in its own browser and save its pictures to ``output``; with
+    ``gae_only``, the GAE tab alone under that name (cut to ``part``, a CSS selector, if given)."""
     chromium = find_chromium()
     if chromium is None:
         raise SystemExit("no chromium on PATH: install it (Debian: apt-get install chromium)")
-    tabs = [("gae", lambda page, output: gae_tab(page, output, gae_only or "tensorboard_gae_tab.png"))]
+    tabs = [("gae", lambda page, output: gae_tab(page, output, gae_only or "tensorboard_gae_tab.png", part))]
     if not gae_only:
         tabs += [("images", images_tab), ("custom_scalars", custom_scalars_tab), ("text", text_tab)]
     made = []
@@ -483,26 +546,55 @@ def shoot(logdir: Path, output: Path, gae_only: str | None = None) -> list[Path]
     return made
 
 
+def main_job(logdir: Path | None, output: Path, folder: Path) -> tuple[list[Path], dict[str, Any], list[str] | None]:
+    """The main job's pictures over ``logdir`` (None: a fresh fit under ``folder``), its manifest entry and summary."""
+    run = str(logdir) if logdir else "a fresh fit (--fit)"
+    logdir, summary = fit_main_job(folder) if logdir is None else (logdir, None)
+    made = shoot(logdir, output)
+    from recipes import readme_figure
+
+    version = max(logdir.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    figure = output / "vit_digits_tensorboard.png"
+    readme_figure.main([str(version), str(figure)])
+    made.append(figure)
+    return made, made_from(COMMAND, MAIN_JOB, run, made), summary
+
+
+def recipe_job(name: str, logdir: Path | None, output: Path, folder: Path) -> tuple[list[Path], dict[str, Any]]:
+    """Recipe ``name``'s picture over ``logdir`` (None: a fresh fit of its config under ``folder``) and its entry."""
+    recipe = RECIPES[name]
+    run = str(logdir) if logdir else "a fresh fit"
+    if logdir is None:
+        logdir, _ = fit(recipe.config, folder / name, recipe.overrides)
+    made = shoot(logdir, output, recipe.picture, recipe.part)
+    return made, made_from(recipe.command(name), " ".join([recipe.config, *recipe.overrides]), run, made)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("logdir", type=Path, nargs="?", help="TensorBoard's logdir, e.g. runs/vit_digits (or --fit)")
+    parser.add_argument("logdir", type=Path, nargs="?",
+                        help="a logdir made before, e.g. runs/vit_digits (or --fit); with --recipes NAME, that recipe's")
     parser.add_argument("output", type=Path, nargs="?", default=FIGURES, help="folder for the PNGs (recipes/figures)")
     parser.add_argument("--fit", action="store_true", help=f"first fit the main job ({MAIN_JOB}) into a temporary folder")
-    parser.add_argument("--gae-only", metavar="NAME", help="save the GAE tab alone, as NAME (e.g. tensorboard_gae_seq2seq.png)")
+    parser.add_argument("--recipes", nargs="+", choices=[*RECIPES, "all"], default=[], metavar="NAME",
+                        help=f"also fit these recipes ({', '.join(RECIPES)}, or all) and make their pictures")
     args = parser.parse_args(argv)
-    if (args.logdir is None) == (not args.fit):
-        parser.error("give a logdir or --fit (which makes one), not both")
+    recipes = list(RECIPES) if "all" in args.recipes else list(dict.fromkeys(args.recipes))
+    if args.logdir is None and not (args.fit or recipes):
+        parser.error(f"give a logdir, --fit (which makes one) or --recipes; `{EVERYTHING}` remakes every picture")
+    if args.logdir is not None and (args.fit or len(recipes) > 1):
+        parser.error("a logdir is one run: of the main job (no --fit), or of the one recipe --recipes names")
+    made: list[Path] = []
+    jobs: dict[str, dict[str, Any]] = {}
+    summary = None
     with tempfile.TemporaryDirectory(prefix="screenshots-") as folder:
-        logdir, summary = fit_main_job(Path(folder)) if args.fit else (args.logdir, None)
-        made = shoot(logdir, args.output, args.gae_only)
-        if not args.gae_only:
-            from recipes import readme_figure
-
-            version = max(logdir.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-            figure = args.output / "vit_digits_tensorboard.png"
-            readme_figure.main([str(version), str(figure)])
-            made.append(figure)
-            made.append(write_manifest("a fresh fit (--fit)" if args.fit else str(logdir), args.output, made, summary))
+        if args.fit or (args.logdir is not None and not recipes):
+            pictures, jobs["main"], summary = main_job(args.logdir, args.output, Path(folder))
+            made += pictures
+        for name in recipes:
+            pictures, jobs[name] = recipe_job(name, args.logdir, args.output, Path(folder))
+            made += pictures
+    made.append(write_manifest(args.output, jobs, summary))
     for path in made:
         print(f"wrote {path}")
 

@@ -554,6 +554,24 @@ def test_chromium_says_what_to_do_on_a_logdir_without_a_run(tmp_path):
                         "first explanation step or score (the tab checks every 15 s).")
         assert width > 200 and height > 10
         assert page.evaluate(f"{DASHBOARD}.querySelectorAll('canvas.gae-heatmap, svg.gae-curve').length") == 0
+        # Without a run the controls (run, step, colormap, opacity, colour scale) and the hover hint mean nothing:
+        # none of them is on screen (an element that is not rendered has no client rects).
+        visible = page.evaluate(f"""(() => {{
+            const doc = {DASHBOARD};
+            const parts = [...doc.querySelectorAll('.gae-controls, .gae-controls select, .gae-controls input')];
+            const hints = [...doc.querySelectorAll('.gae-hint')].filter((h) => h.textContent.includes('Hover a patch'));
+            return [parts.length, hints.length, [...parts, ...hints].filter((e) => e.getClientRects().length).length,
+                    doc.body.innerText];
+        }})()""")
+        parts, hints, shown_parts, page_text = visible
+        assert parts == 6 and hints == 1, "the test no longer finds the controls or the hint it checks are hidden"
+        assert shown_parts == 0, "the controls or the hover hint are on screen on a logdir without a run"
+        assert "Hover a patch" not in page_text and "colormap" not in page_text
+        # A run arrives while the tab is open: it is drawn, and the controls and the hint come with it.
+        _dashboard_run(logdir / "arrived", steps=(2,)).close()
+        page.wait_for(f"{DASHBOARD}.querySelector('#gae-dashboard').dataset.renderedStep === '2'", timeout=60)
+        assert page.evaluate(f"{DASHBOARD}.querySelector('#gae-run').getClientRects().length") > 0
+        assert "Hover a patch" in page.evaluate(f"{DASHBOARD}.body.innerText")
         assert page.script_errors() == []
 
 

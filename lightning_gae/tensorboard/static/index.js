@@ -71,6 +71,7 @@ function format(value) {
 const STYLE = `
   body { margin: 0; font-family: Roboto, "Helvetica Neue", Arial, sans-serif; font-size: 13px; color: #212121; background: #fff; }
   #gae-dashboard { padding: 12px 16px 32px; }
+  #gae-dashboard [hidden] { display: none; }
   .gae-controls { display: flex; flex-wrap: wrap; gap: 18px; align-items: center; padding: 8px 0 12px; border-bottom: 1px solid #e0e0e0;
                   position: sticky; top: 0; background: #fff; z-index: 2; }
   .gae-controls label { display: flex; gap: 6px; align-items: center; }
@@ -982,6 +983,7 @@ function applyInfo(info, keepStep) {
 
 async function selectRun(run) {
   state.run = run;
+  for (const part of state.ui.runControls) part.hidden = false;
   state.info = null;
   state.ui.main.replaceChildren();
   const info = await getJSON(`run?run=${encodeURIComponent(run)}`);
@@ -1064,10 +1066,13 @@ export async function render() {
     const [runs, colormaps] = await Promise.all([getJSON("runs"), getJSON("colormaps")]);
     state.colormaps = colormaps;
     state.runs = runs.runs;
-    root.append(controls(), statusLine, updated,
-                el("div", {class: "gae-hint", text: "Hover a patch, pixel, token or feature to read its relevance. " +
-                                                    "Move the step slider (or use the arrow keys) to replay training."}),
-                main);
+    // The controls and the hint mean nothing before a run exists: hidden until selectRun shows them.
+    const bar = controls(), hint = el("div", {class: "gae-hint", id: "gae-hover-hint", text:
+      "Hover a patch, pixel, token or feature to read its relevance. " +
+      "Move the step slider (or use the arrow keys) to replay training."});
+    bar.hidden = hint.hidden = true;
+    Object.assign(state.ui, {runControls: [bar, hint]});
+    root.append(bar, statusLine, updated, hint, main);
     startPolling();
     if (!state.runs.length) {
       main.replaceChildren(el("div", {class: "gae-hint", id: "gae-no-run", text:
