@@ -49,13 +49,15 @@ KINDS = ("input", "prediction", "relevance", "curve", "score", "set_input", "set
          "region", "alert", "tie")
 
 
-FIELDS: dict[str, dict[str, type]] = {
-    "input": {"sample": int, "modality": str},
-    "set_input": {"sample": int, "modality": str, "set": str},
-    "prediction": {"sample": int},
-    "relevance": {"sample": int, "method": str, "space": str},
-    "set_relevance": {"sample": int, "method": str, "set": str, "space": str},
-    "row_labels": {"sample": int},
+_SAMPLE = (int, str)  # a validation index, or a row's name ("138/answer_1": a causal LM's answer token)
+
+FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "input": {"sample": _SAMPLE, "modality": str},
+    "set_input": {"sample": _SAMPLE, "modality": str, "set": str},
+    "prediction": {"sample": _SAMPLE},
+    "relevance": {"sample": _SAMPLE, "method": str, "space": str},
+    "set_relevance": {"sample": _SAMPLE, "method": str, "set": str, "space": str},
+    "row_labels": {"sample": _SAMPLE},
     "curve": {"metric": str, "method": str},
     "score": {"metric": str, "method": str},
     "flag": {"method": str, "cause": str},
@@ -76,8 +78,9 @@ def problem(description: dict[str, Any]) -> str | None:
         if name not in description:
             return f"its description has no {name!r} field (a {kind!r} entry needs {sorted(FIELDS[kind])})"
         value = description[name]
-        if not isinstance(value, kinds) or (kinds is int and isinstance(value, bool)):
-            return f"its {name!r} field is {value!r}, not of type {kinds.__name__}"
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,))):
+            names = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+            return f"its {name!r} field is {value!r}, not of type {names}"
     return None
 
 

@@ -908,3 +908,27 @@ def test_a_chart_of_few_points_links_to_custom_scalars_unsmoothed(dashboard_runs
         page.wait_for(f"{DEEP}('tf-custom-scalar-dashboard')", timeout=60)
         assert page.evaluate(f"{DEEP}('tf-custom-scalar-dashboard')._smoothingWeight") == 0
         assert page.script_errors() == []
+
+
+def test_rows_named_as_a_causal_lm_names_its_answers_are_read_without_problems(tmp_path):
+    # A causal LM's tracked samples are answer rows named "<index>/answer_<n>", not validation indices: the check of
+    # malformed entries must read them as samples (it once refused every entry of such a run).
+    from torch.utils.tensorboard import SummaryWriter
+
+    from lightning_gae import ImageTokens, explain
+    from lightning_gae.tensorboard.summary import TensorBoardViews
+
+    torch.manual_seed(0)
+    x = torch.rand(2, 1, 8, 8)
+    model = small_vit()
+    writer = SummaryWriter(str(tmp_path / "run"))
+    names = ["138/answer_1", "138/answer_2"]
+    TensorBoardViews().write([writer], 1, modality=ImageTokens(patch_size=2), inputs=x, shown=x, sample_indices=names,
+                             explanations={"gae": explain(model, x, method="gae")}, scalars=None)
+    writer.close()
+    get = _routes(tmp_path)
+    code, info = get("/run?run=run")
+    assert code == 200 and info["problems"] == [], info.get("problems")
+    assert [s["sample"] for s in info["samples"]] == names
+    code, at = get("/step?run=run&step=1")
+    assert code == 200 and at["problems"] == [] and all("values" in at["samples"][n]["relevance"]["gae"] for n in names)
