@@ -269,10 +269,7 @@ def _manifest() -> dict:
 
 
 # Recipes whose picture was not remade from the current dashboard, with why: the only pictures the manifest may lack.
-NOT_REMADE = {
-    "recall": "the GAE tab refuses every dashboard entry of the causal LM's run (its samples are named '138/answer_1', "
-              "'not of type int': 120 entries unread, no pictures), so its picture is the one made before the manifest",
-}
+NOT_REMADE: dict[str, str] = {}
 
 
 def test_every_screenshot_was_made_from_the_current_dashboard():
