@@ -273,20 +273,20 @@ class RemovalCheck(NamedTuple):
     random: float
     random_stderr: float
     uses: bool
-    """The region's drop exceeds random regions' by more than :data:`REMOVAL_MIN_DROP`, with the whole interval
-    above 0, on at least :data:`MIN_SAMPLES` samples."""
+    """The region's drop exceeds random regions' by more than ``REMOVAL_MIN_DROP``, with the whole interval
+    above 0, on at least ``MIN_SAMPLES`` samples."""
     held: int
     """How many samples hold the region."""
     measured: int = 0
     """How many samples the drops were measured on (those of ``held`` whose region has a removable token)."""
     low: float = float("nan")
-    """The interval of the mean excess drop (region minus random regions, per sample): ``excess`` ±
-    :data:`STDERR_MULTIPLE` standard errors; ``low`` and ``high`` its ends."""
+    """The low end of the interval of the mean excess drop (region minus random regions, per sample), ``excess`` ±
+    ``STDERR_MULTIPLE`` standard errors; ``low`` and ``high`` its ends."""
     high: float = float("nan")
 
     @property
     def excess(self) -> float:
-        """The mean excess drop: the region's over random regions' of its size."""
+        """The mean excess drop, the region's over random regions' of its size."""
         return (self.low + self.high) / 2
 
     @property

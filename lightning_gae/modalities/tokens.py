@@ -86,7 +86,7 @@ class MethodMap:
 
     @property
     def signed(self) -> bool:
-        """Whether the map is drawn signed: its scale reaches below 0, as the scale of a method whose ``signed`` fact
+        """Whether the map is drawn signed, its scale reaching below 0 as the scale of a method whose ``signed`` fact
         is True always does (:func:`lightning_gae.display.value_range`)."""
         return self.vrange[0] < 0
 
@@ -118,7 +118,7 @@ class Modality(ABC):
         ``signed``: the drawn method's ``signed`` fact, so that it is drawn alike in every sample: True, on
         :func:`~lightning_gae.display.colormap_for`'s diverging colormap with the range ``(-m, m)`` (white at 0), even
         for a map without a negative value; False, on the sequential one with ``(0, max)``; None, decided by the map
-        (signed when a value is below 0). :func:`render_map` passes it.
+        (signed when a value is below 0). :func:`~lightning_gae.modalities.render_map` passes it.
         """
 
     @abstractmethod

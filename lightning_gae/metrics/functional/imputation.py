@@ -27,7 +27,7 @@ _TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-6}
 
 
 def _stencil(x: Tensor) -> Tensor:
-    """The weighted sum of every pixel's in-image neighbours (:data:`NEIGHBOUR_WEIGHTS`), ``x [N, H, W]``: shifted
+    """The weighted sum of every pixel's in-image neighbours (``NEIGHBOUR_WEIGHTS``), ``x [N, H, W]``: shifted
     sums of the zero-padded image (on the CPU a float64 convolution is several times slower)."""
     height, width = x.shape[-2:]
     p = F.pad(x, (1, 1, 1, 1))
@@ -84,7 +84,7 @@ def noisy_linear_imputation(images: Tensor, mask: Tensor, noise: float = 0.01,
     r"""Removed pixels replaced by the linear imputation of ROAD (Rong et al., ICML 2022), plus Gaussian noise.
 
     Each removed pixel :math:`i` takes the value that makes it the weighted mean of its in-image neighbours
-    :math:`N(i)` (weights :data:`NEIGHBOUR_WEIGHTS`: 1/6 for the four direct neighbours, 1/12 for the diagonal ones),
+    :math:`N(i)` (weights ``NEIGHBOUR_WEIGHTS``: 1/6 for the four direct neighbours, 1/12 for the diagonal ones),
     kept neighbours counting with their values and removed ones with their own imputed values:
 
     .. math:: \Big(\sum_{j \in N(i)} w_{ij}\Big) x_i - \sum_{j \in N(i),\ \text{removed}} w_{ij} x_j
