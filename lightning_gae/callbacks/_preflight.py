@@ -13,9 +13,8 @@ from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
-from torch import Tensor
 
-from lightning_gae._structures import display_input, keyword_inputs, map_tensors
+from lightning_gae._structures import display_input, map_tensors
 from lightning_gae.callbacks._explainer import Explainer
 from lightning_gae.callbacks.batch_layout import forward_hint
 from lightning_gae.callbacks._state import RunState
@@ -24,7 +23,8 @@ from lightning_gae.callbacks.answer_samples import keep_readout
 from lightning_gae.options import EngineOptions
 from lightning_gae.callbacks.samples import class_names
 from lightning_gae.metrics.ground_truth import scored_truth
-from lightning_gae.modalities import ImageTokens, Modality, TabularTokens, TextTokens
+from lightning_gae.modalities import ImageTokens, Modality, TextTokens
+from lightning_gae.modalities.inputs import infer_token_modality
 from lightning_gae.tensorboard.summary import TensorBoardViews
 
 __all__ = ["check_explanations", "check_removal", "infer_modality"]
@@ -119,36 +119,12 @@ def infer_modality(trainer: Trainer, pl_module: LightningModule, run: RunState, 
     Text takes the ``tokenizer`` of the module or data module if one has it; tabular features are named by their
     input and removed to their mean over the samples read. Both are said once, with the argument that sets them.
     """
-    shown = display_input(inputs)
-    image = ImageTokens.infer(shown, num_tokens)
-    if image is not None or not isinstance(shown, Tensor) or shown.dim() != 2:
+    image = ImageTokens.infer(display_input(inputs), num_tokens)
+    if image is not None:
         return image
-    keywords = keyword_inputs(inputs) or {}
-    if not shown.is_floating_point() and shown.shape[1] == num_tokens:
-        tokenizer = next((t for t in (getattr(pl_module, "tokenizer", None),
-                                      getattr(getattr(trainer, "datamodule", None), "tokenizer", None))
-                          if hasattr(t, "convert_ids_to_tokens")), None)
-        if tokenizer is not None:
-            return TextTokens(tokenizer)
-        mask = keywords.get("attention_mask")
-        by_mask = isinstance(mask, Tensor) and mask.shape == shown.shape
-        pad = next((c.pad_token_id for c in (getattr(m, "config", None) for m in pl_module.modules())
-                    if c is not None and isinstance(getattr(c, "pad_token_id", None), int)), None)
-        text = TextTokens(pad_id=pad, removal="attention" if by_mask else "replace")
-        rank_zero_warn(f"GAECallback: the inputs are token ids, so modality={text!r} (removal={text.removal!r}); "
-                       "without a tokenizer the tokens are drawn as ids and special tokens ([CLS], [SEP]) are not "
-                       "told apart: pass modality=TextTokens(tokenizer), or give the module or its data module a "
-                       "`tokenizer` attribute")
-        return text
-    features = shown.shape[1]
-    if shown.is_floating_point() and 0 <= num_tokens - features <= 1:
-        key = next((k for k, v in keywords.items() if v is shown), "x")
-        read = display_input(run.scored.inputs) if run.scored is not None else shown
-        table = TabularTokens([f"{key}[{i}]" for i in range(features)], prefix_tokens=num_tokens - features)
-        table.fit(read.float())
-        rank_zero_warn(f"GAECallback: the inputs are {features} features, one token each, so modality={table!r} "
-                       f"with the names {key}[0], ... and, for a removed feature, its mean over the {len(read)} "
-                       "validation samples read; pass modality=TabularTokens(feature_names=[...], means=[...]) (the "
-                       "training set's means, or .fit(train_features)) to set them")
-        return table
-    return None
+    holders = (pl_module, getattr(trainer, "datamodule", None))
+    fit_on = display_input(run.scored.inputs) if run.scored is not None else None
+    found, note = infer_token_modality(pl_module, inputs, num_tokens, holders, fit_on)
+    if note is not None:
+        rank_zero_warn(f"GAECallback: {note}")
+    return found

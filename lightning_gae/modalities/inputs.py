@@ -19,7 +19,7 @@ from lightning_gae.modalities.tabular import TabularTokens
 from lightning_gae.modalities.text import TextTokens
 from lightning_gae.modalities.tokens import Modality
 
-__all__ = ["infer_data_modality", "infer_modality", "token_set_input", "token_set_inputs"]
+__all__ = ["infer_data_modality", "infer_modality", "infer_token_modality", "token_set_input", "token_set_inputs"]
 
 
 def token_set_inputs(
@@ -135,13 +135,49 @@ def infer_modality(model: nn.Module, inputs: Any) -> ImageTokens:
     return modality
 
 
+def infer_token_modality(model: nn.Module, inputs: Any, num_tokens: int, holders: Sequence[Any] = (),
+                         fit_on: Tensor | None = None) -> tuple[Modality | None, str | None]:
+    """``(modality, note)`` for inputs that say it, with ``num_tokens`` tokens: integer token ids, one per token
+    (:class:`~lightning_gae.TextTokens` with the ``tokenizer`` of the first of ``holders`` that has one; else the ids,
+    padding by the model's ``config.pad_token_id``, removed by the attention mask where the inputs carry one);
+    features ``[B, F]``, one per token after at most one prefix token (:class:`~lightning_gae.TabularTokens` named
+    ``<input>[i]``, removed to their mean over ``fit_on``, the inputs' own samples by default); ``(None, None)``
+    otherwise. ``note`` says what was guessed and how to set it where a user should hear it (None: nothing guessed)."""
+    shown = display_input(inputs)
+    if not isinstance(shown, Tensor) or shown.dim() != 2:
+        return None, None
+    keywords = keyword_inputs(inputs) or {}
+    if not shown.is_floating_point() and shown.shape[1] == num_tokens:
+        tokenizer = next((t for t in (getattr(h, "tokenizer", None) for h in holders)
+                          if hasattr(t, "convert_ids_to_tokens")), None)
+        if tokenizer is not None:
+            return TextTokens(tokenizer), None
+        mask = keywords.get("attention_mask")
+        by_mask = isinstance(mask, Tensor) and mask.shape == shown.shape
+        pad = next((c.pad_token_id for c in (getattr(m, "config", None) for m in model.modules())
+                    if c is not None and isinstance(getattr(c, "pad_token_id", None), int)), None)
+        text = TextTokens(pad_id=pad, removal="attention" if by_mask else "replace")
+        return text, (f"the inputs are token ids, so modality={text!r} (removal={text.removal!r}); without a "
+                      "tokenizer the tokens are drawn as ids and special tokens ([CLS], [SEP]) are not told apart: "
+                      "pass modality=TextTokens(tokenizer), or give the module or its data module a `tokenizer` "
+                      "attribute")
+    features = shown.shape[1]
+    if shown.is_floating_point() and 0 <= num_tokens - features <= 1:
+        key = next((k for k, v in keywords.items() if v is shown), "x")
+        read = shown if fit_on is None else fit_on
+        table = TabularTokens([f"{key}[{i}]" for i in range(features)], prefix_tokens=num_tokens - features)
+        table.fit(read.float())
+        return table, (f"the inputs are {features} features, one token each, so modality={table!r} with the names "
+                       f"{key}[0], ... and, for a removed feature, its mean over the {len(read)} validation samples "
+                       "read; pass modality=TabularTokens(feature_names=[...], means=[...]) (the training set's means, "
+                       "or .fit(train_features)) to set them")
+    return None, None
+
+
 def infer_data_modality(model: nn.Module, inputs: Any, holders: Sequence[Any] = ()) -> Modality:
-    """The modality the inputs say, as :class:`~lightning_gae.callbacks.GAECallback` infers it: integer token ids, one
-    per token (:class:`~lightning_gae.TextTokens` with the ``tokenizer`` of the first of ``holders``, the module or
-    its data module, that has one; else the ids, padding by the model's ``config.pad_token_id``, removed by the
-    attention mask where the inputs carry one); features ``[B, F]``, one per token after at most one prefix token
-    (:class:`~lightning_gae.TabularTokens` named ``<input>[i]``, removed to their mean over these samples); else square
-    ViT-style images (:func:`infer_modality`).
+    """The modality the inputs say, as :class:`~lightning_gae.callbacks.GAECallback` infers it: text or tabular
+    (:func:`infer_token_modality`, the model's token count read from one sample), else square ViT-style images
+    (:func:`infer_modality`).
 
     Raises:
         ValueError: none of these (the message names ``modality=``).
@@ -150,21 +186,7 @@ def infer_data_modality(model: nn.Module, inputs: Any, holders: Sequence[Any] = 
     if isinstance(shown, Tensor) and shown.dim() == 2 and shown.shape[0] > 0:
         probe = take(inputs, 0, 1, shown.shape[0])
         num_tokens = explain(model, probe, method="raw_attention").tokens.shape[1]
-        keywords = keyword_inputs(inputs) or {}
-        if not shown.is_floating_point() and shown.shape[1] == num_tokens:
-            tokenizer = next((t for t in (getattr(h, "tokenizer", None) for h in holders)
-                              if hasattr(t, "convert_ids_to_tokens")), None)
-            if tokenizer is not None:
-                return TextTokens(tokenizer)
-            mask = keywords.get("attention_mask")
-            by_mask = isinstance(mask, Tensor) and mask.shape == shown.shape
-            pad = next((c.pad_token_id for c in (getattr(m, "config", None) for m in model.modules())
-                        if c is not None and isinstance(getattr(c, "pad_token_id", None), int)), None)
-            return TextTokens(pad_id=pad, removal="attention" if by_mask else "replace")
-        features = shown.shape[1]
-        if shown.is_floating_point() and 0 <= num_tokens - features <= 1:
-            key = next((k for k, v in keywords.items() if v is shown), "x")
-            table = TabularTokens([f"{key}[{i}]" for i in range(features)], prefix_tokens=num_tokens - features)
-            table.fit(shown.float())
-            return table
+        found, _ = infer_token_modality(model, inputs, num_tokens, holders)
+        if found is not None:
+            return found
     return infer_modality(model, inputs)
